@@ -1,0 +1,165 @@
+"""The batch tree codec: a nest of dict / list / tuple with array and scalar leaves <-> header + frames.
+
+A batch travels as one msgpack header (the *tree spec*) plus one raw frame per array leaf. Encoding never
+copies array bytes: each frame is the array's own buffer (C-contiguous). Decoding never copies either:
+each array is ``np.frombuffer`` over its received frame. There is no pickle anywhere.
+
+Tree spec grammar (what msgpack carries):
+
+* ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes`` -- a scalar leaf, stored as itself;
+* ``{"t": "a", "d": "<f4", "s": [2, 3], "f": 0}`` -- an array leaf: dtype, shape, frame number;
+* ``{"t": "d", "k": [keys], "v": [specs]}`` -- a dict (keys are str or int);
+* ``{"t": "l", "v": [specs]}`` / ``{"t": "t", "v": [specs]}`` -- a list / a tuple.
+
+``decode`` validates everything a hostile peer controls: tags, types, nesting depth, the number of
+leaves, dtypes (an allow-list, never ``object``), shapes (non-negative, bounded rank) and that every
+array's ``prod(shape) * itemsize`` equals its frame's length, with every frame used exactly once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .constants import MAX_FRAMES, MAX_NDIM, MAX_TREE_DEPTH, MAX_TREE_LEAVES
+from .errors import ProtocolError
+
+__all__ = ["encode_tree", "decode_tree", "ALLOWED_DTYPES", "tree_nbytes"]
+
+#: dtypes allowed on the wire, as numpy ``dtype.str`` (little-endian or byte-order free).
+ALLOWED_DTYPES = frozenset(
+    ["|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16"]
+)
+_SCALARS = (type(None), bool, int, float, str, bytes)
+
+
+def _as_array(value: Any) -> np.ndarray | None:
+    """Return ``value`` as a numpy array if it is an array-like leaf (numpy array or scalar, torch CPU tensor)."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    if type(value).__module__ == "torch" and type(value).__name__ == "Tensor":
+        return value.detach().cpu().numpy()  # a CPU tensor shares its memory; no copy
+    return None
+
+
+def encode_tree(tree: Any) -> tuple[Any, list[memoryview]]:
+    """Encode a batch tree. Returns ``(spec, frames)``; frames are zero-copy views of the arrays."""
+    frames: list[memoryview] = []
+
+    def enc(node: Any, depth: int) -> Any:
+        if depth > MAX_TREE_DEPTH:
+            raise ProtocolError(f"batch nests deeper than {MAX_TREE_DEPTH} levels")
+        array = _as_array(node)
+        if array is not None:
+            if array.dtype.str not in ALLOWED_DTYPES:
+                raise ProtocolError(f"dtype {array.dtype} cannot travel (allowed: {sorted(ALLOWED_DTYPES)})")
+            if not array.flags.c_contiguous:
+                array = np.ascontiguousarray(array)
+            frames.append(memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b""))
+            return {"t": "a", "d": array.dtype.str, "s": list(array.shape), "f": len(frames) - 1}
+        if isinstance(node, _SCALARS):
+            return node
+        if isinstance(node, dict):
+            keys = list(node.keys())
+            for key in keys:
+                if not isinstance(key, (str, int)) or isinstance(key, bool):
+                    raise ProtocolError(f"dict key {key!r} is not a str or int")
+            return {"t": "d", "k": keys, "v": [enc(node[k], depth + 1) for k in keys]}
+        if isinstance(node, tuple):
+            return {"t": "t", "v": [enc(v, depth + 1) for v in node]}
+        if isinstance(node, list):
+            return {"t": "l", "v": [enc(v, depth + 1) for v in node]}
+        raise ProtocolError(f"cannot encode a leaf of type {type(node).__name__}")
+
+    spec = enc(tree, 0)
+    if len(frames) > MAX_FRAMES:
+        raise ProtocolError(f"batch has {len(frames)} arrays, more than {MAX_FRAMES}")
+    return spec, frames
+
+
+def decode_tree(spec: Any, frames: Sequence[Any]) -> Any:
+    """Decode a tree spec over received frames (buffers). Arrays are zero-copy views of the frames.
+
+    Raises:
+        ProtocolError: the spec or the frames are malformed; the message says what and where.
+    """
+    if len(frames) > MAX_FRAMES:
+        raise ProtocolError(f"{len(frames)} frames, more than {MAX_FRAMES}")
+    used = [False] * len(frames)
+    leaves = 0
+
+    def dec(node: Any, depth: int, path: str) -> Any:
+        nonlocal leaves
+        if depth > MAX_TREE_DEPTH:
+            raise ProtocolError(f"tree nests deeper than {MAX_TREE_DEPTH} at {path}")
+        leaves += 1
+        if leaves > MAX_TREE_LEAVES:
+            raise ProtocolError(f"tree has more than {MAX_TREE_LEAVES} nodes")
+        if isinstance(node, _SCALARS):
+            return node
+        if not isinstance(node, dict):
+            raise ProtocolError(f"unexpected {type(node).__name__} at {path}")
+        tag = node.get("t")
+        if tag == "a":
+            return _decode_array(node, frames, used, path)
+        values = node.get("v")
+        if not isinstance(values, list):
+            raise ProtocolError(f"container at {path} has no value list")
+        if tag == "d":
+            keys = node.get("k")
+            if not isinstance(keys, list) or len(keys) != len(values):
+                raise ProtocolError(f"dict at {path} has mismatched keys")
+            out = {}
+            for key, value in zip(keys, values):
+                if not isinstance(key, (str, int)) or isinstance(key, bool):
+                    raise ProtocolError(f"dict key of type {type(key).__name__} at {path}")
+                out[key] = dec(value, depth + 1, f"{path}[{key!r}]")
+            return out
+        if tag in ("l", "t"):
+            items = [dec(v, depth + 1, f"{path}[{i}]") for i, v in enumerate(values)]
+            return items if tag == "l" else tuple(items)
+        raise ProtocolError(f"unknown node tag {tag!r} at {path}")
+
+    tree = dec(spec, 0, "batch")
+    if not all(used):
+        raise ProtocolError(f"{used.count(False)} frame(s) not referenced by the tree")
+    return tree
+
+
+def _decode_array(node: dict, frames: Sequence[Any], used: list[bool], path: str) -> np.ndarray:
+    dtype, shape, index = node.get("d"), node.get("s"), node.get("f")
+    if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
+        raise ProtocolError(f"dtype {dtype!r} at {path} is not allowed")
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM:
+        raise ProtocolError(f"bad shape at {path}")
+    for dim in shape:
+        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
+            raise ProtocolError(f"bad dimension {dim!r} in shape at {path}")
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(frames):
+        raise ProtocolError(f"frame number {index!r} at {path} out of range (have {len(frames)})")
+    if used[index]:
+        raise ProtocolError(f"frame {index} referenced twice (at {path})")
+    used[index] = True
+    np_dtype = np.dtype(dtype)
+    count = 1
+    for dim in shape:
+        count *= dim
+    buffer = frames[index]
+    length = len(buffer)
+    if count * np_dtype.itemsize != length:
+        raise ProtocolError(f"array at {path}: shape {shape} x {np_dtype.itemsize} bytes != frame of {length} bytes")
+    return np.frombuffer(buffer, dtype=np_dtype, count=count).reshape(shape)
+
+
+def tree_nbytes(tree: Any) -> int:
+    """Total bytes of the array leaves of a decoded tree."""
+    if isinstance(tree, np.ndarray):
+        return tree.nbytes
+    if isinstance(tree, dict):
+        return sum(tree_nbytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(tree_nbytes(v) for v in tree)
+    return 0

@@ -1,0 +1,57 @@
+"""Every default and bound of Ferry, in one place.
+
+Invariants that these bounds protect are written next to them. Times are in seconds, sizes in bytes.
+"""
+
+PROTOCOL_VERSION = 1
+
+#: The consumer's default ROUTER endpoint. With torchrun, the port is shifted by LOCAL_RANK.
+DEFAULT_ENDPOINT = "tcp://*:5555"
+DEFAULT_PORT = 5555
+
+# --- liveness (the Paranoid Pirate pattern) ---------------------------------------------------------
+#: Each side sends PING this often. [Unit: second]
+HEARTBEAT_S = 1.0
+#: A peer silent for LIVENESS heartbeats is lost.
+LIVENESS = 5
+
+# --- flow control -----------------------------------------------------------------------------------
+#: Capacity C of the consumer: batches buffered + tasks in flight <= C, always.
+DEFAULT_BUFFER_BATCHES = 8
+#: Batches a producer takes at once (its credit with one consumer).
+DEFAULT_SLOTS = 2
+#: Upper bound on the slots a producer may claim, so that one peer cannot hoard the window.
+MAX_SLOTS = 64
+#: Loader threads per producer.
+DEFAULT_THREADS = 4
+#: ZeroMQ high-water marks. They are a sanity bound only; credits keep queues far below them.
+SOCKET_HWM = 1000
+
+# --- message bounds (validation) ---------------------------------------------------------------------
+#: Largest single frame a peer may send us; libzmq drops a connection that exceeds it (ZMQ_MAXMSGSIZE).
+DEFAULT_MAX_FRAME_BYTES = 1 << 31
+#: Largest header frame (frame 0) we decode.
+MAX_HEADER_BYTES = 1 << 20
+#: Batch tree bounds: nesting depth, number of leaves, number of array frames, array rank.
+MAX_TREE_DEPTH = 16
+MAX_TREE_LEAVES = 4096
+MAX_FRAMES = 1024
+MAX_NDIM = 16
+#: Largest number of sample indices in one TASK.
+MAX_TASK_INDICES = 1 << 16
+#: Largest dataset length a HELLO may announce.
+MAX_DATASET_LEN = 1 << 48
+#: Longest free-text field (reasons, tracebacks) we keep from a peer.
+MAX_TEXT = 64 * 1024
+
+# --- consumer waits -----------------------------------------------------------------------------------
+#: Seconds without any live producer before __next__ raises NoProducersError.
+DEFAULT_TIMEOUT_S = 60.0
+#: Slice of every bounded wait in the training and staging threads.
+POLL_SLICE_S = 0.05
+#: How long close() waits for each thread or process before escalating.
+JOIN_TIMEOUT_S = 5.0
+#: Batches the staging thread may hold ready for the training loop (part of C, not extra).
+STAGED_BATCHES = 2
+#: Peers whose first invalid message we remember (to log once per peer); bounded for hostile input.
+MAX_TRACKED_PEERS = 1024

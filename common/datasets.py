@@ -1,0 +1,200 @@
+"""Dataset specs and the built-in datasets.
+
+A *spec* names a map-style dataset (``__len__`` + ``__getitem__``) that a producer builds for itself:
+
+* a built-in name: ``synthetic`` or ``npy-folder`` (see :data:`BUILTINS`);
+* ``package.module:callable``: a class or factory, called with the spec's keyword arguments.
+
+``--dataset-arg key=value`` values are parsed as JSON when they parse, else taken as strings.
+
+Every dataset has a *fingerprint*: a short string that two producers of the same data agree on. A
+dataset may define ``fingerprint`` (a str attribute or a method); otherwise it is the class's qualified
+name and the length. The consumer rejects a producer whose fingerprint differs from the first one's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import time
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from .errors import DatasetSpecError
+
+__all__ = [
+    "BUILTINS",
+    "SyntheticDataset",
+    "NpyFolderDataset",
+    "SampleLoadError",
+    "resolve_dataset",
+    "parse_dataset_args",
+    "dataset_fingerprint",
+]
+
+
+class SampleLoadError(Exception):
+    """A built-in dataset could not load one sample; the message names the file."""
+
+
+class SyntheticDataset:
+    """Deterministic samples, for demos, tests and benchmarks.
+
+    Sample ``i`` is ``(array, label)``: an array of ``shape`` and ``dtype`` whose content depends only on
+    ``i``, and the label ``i % num_classes``. Each access sleeps ``delay`` seconds first, standing in for
+    storage latency (it releases the GIL, as real I/O does).
+
+    Args:
+        length: number of samples.
+        shape: shape of each sample's array.
+        dtype: numpy dtype name of the array.
+        delay: seconds each sample takes to "load". [Unit: second]
+        num_classes: labels cycle through ``range(num_classes)``.
+    """
+
+    def __init__(
+        self,
+        length: int = 1024,
+        shape: Iterable[int] = (13, 32, 32),
+        dtype: str = "float32",
+        delay: float = 0.0,
+        num_classes: int = 2,
+    ) -> None:
+        if int(length) < 0:
+            raise ValueError(f"length must be >= 0, got {length}")
+        if float(delay) < 0:
+            raise ValueError(f"delay must be >= 0, got {delay}")
+        self.length = int(length)
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.delay = float(delay)
+        self.num_classes = int(num_classes)
+        self._base = (np.arange(int(np.prod(self.shape)), dtype=np.int64) % 251).reshape(self.shape)
+        self.fingerprint = f"synthetic:{self.length}:{self.shape}:{self.dtype.str}:{self.num_classes}"
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        if not 0 <= index < self.length:
+            raise IndexError(f"index {index} out of range for {self.length} samples")
+        if self.delay:
+            time.sleep(self.delay)
+        return self.sample_array(index), index % self.num_classes
+
+    def sample_array(self, index: int) -> np.ndarray:
+        return ((self._base + index) % 251).astype(self.dtype)
+
+
+class NpyFolderDataset:
+    """``.npy`` files in class subfolders: ``root/<class>/<name>.npy``.
+
+    The layout of torchvision's ImageFolder: classes are the sorted subfolder names, a class's label is
+    its position in that list, and samples are ordered by class, then by file name. Sample ``i`` is
+    ``(array, label)``.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(f"npy-folder root {self.root!r} is not a directory")
+        self.classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
+        if not self.classes:
+            raise FileNotFoundError(f"npy-folder root {self.root!r} has no class subfolders")
+        self.samples: list[tuple[str, int]] = []
+        for label, name in enumerate(self.classes):
+            folder = os.path.join(self.root, name)
+            files = sorted(f for f in os.listdir(folder) if f.endswith(".npy"))
+            self.samples.extend((os.path.join(folder, f), label) for f in files)
+        digest = hashlib.sha1()
+        for path, label in self.samples:
+            digest.update(f"{os.path.relpath(path, self.root)}:{label}:{os.path.getsize(path)}\n".encode())
+        self.fingerprint = f"npy-folder:{len(self.samples)}:{digest.hexdigest()[:16]}"
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        path, label = self.samples[index]
+        try:
+            array = np.load(path, allow_pickle=False)
+        except Exception as exc:
+            raise SampleLoadError(f"cannot load sample {index} from {path}: {type(exc).__name__}: {exc}") from exc
+        return array, label
+
+
+#: Built-in dataset names and their factories.
+BUILTINS: dict[str, Callable[..., Any]] = {
+    "synthetic": SyntheticDataset,
+    "npy-folder": NpyFolderDataset,
+}
+
+
+def resolve_dataset(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
+    """Build the dataset a spec names.
+
+    Raises:
+        DatasetSpecError: the spec is malformed, its module or attribute is missing, the factory raised,
+            or what it returned is not a map-style dataset. The message names the spec and the cause.
+    """
+    kwargs = dict(kwargs or {})
+    if not isinstance(spec, str) or not spec:
+        raise DatasetSpecError(f"dataset spec must be a non-empty string, got {spec!r}")
+    if spec in BUILTINS:
+        factory = BUILTINS[spec]
+    elif ":" in spec:
+        module_name, _, attr_path = spec.partition(":")
+        if not module_name or not attr_path:
+            raise DatasetSpecError(f"dataset spec {spec!r} must look like 'package.module:callable'")
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise DatasetSpecError(f"dataset spec {spec!r}: cannot import module {module_name!r}: {exc}") from exc
+        for part in attr_path.split("."):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError:
+                raise DatasetSpecError(f"dataset spec {spec!r}: {module_name!r} has no attribute {attr_path!r}") from None
+        factory = obj
+        if not callable(factory):
+            raise DatasetSpecError(f"dataset spec {spec!r}: {attr_path!r} is not callable")
+    else:
+        raise DatasetSpecError(
+            f"dataset spec {spec!r} is neither a built-in ({', '.join(sorted(BUILTINS))}) "
+            "nor 'package.module:callable'"
+        )
+    try:
+        dataset = factory(**kwargs)
+    except Exception as exc:
+        raise DatasetSpecError(f"dataset spec {spec!r} with {kwargs!r} failed: {type(exc).__name__}: {exc}") from exc
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        raise DatasetSpecError(f"dataset spec {spec!r} returned {type(dataset).__name__}, not a map-style dataset")
+    return dataset
+
+
+def parse_dataset_args(pairs: Iterable[str]) -> dict[str, Any]:
+    """Parse ``key=value`` strings; values are JSON when they parse, else plain strings."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise DatasetSpecError(f"dataset argument {pair!r} must look like key=value")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
+def dataset_fingerprint(dataset: Any) -> str:
+    """The dataset's own ``fingerprint`` if it has one, else its class's qualified name and its length."""
+    own = getattr(dataset, "fingerprint", None)
+    if callable(own):
+        own = own()
+    if own is not None:
+        return str(own)
+    cls = type(dataset)
+    return f"{cls.__module__}.{cls.__qualname__}:{len(dataset)}"

@@ -1,0 +1,150 @@
+"""Ferry's wire protocol (DESIGN §3): message types, encoding, and validation on receipt.
+
+Every message is multipart. Frame 0 is a msgpack map holding ``v`` (the protocol version), ``type`` and
+the fields listed in :data:`SCHEMAS`. A BATCH carries its array leaves as further raw frames (see
+:mod:`common.codec`). Nothing is pickled.
+
+``parse_header`` is the single gate for frame 0: it rejects anything that is not a map of the known type
+with the required fields of the right types, and raises :class:`~common.errors.ProtocolError` with the
+reason. Callers count and drop; they never let it escape a loop.
+
+Fields beyond DESIGN's table: TASK carries ``task`` (a unique id of this issuance, so that a re-issued
+batch and its late twin are told apart without guessing) and ``on_error``; BATCH and FAIL echo ``task``;
+HELLO carries ``nonce``, which changes whenever the producer drops its state for this consumer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import msgpack
+
+from .constants import MAX_DATASET_LEN, MAX_HEADER_BYTES, MAX_SLOTS, MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION
+from .errors import ProtocolError
+
+__all__ = [
+    "HELLO", "WELCOME", "REJECT", "TASK", "BATCH", "FAIL", "PING", "BYE",
+    "pack", "parse_header", "make_header",
+]
+
+HELLO, WELCOME, REJECT, TASK, BATCH, FAIL, PING, BYE = (
+    "HELLO", "WELCOME", "REJECT", "TASK", "BATCH", "FAIL", "PING", "BYE"
+)
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _uint(v: Any) -> bool:
+    return _int(v) and 0 <= v < (1 << 63)
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str) and len(v) <= MAX_TEXT
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _dataset(v: Any) -> bool:
+    return (
+        isinstance(v, dict)
+        and _str(v.get("spec"))
+        and _uint(v.get("len"))
+        and v["len"] <= MAX_DATASET_LEN
+        and _str(v.get("fingerprint"))
+    )
+
+
+def _indices(v: Any) -> bool:
+    return isinstance(v, list) and 0 < len(v) <= MAX_TASK_INDICES and all(_uint(i) for i in v)
+
+
+def _slots(v: Any) -> bool:
+    return _int(v) and 1 <= v <= MAX_SLOTS
+
+
+def _errors(v: Any) -> bool:
+    return isinstance(v, list) and len(v) <= MAX_TASK_INDICES and all(_sample_error(e) for e in v)
+
+
+def _sample_error(v: Any) -> bool:
+    return (
+        isinstance(v, dict)
+        and _uint(v.get("index"))
+        and _str(v.get("exc_type"))
+        and _str(v.get("message"))
+        and _str(v.get("traceback"))
+    )
+
+
+Check = Callable[[Any], bool]
+
+#: Required fields of each message type, with their checks. Optional fields are checked where used.
+SCHEMAS: dict[str, dict[str, Check]] = {
+    HELLO: {"producer": _str, "nonce": _uint, "host": _str, "pid": _uint, "slots": _slots, "dataset": _dataset},
+    WELCOME: {"session": _uint, "heartbeat": _num, "nonce": _uint},
+    REJECT: {"reason": _str, "permanent": lambda v: isinstance(v, bool)},
+    TASK: {"session": _uint, "task": _uint, "epoch": _uint, "seq": _uint, "indices": _indices,
+           "on_error": lambda v: v in ("raise", "skip")},
+    BATCH: {"session": _uint, "task": _uint, "epoch": _uint, "seq": _uint, "tree": lambda v: True,
+            "errors": _errors},
+    FAIL: {"session": _uint, "task": _uint, "epoch": _uint, "seq": _uint, "errors": _errors},
+    PING: {"load": lambda v: isinstance(v, dict) and len(v) <= 32},
+    BYE: {},
+}
+
+
+def make_header(msg_type: str, **fields: Any) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "type": msg_type, **fields}
+
+
+def pack(msg_type: str, **fields: Any) -> bytes:
+    """Encode frame 0 of a message."""
+    return msgpack.packb(make_header(msg_type, **fields), use_bin_type=True)
+
+
+def parse_header(frame: Any) -> dict[str, Any]:
+    """Decode and validate frame 0. Returns the header map.
+
+    Raises:
+        ProtocolError: not msgpack, not a map, wrong version, unknown type, or a missing / mistyped field.
+    """
+    data = bytes(frame.buffer) if hasattr(frame, "buffer") else bytes(frame)
+    if len(data) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(data)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        header = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=False,
+            max_array_len=MAX_TASK_INDICES,
+            max_map_len=MAX_TASK_INDICES,
+            max_str_len=MAX_TEXT,
+            max_bin_len=MAX_TEXT,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several types for malformed input
+        raise ProtocolError(f"header is not valid msgpack ({type(exc).__name__}: {exc})") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"header is a {type(header).__name__}, not a map")
+    version = header.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version!r} is not supported (this side speaks {PROTOCOL_VERSION})")
+    msg_type = header.get("type")
+    schema = SCHEMAS.get(msg_type) if isinstance(msg_type, str) else None
+    if schema is None:
+        raise ProtocolError(f"unknown message type {msg_type!r}")
+    for key, check in schema.items():
+        if key not in header:
+            raise ProtocolError(f"{msg_type} lacks field {key!r}")
+        if not check(header[key]):
+            raise ProtocolError(f"{msg_type} field {key!r} is invalid: {_short(header[key])}")
+    return header
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,134 @@
+"""Who gets which task (DESIGN §4, §5): pure scheduling state, owned by the io thread. No sockets here.
+
+* Producers are keyed by their ZeroMQ routing id (``peer``) and known by their *identity*:
+  ``(producer id, nonce)``. A producer draws a new nonce whenever it drops its work, so a repeated HELLO
+  (same identity) changes nothing, while a fresh one (new nonce) means its tasks are gone.
+* Every issuance of a seq is a *task* with a unique id. A result is accepted only for a task still in
+  flight and only from the identity it was given to. Anything else is a late duplicate.
+* Seqs go out in plan order; the seqs of a lost producer go back to the *front* of the queue.
+* Credits: :meth:`assign` never lets ``in flight + held`` exceed the capacity, and never gives a producer
+  more than its ``slots``. A new task goes to the live producer with the most free slots.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+
+@dataclass
+class ProducerInfo:
+    peer: bytes
+    producer_id: str
+    nonce: int
+    name: str  # host:pid, for messages and stats
+    slots: int
+    last_heard: float
+    joined: float
+    in_flight: set[int] = field(default_factory=set)  # task ids
+    batches: int = 0
+    bytes: int = 0
+
+    @property
+    def identity(self) -> tuple[str, int]:
+        return (self.producer_id, self.nonce)
+
+    @property
+    def free_slots(self) -> int:
+        return self.slots - len(self.in_flight)
+
+
+@dataclass(frozen=True)
+class Task:
+    task: int
+    run: int
+    seq: int
+    identity: tuple[str, int]
+    peer: bytes
+
+
+class Dispatcher:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.producers: dict[bytes, ProducerInfo] = {}
+        self.tasks: dict[int, Task] = {}  # in flight, by task id
+        self._ids = itertools.count(1)
+        self.run = -1
+        self._queue: deque[int] = deque()  # seqs waiting for a producer, in issue order
+        self.reissued = 0
+
+    # --- runs -----------------------------------------------------------------------------------------
+    def start_run(self, run: int, order: Iterable[int]) -> None:
+        """Forget the old run's tasks (their late results become duplicates) and queue the new seqs."""
+        self.run = run
+        self._queue = deque(order)
+        for producer in self.producers.values():
+            producer.in_flight.clear()
+        self.tasks.clear()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    # --- producers ------------------------------------------------------------------------------------
+    def find_identity(self, identity: tuple[str, int]) -> ProducerInfo | None:
+        return next((p for p in self.producers.values() if p.identity == identity), None)
+
+    def add(self, info: ProducerInfo) -> None:
+        self.producers[info.peer] = info
+
+    def move(self, old_peer: bytes, new_peer: bytes) -> ProducerInfo:
+        """The same producer reconnected under a new routing id: keep its tasks."""
+        info = self.producers.pop(old_peer)
+        info.peer = new_peer
+        self.producers[new_peer] = info
+        for task_id in info.in_flight:
+            old = self.tasks[task_id]
+            self.tasks[task_id] = Task(old.task, old.run, old.seq, old.identity, new_peer)
+        return info
+
+    def lose(self, peer: bytes) -> ProducerInfo | None:
+        """Remove a producer; its in-flight seqs go to the front of the queue, in seq order."""
+        info = self.producers.pop(peer, None)
+        if info is None:
+            return None
+        seqs = sorted(self.tasks.pop(t).seq for t in info.in_flight)
+        self._queue.extendleft(reversed(seqs))
+        self.reissued += len(seqs)
+        info.in_flight.clear()
+        return info
+
+    # --- tasks ----------------------------------------------------------------------------------------
+    def assign(self, held: int) -> list[Task]:
+        """Issue as many tasks as credits and free slots allow."""
+        out: list[Task] = []
+        while self._queue and self.in_flight + held < self.capacity:
+            producer = max(self.producers.values(), key=lambda p: p.free_slots, default=None)
+            if producer is None or producer.free_slots <= 0:
+                break
+            task = Task(next(self._ids), self.run, self._queue.popleft(), producer.identity, producer.peer)
+            self.tasks[task.task] = task
+            producer.in_flight.add(task.task)
+            out.append(task)
+        return out
+
+    def complete(self, task_id: int, peer: bytes) -> Task | None:
+        """Accept the result of ``task_id`` from ``peer``, or return None for a duplicate / stranger."""
+        task = self.tasks.get(task_id)
+        producer = self.producers.get(peer)
+        if task is None or producer is None or task.identity != producer.identity:
+            return None
+        del self.tasks[task_id]
+        producer.in_flight.discard(task_id)
+        return task
+
+    def requeue(self, task: Task) -> None:
+        """A task's result was unusable: issue its seq again, first."""
+        self._queue.appendleft(task.seq)
+        self.reissued += 1

@@ -1,0 +1,512 @@
+"""RemoteLoader: the consumer inside the training script.
+
+Lifecycle::
+
+    RemoteLoader(...)          validate options; start local producers (if any); bind the ROUTER;
+                               start the io thread and the staging thread
+    for batch in loader:       __iter__ starts a *run* (one epoch's plan) on the io thread;
+                               __next__ takes staged batches, bounded waits, re-raises remote errors
+    loader.close()             (also `with`, and a weakref.finalize fallback)
+
+Threads and queues::
+
+    io thread (ferry-io) --ReorderBuffer--> staging thread (ferry-staging) --Queue(2)--> training thread
+
+Shutdown order (``close``, idempotent): set the stop event; join the staging thread (its waits are bounded
+by POLL_SLICE_S); stop and join the io thread (it says BYE and closes the ROUTER); stop the local
+producers (SIGTERM, then SIGKILL after JOIN_TIMEOUT_S) and remove their folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+import warnings
+import weakref
+from typing import Any, Callable, Iterator
+
+import torch
+
+from common.constants import (
+    DEFAULT_BUFFER_BATCHES, DEFAULT_ENDPOINT, DEFAULT_MAX_FRAME_BYTES, DEFAULT_SLOTS, DEFAULT_THREADS,
+    DEFAULT_TIMEOUT_S, HEARTBEAT_S, JOIN_TIMEOUT_S, LIVENESS, POLL_SLICE_S, STAGED_BATCHES,
+)
+from common.datasets import dataset_fingerprint
+from common.errors import ConfigError, NoProducersError
+from common.plan import build_plan, plan_length
+
+from .buffer import Delivery, ReorderBuffer, is_eof
+from .io_thread import IoConfig, IoThread, StartRun
+from .local import LocalProducers
+from .staging import iter_tensors, make_stager, staging_loop
+from .stats import Counters, stall_fraction
+
+__all__ = ["RemoteLoader"]
+
+log = logging.getLogger("ferry.consumer")
+
+_DEFAULT = object()
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def _shift_port(endpoint: str, offset: int) -> str:
+    """tcp://host:5555 -> tcp://host:(5555 + offset); torchrun ranks on one host each get a port."""
+    if offset == 0 or not endpoint.startswith("tcp://"):
+        return endpoint
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"endpoint {endpoint!r} has no port to shift by LOCAL_RANK={offset}")
+    return f"{host}:{int(port) + offset}"
+
+
+class RemoteLoader:
+    """An iterable over training batches that producers stream in over ZeroMQ.
+
+    Batches are the collated structure (dict / list / tuple) with torch tensors as leaves, equal to what
+    ``DataLoader(ds, batch_size, drop_last, sampler=DistributedSampler(ds, world_size, rank, shuffle,
+    seed, drop_last))`` yields after ``set_epoch(e)``.
+
+    Args:
+        endpoint: where the consumer binds its ROUTER, or a list of them. Default ``tcp://*:5555``; in
+            local mode the default binds only the private ipc socket. A tcp port is shifted by
+            ``LOCAL_RANK`` under torchrun.
+        batch_size: samples per batch.
+        shuffle: shuffle with DistributedSampler's permutation (seed + epoch).
+        seed: the shuffle seed.
+        drop_last: drop the tail that does not fill a batch (and the uneven tail across ranks).
+        sampler: a torch sampler (or any iterable of indices) instead of the default plan.
+        batch_sampler: an iterable of index lists, used as given; excludes batch_size / sampler /
+            shuffle / drop_last.
+        rank, world_size: this trainer's shard. Default: torchrun's RANK and WORLD_SIZE, else 0 and 1.
+        buffer_batches: capacity C. Batches buffered + tasks in flight never exceed it.
+        in_order: yield in plan order (default) or as batches arrive.
+        timeout: seconds without any live producer before ``__next__`` raises NoProducersError.
+            [Unit: second]
+        dataset_len: the dataset length, if known up front (else learned from the first producer).
+        device: ``None`` / ``"cpu"`` (tensors over the received bytes, no copy) or a CUDA device.
+        pin_memory: stage through page-locked memory. Default: True on CUDA, False otherwise.
+        device_transform: a callable applied to each batch on the device, in the training thread.
+        local_producers: start this many producer processes here (local mode). Needs ``dataset``.
+        dataset: for local mode, a dataset object or a spec string (see ``common.datasets``).
+        dataset_args: keyword arguments of a dataset spec.
+        producer_threads, producer_slots: for local producers.
+        on_error: ``"raise"`` (RemoteSampleError in the loop) or ``"skip"`` (drop the failed samples).
+        heartbeat: seconds between PINGs. [Unit: second]
+        liveness: heartbeats of silence after which a producer is lost.
+        max_frame_bytes: ZMQ_MAXMSGSIZE: the largest frame a producer may send. [Unit: byte]
+        mp_context: multiprocessing start method for local producers of a dataset object.
+
+    Raises:
+        ConfigError: an invalid option, or the endpoint cannot be bound (e.g. the port is in use).
+    """
+
+    def __init__(
+        self,
+        *,
+        endpoint: str | list[str] | None | Any = _DEFAULT,
+        batch_size: int | None = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        buffer_batches: int = DEFAULT_BUFFER_BATCHES,
+        in_order: bool = True,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        dataset_len: int | None = None,
+        device: str | torch.device | None = None,
+        pin_memory: bool | None = None,
+        device_transform: Callable[[Any], Any] | None = None,
+        local_producers: int = 0,
+        dataset: Any = None,
+        dataset_args: dict[str, Any] | None = None,
+        producer_threads: int = DEFAULT_THREADS,
+        producer_slots: int = DEFAULT_SLOTS,
+        on_error: str = "raise",
+        heartbeat: float = HEARTBEAT_S,
+        liveness: int = LIVENESS,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        mp_context: str | None = None,
+    ) -> None:
+        self._closed = True  # until fully built, so that close() on a half-built loader is safe
+        if batch_sampler is not None:
+            if sampler is not None or shuffle or drop_last or batch_size not in (None, 1):
+                raise ConfigError("batch_sampler is mutually exclusive with batch_size, shuffle, sampler and drop_last")
+            batch_size = None
+        elif batch_size is None or int(batch_size) < 1:
+            raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+        if sampler is not None and shuffle:
+            raise ConfigError("sampler is mutually exclusive with shuffle")
+        self.rank = _env_int("RANK", 0) if rank is None else int(rank)
+        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else int(world_size)
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank {self.rank} is not in range for world_size {self.world_size}")
+        if int(buffer_batches) < 1:
+            raise ConfigError(f"buffer_batches must be >= 1, got {buffer_batches}")
+        if not timeout > 0:
+            raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if local_producers < 0 or (local_producers and dataset is None):
+            raise ConfigError("local_producers needs a dataset (an object or a spec string)")
+        if dataset_len is not None and int(dataset_len) < 0:
+            raise ConfigError(f"dataset_len must be >= 0, got {dataset_len}")
+        self.device = torch.device(device) if device is not None else None
+        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device {self.device} requested, but CUDA is not available")
+        if pin_memory is None:
+            pin_memory = self.device is not None and self.device.type == "cuda"
+        if pin_memory and not torch.cuda.is_available():
+            warnings.warn("pin_memory=True but CUDA is not available; batches stay in pageable memory",
+                          stacklevel=2)
+            pin_memory = False
+        if device_transform is not None and not callable(device_transform):
+            raise ConfigError("device_transform must be callable")
+
+        self.batch_size = batch_size
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.buffer_batches = int(buffer_batches)
+        self.in_order = bool(in_order)
+        self.timeout = float(timeout)
+        self.pin_memory = bool(pin_memory)
+        self.device_transform = device_transform
+        self.on_error = on_error
+
+        fingerprint = None
+        if dataset is not None and not isinstance(dataset, str):
+            dataset_len = len(dataset) if dataset_len is None else dataset_len
+            fingerprint = dataset_fingerprint(dataset)
+
+        local_rank = _env_int("LOCAL_RANK", 0)
+        if endpoint is _DEFAULT:
+            endpoints = [] if local_producers else [_shift_port(DEFAULT_ENDPOINT, local_rank)]
+        elif endpoint is None:
+            endpoints = []
+        else:
+            endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
+            endpoints = [_shift_port(e, local_rank) for e in endpoints]
+
+        self._counters = Counters()
+        self._stop = threading.Event()
+        self._staging_failure: list[BaseException] = []
+        self._staged: queue.Queue[Any] = queue.Queue(maxsize=STAGED_BATCHES)
+        self._local: LocalProducers | None = None
+        self._io: IoThread | None = None
+        self._staging: threading.Thread | None = None
+        self._epoch = 0  # the epoch the next iteration runs
+        self._resume_from = 0  # seqs of that epoch already delivered (from load_state_dict)
+        self._run = 0
+        self._active: _EpochIterator | None = None
+        self._lock = threading.Lock()
+        try:
+            if local_producers:
+                self._local = LocalProducers(
+                    local_producers, dataset, dataset_args=dataset_args, threads=producer_threads,
+                    slots=producer_slots, heartbeat=heartbeat, liveness=liveness, mp_context=mp_context,
+                )
+                endpoints.append(self._local.endpoint)
+            if not endpoints:
+                raise ConfigError("no endpoint to bind")
+            self.endpoints = tuple(endpoints)
+            buffer = ReorderBuffer(in_order=self.in_order, on_release=self._wake_io)
+            self._buffer = buffer
+            self._io = IoThread(
+                IoConfig(endpoints=self.endpoints, capacity=self.buffer_batches, heartbeat=float(heartbeat),
+                         liveness=int(liveness), on_error=on_error, max_frame_bytes=int(max_frame_bytes),
+                         dataset_len=dataset_len, fingerprint=fingerprint),
+                buffer, self._counters,
+            )
+            self._io.start()
+            self._staging = threading.Thread(
+                target=staging_loop, name="ferry-staging", daemon=True,
+                args=(buffer, self._staged, self._stop, make_stager(self.device, self.pin_memory),
+                      self._staging_failure),
+            )
+            self._staging.start()
+        except BaseException:
+            self._shutdown(self._stop, self._staging, self._io, self._local)
+            raise
+        self._closed = False
+        self._finalizer = weakref.finalize(self, RemoteLoader._shutdown, self._stop, self._staging, self._io,
+                                           self._local)
+
+    # --- iteration ----------------------------------------------------------------------------------
+    def __iter__(self) -> "_EpochIterator":
+        self._check_open()
+        plan = self._build_plan(self._epoch)
+        order = list(range(self._resume_from, len(plan)))
+        self._resume_from = 0
+        self._run += 1
+        self._active = _EpochIterator(self, self._run, self._epoch, plan, order)
+        self._io.start_run(StartRun(run=self._run, epoch=self._epoch, plan=plan, order=order))
+        return self._active
+
+    def __len__(self) -> int:
+        if self.batch_sampler is not None:
+            return len(self.batch_sampler)
+        if self.sampler is not None:
+            n = len(self.sampler)
+            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return plan_length(self._dataset_len(), world_size=self.world_size, batch_size=self.batch_size,
+                           drop_last=self.drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch of the next iteration (the shuffle is seeded with ``seed + epoch``)."""
+        if int(epoch) < 0:
+            raise ConfigError(f"epoch must be >= 0, got {epoch}")
+        self._epoch = int(epoch)
+        self._resume_from = 0
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def _build_plan(self, epoch: int):
+        dataset_len = None if (self.sampler is not None or self.batch_sampler is not None) else self._dataset_len()
+        return build_plan(epoch=epoch, dataset_len=dataset_len, batch_size=self.batch_size, shuffle=self.shuffle,
+                          seed=self.seed, drop_last=self.drop_last, rank=self.rank, world_size=self.world_size,
+                          sampler=self.sampler, batch_sampler=self.batch_sampler)
+
+    def _dataset_len(self) -> int:
+        io = self._io
+        deadline = time.monotonic() + self.timeout
+        while not io.dataset_known.wait(POLL_SLICE_S):
+            self._check_health()
+            if time.monotonic() > deadline:
+                raise self._no_producers_error(waited=self.timeout)
+        return io.dataset_len
+
+    # --- waiting for a batch (training thread) -------------------------------------------------------
+    def _next_delivery(self, run: int) -> Delivery | None:
+        """The next item of ``run``; None at its end. Every wait is bounded."""
+        while True:
+            try:
+                item = self._staged.get(timeout=POLL_SLICE_S)
+            except queue.Empty:
+                self._check_health()
+                continue
+            if is_eof(item):
+                if item.run == run:
+                    return None
+                continue
+            if item.run != run:
+                continue  # left over from an abandoned iteration
+            return item
+
+    def _check_health(self) -> None:
+        self._check_open()
+        io = self._io
+        if io.failure is not None:
+            raise RuntimeError("ferry's io thread failed") from io.failure
+        if self._staging_failure:
+            raise RuntimeError("ferry's staging thread failed") from self._staging_failure[0]
+        if not io.alive:
+            raise RuntimeError("ferry's io thread is not running")
+        if not io.dispatcher.producers:
+            if self._local is not None:
+                self._local.check()
+            silent = time.monotonic() - io.no_producer_since
+            if silent > self.timeout:
+                raise self._no_producers_error(waited=silent)
+
+    def _no_producers_error(self, waited: float) -> NoProducersError:
+        seen = self._io.producers_seen
+        return NoProducersError(
+            f"no producer alive for {waited:.1f} s (timeout={self.timeout:g} s); the consumer is bound to "
+            f"{', '.join(self.endpoints)} and has seen {seen} producer(s) in all. Start one with: "
+            f"python -m producer --connect tcp://<this-host>:<port> --dataset <spec>"
+        )
+
+    def _deliver(self, item: Delivery) -> Any:
+        self._buffer.release(item.run)
+        if item.error is not None:
+            raise item.error
+        tree = item.tree
+        if item.event is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(item.event)
+            for tensor in iter_tensors(tree):
+                tensor.record_stream(stream)
+        if self.device_transform is not None:
+            tree = self.device_transform(tree)
+        self._counters.batches += 1
+        self._counters.bytes_yielded += item.nbytes
+        return tree
+
+    def _wake_io(self) -> None:
+        io = self._io
+        if io is not None:
+            io.waker.wake()
+
+    # --- figures, state -----------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Figures of this loader (lifetime counters; ``epoch_*`` for the current epoch)."""
+        c = self._counters
+        io = self._io.snapshot() if self._io is not None else {}
+        held = self._buffer.held if self._io is not None else 0
+        elapsed = max(1e-9, time.monotonic() - c.created)
+        return {
+            "batches": c.batches,
+            "bytes": c.bytes_yielded,
+            "mb_per_s": c.bytes_yielded / 1e6 / c.active_s if c.active_s > 0 else 0.0,
+            "producers": io.get("producers", 0),
+            "producers_seen": io.get("producers_seen", 0),
+            "buffered": held,
+            "in_flight": io.get("in_flight", 0),
+            "capacity": self.buffer_batches,
+            "wait_s": c.wait_s,
+            "active_s": c.active_s,
+            "step_s": (c.active_s - c.wait_s) / c.batches if c.batches else 0.0,
+            "stall_fraction": stall_fraction(c.wait_s, c.active_s),
+            "epoch": self._active.epoch if self._active is not None else self._epoch,
+            "epoch_wait_s": c.epoch_wait_s,
+            "epoch_stall_fraction": stall_fraction(c.epoch_wait_s, c.epoch_active_s),
+            "received": c.received,
+            "received_bytes": c.bytes,
+            "reissued": io.get("reissued", 0),
+            "duplicates": c.duplicates,
+            "stale": c.stale,
+            "invalid_messages": c.invalid_messages,
+            "skipped_samples": c.skipped_samples,
+            "uptime_s": elapsed,
+            "per_producer": io.get("per_producer", {}),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """A small, JSON-serialisable state: resume with ``load_state_dict`` in a new process."""
+        active = self._active
+        if active is not None and not active.finished:
+            epoch, delivered = active.epoch, active.first_seq + active.yielded
+        else:
+            epoch, delivered = self._epoch, self._resume_from
+        state = {
+            "epoch": epoch, "batches_delivered": delivered, "seed": self.seed, "shuffle": self.shuffle,
+            "drop_last": self.drop_last, "batch_size": self.batch_size, "rank": self.rank,
+            "world_size": self.world_size, "in_order": self.in_order,
+        }
+        for name, obj in (("sampler", self.sampler), ("batch_sampler", self.batch_sampler)):
+            if obj is not None and callable(getattr(obj, "state_dict", None)):
+                state[name] = obj.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next iteration yields batch ``batches_delivered`` of ``epoch`` onwards."""
+        for key in ("seed", "shuffle", "drop_last", "batch_size", "rank", "world_size"):
+            if key in state and state[key] != getattr(self, key):
+                raise ConfigError(f"state was saved with {key}={state[key]!r}, this loader has {getattr(self, key)!r}")
+        if not state.get("in_order", True):
+            raise ConfigError("a state saved with in_order=False cannot be resumed exactly")
+        for name, obj in (("sampler", self.sampler), ("batch_sampler", self.batch_sampler)):
+            if name in state and callable(getattr(obj, "load_state_dict", None)):
+                obj.load_state_dict(state[name])
+        self._epoch = int(state["epoch"])
+        self._resume_from = int(state["batches_delivered"])
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this RemoteLoader is closed")
+
+    def close(self) -> None:
+        """Stop the staging thread, the io thread (BYE to producers) and local producers. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer()
+
+    @staticmethod
+    def _shutdown(stop: threading.Event, staging: threading.Thread | None, io: IoThread | None,
+                  local: LocalProducers | None) -> None:
+        stop.set()
+        if staging is not None and staging.is_alive():
+            staging.join(JOIN_TIMEOUT_S)
+        if io is not None:
+            io.close(JOIN_TIMEOUT_S)
+        if local is not None:
+            local.close()
+
+    def __enter__(self) -> "RemoteLoader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._closed:
+            return f"<RemoteLoader [closed] {', '.join(getattr(self, 'endpoints', ()))}>"
+        s = self.stats()
+        return (f"<RemoteLoader [{s['producers']} producers | buffered {s['buffered']}, in flight "
+                f"{s['in_flight']} of {self.buffer_batches} | {s['batches']} batches] {', '.join(self.endpoints)}>")
+
+
+class _EpochIterator:
+    """One pass over one epoch's plan. Only the newest iterator of a loader may advance."""
+
+    def __init__(self, loader: RemoteLoader, run: int, epoch: int, plan: Any, order: list[int]) -> None:
+        self._loader = loader
+        self.run = run
+        self.epoch = epoch
+        self.first_seq = order[0] if order else len(plan)
+        self.total = len(order)
+        self.yielded = 0
+        self.finished = False
+        self._started: float | None = None
+        self._last: float | None = None
+
+    def __iter__(self) -> "_EpochIterator":
+        return self
+
+    def __len__(self) -> int:
+        return self.total - self.yielded
+
+    def __next__(self) -> Any:
+        loader = self._loader
+        if self.finished:
+            raise StopIteration
+        if loader._active is not self:
+            raise RuntimeError("a newer iteration of this RemoteLoader has started; this one is abandoned")
+        counters = loader._counters
+        began = time.monotonic()
+        if self._started is None:
+            self._started = began
+            counters.epoch_wait_s = counters.epoch_active_s = 0.0
+        try:
+            item = loader._next_delivery(self.run)
+        finally:
+            now = time.monotonic()
+            counters.wait_s += now - began
+            counters.epoch_wait_s += now - began
+        if item is None:
+            self.finished = True
+            loader._epoch = self.epoch + 1
+            self._account(now)
+            raise StopIteration
+        self.yielded += 1  # this position is consumed, even when it raises
+        try:
+            return loader._deliver(item)  # raises RemoteSampleError in place of a failed batch
+        finally:
+            self._account(time.monotonic())
+
+    def _account(self, now: float) -> None:
+        counters = self._loader._counters
+        span = now - (self._last or self._started)
+        counters.active_s += span
+        counters.epoch_active_s += span
+        self._last = now

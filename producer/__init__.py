@@ -1,0 +1,55 @@
+"""Ferry's producer: a standalone service that loads samples, collates batches and streams them to
+consumers over ZeroMQ.
+
+Run it as ``python -m producer --connect tcp://trainer:5555 --dataset npy-folder --dataset-arg root=/data``
+(or ``ferry produce …``). Embed it with :func:`serve`, its one public entry point; the consumer's local
+mode starts producers only through it.
+
+This package never imports ``consumer``, and imports torch only if the dataset does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+from .config import ProducerConfig
+
+__all__ = ["serve", "ProducerConfig"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def serve(config: ProducerConfig, dataset: Any = None) -> int:
+    """Serve ``dataset`` (or the one ``config.dataset`` names) until SIGTERM/SIGINT. Returns an exit code.
+
+    Raises:
+        DatasetSpecError: the dataset spec cannot be resolved.
+    """
+    from common.datasets import resolve_dataset
+
+    from .service import Producer, install_signal_handlers
+
+    if config.exit_with_parent:
+        _die_with_parent()
+    if dataset is None:
+        dataset = resolve_dataset(config.dataset, config.dataset_args)
+    producer = Producer(config, dataset)
+    if threading.current_thread() is threading.main_thread():
+        install_signal_handlers(producer)
+    return producer.run()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM us when the parent dies (local mode), so no producer outlives its trainer."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the consumer-liveness timeout still ends the work
+        logging.getLogger("ferry.producer").debug("PR_SET_PDEATHSIG unavailable")
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -1,0 +1,122 @@
+"""Turns a TASK's index list into a ready-to-send BATCH or FAIL message, off the main loop.
+
+Two thread pools, so that one never waits on itself:
+
+* the *sample pool* (``threads`` workers) runs ``dataset[i]``: the samples of one batch load
+  concurrently (file reads and numpy release the GIL, and an SSD wants a deep queue);
+* the *batch pool* (one worker per slot) waits for a task's samples, collates, encodes the tree and packs
+  the header.
+
+A finished message goes into ``done`` (a queue the main loop drains) and the main loop is woken through
+its :class:`~common.waker.Waker`. Only the main loop touches sockets.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from common import protocol
+from common.codec import encode_tree
+from common.waker import Waker
+
+from .collate import collate
+
+
+@dataclass
+class Job:
+    """One TASK received from one consumer connection."""
+
+    conn_key: int  # which connection it came from
+    session: int
+    task: int
+    epoch: int
+    seq: int
+    indices: list[int]
+    on_error: str
+
+
+@dataclass
+class Outcome:
+    """A message ready for the main loop to send back on ``conn_key``."""
+
+    job: Job
+    frames: list[Any] = field(default_factory=list)  # header first, then array frames
+    failed: bool = False
+
+
+def _load(dataset: Any, index: int) -> Any:
+    return dataset[index]
+
+
+def _error_record(index: int, exc: BaseException) -> dict[str, Any]:
+    return {
+        "index": index,
+        "exc_type": type(exc).__name__,
+        "message": str(exc)[:4096],
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-16384:],
+    }
+
+
+class Batcher:
+    """Loads and collates batches on thread pools. ``close()`` waits for running work, bounded."""
+
+    def __init__(self, dataset: Any, *, threads: int, batch_workers: int, done: "queue.SimpleQueue[Outcome]",
+                 waker: Waker) -> None:
+        self._dataset = dataset
+        self._samples = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ferry-sample")
+        self._batches = ThreadPoolExecutor(max_workers=batch_workers, thread_name_prefix="ferry-batch")
+        self._done = done
+        self._waker = waker
+        self._lock = threading.Lock()
+        self.pending = 0  # jobs submitted and not yet in `done`
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            self.pending += 1
+        self._batches.submit(self._run, job)
+
+    def _run(self, job: Job) -> None:
+        try:
+            outcome = self._assemble(job)
+        except BaseException as exc:  # never lose a job: a bug here becomes a FAIL the consumer sees
+            outcome = self._fail(job, [_error_record(job.indices[0], exc)])
+        with self._lock:
+            self.pending -= 1
+        self._done.put(outcome)
+        self._waker.wake()
+
+    def _assemble(self, job: Job) -> Outcome:
+        futures: list[Future] = [self._samples.submit(_load, self._dataset, i) for i in job.indices]
+        samples, errors = [], []
+        for index, future in zip(job.indices, futures):
+            try:
+                samples.append(future.result())
+            except Exception as exc:
+                errors.append(_error_record(index, exc))
+        if errors and (job.on_error == "raise" or not samples):
+            return self._fail(job, errors)
+        try:
+            tree = collate(samples)
+            spec, array_frames = encode_tree(tree)
+        except Exception as exc:
+            return self._fail(job, [_error_record(job.indices[0], exc)])
+        header = protocol.pack(
+            protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq, tree=spec, errors=errors
+        )
+        return Outcome(job, [header, *array_frames])
+
+    @staticmethod
+    def _fail(job: Job, errors: list[dict[str, Any]]) -> Outcome:
+        header = protocol.pack(
+            protocol.FAIL, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq, errors=errors
+        )
+        return Outcome(job, [header], failed=True)
+
+    def close(self) -> None:
+        self._batches.shutdown(wait=True, cancel_futures=True)
+        self._samples.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,65 @@
+"""Collation in numpy, with the output types of ``torch.utils.data.default_collate``.
+
+* arrays (and torch CPU tensors) are stacked and keep their dtype;
+* numpy scalars keep their dtype; Python ``bool`` -> bool, ``int`` -> int64, ``float`` -> float64;
+* ``str`` and ``bytes`` stay a list;
+* mappings collate per key; a tuple collates into a *list* of fields (default_collate's own
+  backwards-compatible behaviour); other sequences collate element-wise into a list.
+
+No torch import: a producer stays light unless its dataset needs torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["collate", "CollateError"]
+
+
+class CollateError(TypeError):
+    """The samples of a batch cannot be collated; the message says where in the sample and why."""
+
+
+def _to_array(value: Any) -> np.ndarray | None:
+    if isinstance(value, np.ndarray):
+        return value
+    if type(value).__module__ == "torch" and type(value).__name__ == "Tensor":
+        return value.detach().cpu().numpy()
+    return None
+
+
+def collate(samples: Sequence[Any], path: str = "sample") -> Any:
+    if not samples:
+        raise CollateError("cannot collate an empty batch")
+    elem = samples[0]
+    array = _to_array(elem)
+    if array is not None:
+        arrays = [_to_array(s) for s in samples]
+        for i, a in enumerate(arrays):
+            if a is None or a.shape != array.shape or a.dtype != array.dtype:
+                got = "not an array" if a is None else f"{a.dtype}{list(a.shape)}"
+                raise CollateError(f"{path}: batch item {i} is {got}, item 0 is {array.dtype}{list(array.shape)}")
+        if array.dtype.kind in "OUSV":
+            raise CollateError(f"{path}: arrays of dtype {array.dtype} cannot be collated")
+        return np.stack(arrays)
+    if isinstance(elem, np.generic):
+        return np.array(samples, dtype=elem.dtype)
+    if isinstance(elem, bool):
+        return np.array(samples, dtype=np.bool_)
+    if isinstance(elem, int):
+        return np.array(samples, dtype=np.int64)
+    if isinstance(elem, float):
+        return np.array(samples, dtype=np.float64)
+    if isinstance(elem, (str, bytes)):
+        return list(samples)
+    if isinstance(elem, Mapping):
+        return {key: collate([s[key] for s in samples], f"{path}[{key!r}]") for key in elem}
+    if isinstance(elem, Sequence):
+        size = len(elem)
+        if any(len(s) != size for s in samples):
+            raise CollateError(f"{path}: each element in the batch should be of equal size")
+        return [collate(list(column), f"{path}[{i}]") for i, column in enumerate(zip(*samples))]
+    raise CollateError(f"{path}: cannot collate values of type {type(elem).__name__}")

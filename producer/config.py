@@ -1,0 +1,87 @@
+"""The producer's configuration, validated up front."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.constants import DEFAULT_MAX_FRAME_BYTES, DEFAULT_SLOTS, DEFAULT_THREADS, HEARTBEAT_S, LIVENESS, MAX_SLOTS
+from common.errors import ConfigError
+
+__all__ = ["ProducerConfig", "expand_endpoints"]
+
+_TCP = re.compile(r"^tcp://(?P<host>\[[^\]]+\]|[^:/\s]+):(?P<lo>\d+)(?:-(?P<hi>\d+))?$")
+_MAX_RANGE = 256
+
+
+def expand_endpoints(endpoints: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Validate endpoints and expand port ranges: ``tcp://host:5555-5557`` -> three endpoints.
+
+    Raises:
+        ConfigError: an endpoint is malformed; the message names it.
+    """
+    out: list[str] = []
+    for endpoint in endpoints:
+        if endpoint.startswith("ipc://") and len(endpoint) > len("ipc://"):
+            out.append(endpoint)
+            continue
+        match = _TCP.match(endpoint)
+        if not match:
+            raise ConfigError(f"endpoint {endpoint!r} must look like tcp://HOST:PORT, tcp://HOST:PORT-PORT or ipc://PATH")
+        lo = int(match["lo"])
+        hi = int(match["hi"]) if match["hi"] else lo
+        if not (0 < lo <= hi < 65536) or hi - lo >= _MAX_RANGE:
+            raise ConfigError(f"endpoint {endpoint!r} has an invalid port or port range")
+        out.extend(f"tcp://{match['host']}:{port}" for port in range(lo, hi + 1))
+    if not out:
+        raise ConfigError("at least one consumer endpoint (--connect) is required")
+    if len(set(out)) != len(out):
+        raise ConfigError(f"duplicate endpoints in {list(endpoints)}")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    """What a producer serves, where, and how hard.
+
+    Args:
+        endpoints: consumer endpoints to connect to (port ranges allowed).
+        dataset: dataset spec (see :mod:`common.datasets`); ignored when a dataset object is given to
+            :func:`producer.serve`, except as the label it reports.
+        dataset_args: keyword arguments of the spec.
+        threads: loader threads running ``dataset[i]`` concurrently.
+        slots: batches this producer takes at once from each consumer.
+        heartbeat: seconds between PINGs until the consumer sets its own. [Unit: second]
+        liveness: heartbeats of silence after which a consumer is considered gone.
+        max_frame_bytes: ZMQ_MAXMSGSIZE for incoming messages. [Unit: byte]
+        unreachable_warning_s: warn once when no consumer answered for this long. [Unit: second]
+        exit_with_parent: die with the parent process (local mode).
+        curve: CURVE client keys, or None for plaintext.
+    """
+
+    endpoints: tuple[str, ...]
+    dataset: str
+    dataset_args: dict[str, Any] = field(default_factory=dict)
+    threads: int = DEFAULT_THREADS
+    slots: int = DEFAULT_SLOTS
+    heartbeat: float = HEARTBEAT_S
+    liveness: int = LIVENESS
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    unreachable_warning_s: float = 10.0
+    exit_with_parent: bool = False
+    curve: Any = None
+    dataset_label: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "endpoints", expand_endpoints(list(self.endpoints)))
+        if not 1 <= self.threads <= 1024:
+            raise ConfigError(f"threads must be in 1..1024, got {self.threads}")
+        if not 1 <= self.slots <= MAX_SLOTS:
+            raise ConfigError(f"slots must be in 1..{MAX_SLOTS}, got {self.slots}")
+        if not 0.01 <= self.heartbeat <= 60:
+            raise ConfigError(f"heartbeat must be in 0.01..60 s, got {self.heartbeat}")
+        if self.liveness < 2:
+            raise ConfigError(f"liveness must be >= 2 heartbeats, got {self.liveness}")
+        if not self.dataset_label:
+            object.__setattr__(self, "dataset_label", self.dataset)
