@@ -73,7 +73,7 @@ class _Close:
 class IoThread:
     """Owns the ROUTER socket and its context; see the module docstring."""
 
-    def __init__(self, config: IoConfig, buffer: ReorderBuffer, counters: Counters) -> None:
+    def __init__(self, config: IoConfig, buffer: ReorderBuffer, counters: Counters, waker: Waker) -> None:
         self.config = config
         self.buffer = buffer
         self.counters = counters
@@ -85,7 +85,7 @@ class IoThread:
         if self.dataset_len is not None and self.fingerprint is not None:
             self.dataset_known.set()
         self.failure: BaseException | None = None
-        self.waker = Waker()
+        self.waker = waker  # wakes the poll loop; owned (closed) by this object
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._ctx = zmq.Context()
         self._sock = self._bind()
@@ -120,7 +120,12 @@ class IoThread:
         return self._thread.is_alive()
 
     def snapshot(self) -> dict[str, Any]:
+        """A consistent view for stats(). ``buffered`` is read before ``in_flight``, both under the lock
+        that task assignment takes: in between, ``held`` can only be released and tasks only completed,
+        so ``buffered + in_flight`` never over-counts and the capacity bound can be checked from outside."""
         with self._lock:
+            buffered = self.buffer.held
+            in_flight = self.dispatcher.in_flight
             producers = {
                 p.name: {"batches": p.batches, "bytes": p.bytes, "in_flight": len(p.in_flight), "slots": p.slots,
                          "joined_s": time.monotonic() - p.joined}
@@ -129,7 +134,8 @@ class IoThread:
             return {
                 "producers": len(producers),
                 "producers_seen": self.producers_seen,
-                "in_flight": self.dispatcher.in_flight,
+                "buffered": buffered,
+                "in_flight": in_flight,
                 "queued": self.dispatcher.queued,
                 "reissued": self.dispatcher.reissued,
                 "per_producer": producers,

@@ -37,6 +37,7 @@ from common.constants import (
 from common.datasets import dataset_fingerprint
 from common.errors import ConfigError, NoProducersError
 from common.plan import build_plan, plan_length
+from common.waker import Waker
 
 from .buffer import Delivery, ReorderBuffer, is_eof
 from .io_thread import IoConfig, IoThread, StartRun
@@ -221,13 +222,15 @@ class RemoteLoader:
             if not endpoints:
                 raise ConfigError("no endpoint to bind")
             self.endpoints = tuple(endpoints)
-            buffer = ReorderBuffer(in_order=self.in_order, on_release=self._wake_io)
+            waker = Waker()  # owned by the io thread from here on
+            # nothing the threads hold may reference `self`, or the finalizer could never run
+            buffer = ReorderBuffer(in_order=self.in_order, on_release=waker.wake)
             self._buffer = buffer
             self._io = IoThread(
                 IoConfig(endpoints=self.endpoints, capacity=self.buffer_batches, heartbeat=float(heartbeat),
                          liveness=int(liveness), on_error=on_error, max_frame_bytes=int(max_frame_bytes),
                          dataset_len=dataset_len, fingerprint=fingerprint),
-                buffer, self._counters,
+                buffer, self._counters, waker,
             )
             self._io.start()
             self._staging = threading.Thread(
@@ -346,17 +349,11 @@ class RemoteLoader:
         self._counters.bytes_yielded += item.nbytes
         return tree
 
-    def _wake_io(self) -> None:
-        io = self._io
-        if io is not None:
-            io.waker.wake()
-
     # --- figures, state -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Figures of this loader (lifetime counters; ``epoch_*`` for the current epoch)."""
         c = self._counters
         io = self._io.snapshot() if self._io is not None else {}
-        held = self._buffer.held if self._io is not None else 0
         elapsed = max(1e-9, time.monotonic() - c.created)
         return {
             "batches": c.batches,
@@ -364,7 +361,7 @@ class RemoteLoader:
             "mb_per_s": c.bytes_yielded / 1e6 / c.active_s if c.active_s > 0 else 0.0,
             "producers": io.get("producers", 0),
             "producers_seen": io.get("producers_seen", 0),
-            "buffered": held,
+            "buffered": io.get("buffered", 0),
             "in_flight": io.get("in_flight", 0),
             "capacity": self.buffer_batches,
             "wait_s": c.wait_s,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,7 +69,7 @@ class ProducerConfig:
     heartbeat: float = HEARTBEAT_S
     liveness: int = LIVENESS
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    unreachable_warning_s: float = 10.0
+    unreachable_warning_s: float = float(os.environ.get("FERRY_UNREACHABLE_WARNING_S", "10"))
     exit_with_parent: bool = False
     curve: Any = None
     dataset_label: str = ""

@@ -1,0 +1,68 @@
+"""Datasets the tests serve through real producers, by spec (``tests.datasets:Name``)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+
+def _array(index: int, shape: tuple[int, ...]) -> np.ndarray:
+    return (np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) + index * 1000).astype(np.float32)
+
+
+class PairDataset:
+    """Sample i is (float32 array, int i)."""
+
+    def __init__(self, length: int = 50, shape=(3, 4), delay: float = 0.0) -> None:
+        self.length, self.shape, self.delay = int(length), tuple(shape), float(delay)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        if self.delay:
+            time.sleep(self.delay)
+        return _array(index, self.shape), index
+
+
+class DictDataset:
+    """Sample i is a dict of an array, an int, a float, a bool, a str and a nested tuple."""
+
+    def __init__(self, length: int = 40) -> None:
+        self.length = int(length)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        return {
+            "image": _array(index, (2, 3)),
+            "label": index % 3,
+            "weight": index / 7.0,
+            "flag": index % 2 == 0,
+            "name": f"sample-{index}",
+            "extra": (np.full(2, index, dtype=np.int16), np.float32(index) / 2),
+        }
+
+
+class FailingDataset(PairDataset):
+    """Like PairDataset, but the indices in ``bad`` raise ValueError."""
+
+    def __init__(self, length: int = 50, bad=(7,), shape=(3, 4)) -> None:
+        super().__init__(length, shape)
+        self.bad = set(bad)
+
+    def __getitem__(self, index: int):
+        if index in self.bad:
+            raise ValueError(f"corrupt sample {index}")
+        return super().__getitem__(index)
+
+
+class PidDataset(PairDataset):
+    """Sample i is (array, i, pid of the producer that loaded it): shows which producer served a batch."""
+
+    def __getitem__(self, index: int):
+        array, i = super().__getitem__(index)
+        return array, i, os.getpid()

@@ -1,0 +1,190 @@
+"""Shared test plumbing: real producer processes, free loopback ports, waits with deadlines, leak checks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until it is truthy; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def producer_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class ProducerProcess:
+    """``python -m producer`` as a real child process; stderr is kept for assertions."""
+
+    def __init__(self, endpoints: str | Iterable[str], dataset: str, args: dict[str, Any] | None = None, *,
+                 threads: int = 2, slots: int = 2, heartbeat: float = 0.2, extra: Iterable[str] = (),
+                 netns: str | None = None) -> None:
+        endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        command = [sys.executable, "-m", "producer", "--dataset", dataset, "--threads", str(threads),
+                   "--slots", str(slots), "--heartbeat", str(heartbeat), *extra]
+        for endpoint in endpoints:
+            command += ["--connect", endpoint]
+        for key, value in (args or {}).items():
+            import json
+
+            command += ["--dataset-arg", f"{key}={json.dumps(value)}"]
+        if netns:
+            command = ["ip", "netns", "exec", netns, *command]
+        self.log_path = f"/tmp/ferry-test-producer-{os.getpid()}-{id(self)}.log"
+        self._log = open(self.log_path, "w+")
+        self.proc = subprocess.Popen(command, env=producer_env(), stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, cwd=REPO)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def output(self) -> str:
+        self._log.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
+    def terminate(self, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        self._log.close()
+        try:
+            os.unlink(self.log_path)
+        except FileNotFoundError:
+            pass
+
+
+def assert_tree_equal(got: Any, expected: Any, where: str = "batch") -> None:
+    """Equal values, dtypes, shapes and structure (list vs tuple vs dict)."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{where}: got {type(got).__name__}, expected a tensor"
+        assert got.dtype == expected.dtype, f"{where}: dtype {got.dtype} != {expected.dtype}"
+        assert got.shape == expected.shape, f"{where}: shape {tuple(got.shape)} != {tuple(expected.shape)}"
+        assert torch.equal(got, expected), f"{where}: values differ"
+    elif isinstance(expected, dict):
+        assert isinstance(got, dict) and list(got) == list(expected), f"{where}: keys {list(got)} != {list(expected)}"
+        for key in expected:
+            assert_tree_equal(got[key], expected[key], f"{where}[{key!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert type(got) is type(expected), f"{where}: {type(got).__name__} != {type(expected).__name__}"
+        assert len(got) == len(expected), f"{where}: length {len(got)} != {len(expected)}"
+        for i, (g, e) in enumerate(zip(got, expected)):
+            assert_tree_equal(g, e, f"{where}[{i}]")
+    else:
+        assert got == expected, f"{where}: {got!r} != {expected!r}"
+
+
+def reference_batches(dataset: Any, *, batch_size: int, drop_last: bool, world_size: int, rank: int,
+                      shuffle: bool, seed: int, epoch: int) -> list[Any]:
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,
+                                 drop_last=drop_last)
+    sampler.set_epoch(epoch)
+    return list(DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, sampler=sampler))
+
+
+# --- leak checks ------------------------------------------------------------------------------------
+def open_fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+def fd_target(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return "?"
+
+
+def child_pids() -> set[int]:
+    pids = set()
+    me = str(os.getpid())
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if fields[1] == me:
+                    pids.add(int(entry))
+            except (OSError, IndexError):
+                pass
+    return pids
+
+
+class LeakCheck:
+    """Snapshot of threads, fds and child processes; ``assert_clean`` waits (bounded) for them to return."""
+
+    def __init__(self) -> None:
+        self.threads = set(threading.enumerate())
+        self.fds = open_fds()
+        self.children = child_pids()
+
+    def assert_clean(self, timeout: float = 10.0) -> None:
+        def leftovers() -> tuple[set, set, set]:
+            threads = {t for t in threading.enumerate() if t not in self.threads and t.is_alive()}
+            return threads, open_fds() - self.fds, child_pids() - self.children
+
+        deadline = time.monotonic() + timeout
+        while True:
+            threads, fds, children = leftovers()
+            if not (threads or fds or children):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"leaked threads {[t.name for t in threads]}, fds {[(fd, fd_target(fd)) for fd in fds]}, "
+                    f"child processes {sorted(children)}"
+                )
+            time.sleep(0.05)
+
+
+def as_numpy(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.numpy()
+    if isinstance(tree, dict):
+        return {k: as_numpy(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(as_numpy(v) for v in tree)
+    return tree
+
+
+__all__ = ["np"]
