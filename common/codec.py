@@ -80,14 +80,20 @@ def encode_tree(tree: Any) -> tuple[Any, list[memoryview]]:
     return spec, frames
 
 
-def decode_tree(spec: Any, frames: Sequence[Any]) -> Any:
+def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None) -> Any:
     """Decode a tree spec over received frames (buffers). Arrays are zero-copy views of the frames.
+
+    ``max_bytes`` bounds the total length of the frames (the batch's array bytes).
 
     Raises:
         ProtocolError: the spec or the frames are malformed; the message says what and where.
     """
     if len(frames) > MAX_FRAMES:
         raise ProtocolError(f"{len(frames)} frames, more than {MAX_FRAMES}")
+    if max_bytes is not None:
+        total = sum(len(f) for f in frames)
+        if total > max_bytes:
+            raise ProtocolError(f"batch of {total} bytes exceeds the limit of {max_bytes} bytes")
     used = [False] * len(frames)
     leaves = 0
 

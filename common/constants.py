@@ -28,8 +28,9 @@ DEFAULT_THREADS = 4
 SOCKET_HWM = 1000
 
 # --- message bounds (validation) ---------------------------------------------------------------------
-#: Largest single frame a peer may send us; libzmq drops a connection that exceeds it (ZMQ_MAXMSGSIZE).
-DEFAULT_MAX_FRAME_BYTES = 1 << 31
+#: Largest batch a consumer accepts by default. It is the consumer's ZMQ_MAXMSGSIZE (libzmq drops a
+#: connection that sends a bigger frame) and the bound on a decoded batch's total array bytes.
+DEFAULT_MAX_BATCH_BYTES = 1 << 31
 #: Largest header frame (frame 0) we decode.
 MAX_HEADER_BYTES = 1 << 20
 #: Batch tree bounds: nesting depth, number of leaves, number of array frames, array rank.

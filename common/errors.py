@@ -10,6 +10,7 @@ __all__ = [
     "ConfigError",
     "DatasetSpecError",
     "ProtocolError",
+    "VersionMismatch",
     "NoProducersError",
     "RemoteSampleError",
     "ProducerStartupError",
@@ -30,6 +31,14 @@ class DatasetSpecError(FerryError, ValueError):
 
 class ProtocolError(FerryError):
     """A message is malformed, or was not expected. Carries the reason; never crashes a thread."""
+
+
+class VersionMismatch(ProtocolError):
+    """The peer speaks another protocol version."""
+
+    def __init__(self, theirs: object, ours: int, msg_type: object) -> None:
+        self.theirs, self.ours, self.msg_type = theirs, ours, msg_type
+        super().__init__(f"protocol version {theirs!r} is not supported (this side speaks {ours})")
 
 
 class NoProducersError(FerryError, TimeoutError):

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import msgpack
 
 from .constants import MAX_DATASET_LEN, MAX_HEADER_BYTES, MAX_SLOTS, MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION
-from .errors import ProtocolError
+from .errors import ProtocolError, VersionMismatch
 
 __all__ = [
     "HELLO", "WELCOME", "REJECT", "TASK", "BATCH", "FAIL", "PING", "BYE",
@@ -132,7 +132,7 @@ def parse_header(frame: Any) -> dict[str, Any]:
         raise ProtocolError(f"header is a {type(header).__name__}, not a map")
     version = header.get("v")
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {version!r} is not supported (this side speaks {PROTOCOL_VERSION})")
+        raise VersionMismatch(version, PROTOCOL_VERSION, header.get("type"))
     msg_type = header.get("type")
     schema = SCHEMAS.get(msg_type) if isinstance(msg_type, str) else None
     if schema is None:

@@ -32,7 +32,7 @@ import zmq
 from common import protocol
 from common.codec import decode_tree, tree_nbytes
 from common.constants import MAX_TRACKED_PEERS, SOCKET_HWM
-from common.errors import ConfigError, ProtocolError, RemoteSampleError
+from common.errors import ConfigError, ProtocolError, RemoteSampleError, VersionMismatch
 from common.waker import Waker
 
 from .buffer import Delivery, ReorderBuffer
@@ -52,7 +52,7 @@ class IoConfig:
     heartbeat: float
     liveness: int
     on_error: str
-    max_frame_bytes: int
+    max_batch_bytes: int
     dataset_len: int | None
     fingerprint: str | None
     curve: Any = None
@@ -148,7 +148,7 @@ class IoThread:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a vanished peer raises instead of vanishing
         sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
         sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_batch_bytes)
         if self.config.curve is not None:
             self.config.curve.apply_server(sock)
         for endpoint in self.config.endpoints:
@@ -223,6 +223,10 @@ class IoThread:
             try:
                 header = protocol.parse_header(frames[1])
                 self._handle(peer, header, frames[2:])
+            except VersionMismatch as exc:
+                self._invalid(peer, str(exc))
+                if exc.msg_type == protocol.HELLO:  # tell the producer why it will never be served
+                    self._send(peer, [protocol.pack(protocol.REJECT, reason=str(exc), permanent=True)])
             except ProtocolError as exc:
                 self._invalid(peer, str(exc))
 
@@ -344,7 +348,7 @@ class IoThread:
         try:
             if (header["epoch"], header["seq"]) != (self._epoch, task.seq):
                 raise ProtocolError(f"BATCH for task {header['task']} names seq {header['seq']}, expected {task.seq}")
-            tree = decode_tree(header["tree"], [f.buffer for f in data])
+            tree = decode_tree(header["tree"], [f.buffer for f in data], max_bytes=self.config.max_batch_bytes)
         except ProtocolError:
             self.dispatcher.requeue(task)  # the producer thinks it answered: issue the seq elsewhere
             raise

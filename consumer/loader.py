@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from common.constants import (
-    DEFAULT_BUFFER_BATCHES, DEFAULT_ENDPOINT, DEFAULT_MAX_FRAME_BYTES, DEFAULT_SLOTS, DEFAULT_THREADS,
+    DEFAULT_BUFFER_BATCHES, DEFAULT_ENDPOINT, DEFAULT_MAX_BATCH_BYTES, DEFAULT_SLOTS, DEFAULT_THREADS,
     DEFAULT_TIMEOUT_S, HEARTBEAT_S, JOIN_TIMEOUT_S, LIVENESS, POLL_SLICE_S, STAGED_BATCHES,
 )
 from common.datasets import dataset_fingerprint
@@ -101,7 +101,8 @@ class RemoteLoader:
         on_error: ``"raise"`` (RemoteSampleError in the loop) or ``"skip"`` (drop the failed samples).
         heartbeat: seconds between PINGs. [Unit: second]
         liveness: heartbeats of silence after which a producer is lost.
-        max_frame_bytes: ZMQ_MAXMSGSIZE: the largest frame a producer may send. [Unit: byte]
+        max_batch_bytes: the largest batch accepted (ZMQ_MAXMSGSIZE, and the total of a batch's arrays).
+            A bigger one is dropped as invalid. [Unit: byte]
         mp_context: multiprocessing start method for local producers of a dataset object.
 
     Raises:
@@ -135,7 +136,7 @@ class RemoteLoader:
         on_error: str = "raise",
         heartbeat: float = HEARTBEAT_S,
         liveness: int = LIVENESS,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         mp_context: str | None = None,
     ) -> None:
         self._closed = True  # until fully built, so that close() on a half-built loader is safe
@@ -228,7 +229,7 @@ class RemoteLoader:
             self._buffer = buffer
             self._io = IoThread(
                 IoConfig(endpoints=self.endpoints, capacity=self.buffer_batches, heartbeat=float(heartbeat),
-                         liveness=int(liveness), on_error=on_error, max_frame_bytes=int(max_frame_bytes),
+                         liveness=int(liveness), on_error=on_error, max_batch_bytes=int(max_batch_bytes),
                          dataset_len=dataset_len, fingerprint=fingerprint),
                 buffer, self._counters, waker,
             )

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.constants import DEFAULT_MAX_FRAME_BYTES, DEFAULT_SLOTS, DEFAULT_THREADS, HEARTBEAT_S, LIVENESS, MAX_SLOTS
+from common.constants import DEFAULT_SLOTS, DEFAULT_THREADS, HEARTBEAT_S, LIVENESS, MAX_SLOTS
 from common.errors import ConfigError
 
 __all__ = ["ProducerConfig", "expand_endpoints"]
@@ -55,7 +55,6 @@ class ProducerConfig:
         slots: batches this producer takes at once from each consumer.
         heartbeat: seconds between PINGs until the consumer sets its own. [Unit: second]
         liveness: heartbeats of silence after which a consumer is considered gone.
-        max_frame_bytes: ZMQ_MAXMSGSIZE for incoming messages. [Unit: byte]
         unreachable_warning_s: warn once when no consumer answered for this long. [Unit: second]
         exit_with_parent: die with the parent process (local mode).
         curve: CURVE client keys, or None for plaintext.
@@ -68,7 +67,6 @@ class ProducerConfig:
     slots: int = DEFAULT_SLOTS
     heartbeat: float = HEARTBEAT_S
     liveness: int = LIVENESS
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     unreachable_warning_s: float = float(os.environ.get("FERRY_UNREACHABLE_WARNING_S", "10"))
     exit_with_parent: bool = False
     curve: Any = None

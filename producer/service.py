@@ -34,7 +34,7 @@ from typing import Any
 import zmq
 
 from common import protocol
-from common.constants import MAX_SLOTS, SOCKET_HWM
+from common.constants import MAX_HEADER_BYTES, MAX_SLOTS, SOCKET_HWM
 from common.datasets import dataset_fingerprint
 from common.errors import ProtocolError
 from common.waker import Waker
@@ -44,6 +44,7 @@ from .config import ProducerConfig
 
 log = logging.getLogger("ferry.producer")
 
+BYE_LINGER_MS = 500
 EXIT_OK = 0
 EXIT_REJECTED = 3
 
@@ -68,6 +69,7 @@ class Connection:
     started: float = field(default_factory=time.monotonic)
     warned_unreachable: bool = False
     pending: int = 0  # tasks of the current session not yet answered
+    said_bye: bool = False
 
 
 class Producer:
@@ -139,7 +141,7 @@ class Producer:
                 self._tick(time.monotonic())
             for conn in self._conns.values():
                 if conn.state is ConnState.SERVING:
-                    self._send(conn, [protocol.pack(protocol.BYE)])
+                    conn.said_bye = self._send(conn, [protocol.pack(protocol.BYE)])
         finally:
             self._close()
         log.info("ferry producer %s stopped after %d batches", self.name, self.batches_sent)
@@ -152,7 +154,7 @@ class Producer:
         sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a consumer that is not there
         sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
         sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES)  # a producer only receives control messages
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         if self.config.curve is not None:
@@ -175,7 +177,7 @@ class Producer:
     def _close(self) -> None:
         self._batcher.close()
         for conn in self._conns.values():
-            conn.sock.close(0)
+            conn.sock.close(linger=BYE_LINGER_MS if conn.said_bye else 0)  # let a BYE leave, bounded
         self._ctx.term()
         self._waker.close()
 

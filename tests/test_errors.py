@@ -1,0 +1,81 @@
+"""Clear errors: each one names its cause (endpoint, peer, lengths, versions)."""
+
+import logging
+import time
+
+import msgpack
+import pytest
+import zmq
+
+from common import protocol
+from common.errors import ConfigError, NoProducersError
+from consumer import RemoteLoader
+
+from .helpers import wait_for
+
+
+def test_no_producers_names_the_endpoint_and_the_count_seen(endpoint):
+    with RemoteLoader(endpoint=endpoint, batch_size=2, dataset_len=10, timeout=0.5) as loader:
+        started = time.monotonic()
+        with pytest.raises(NoProducersError) as info:
+            next(iter(loader))
+        assert time.monotonic() - started < 10
+    message = str(info.value)
+    assert endpoint in message and "seen 0 producer(s)" in message and "timeout=0.5" in message
+
+
+def test_no_producers_after_the_last_one_left(endpoint, spawn):
+    producer = spawn(endpoint, "synthetic", {"length": 400, "shape": [2], "delay": 0.01}, threads=1, slots=1)
+    with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, timeout=1.0) as loader:
+        it = iter(loader)
+        next(it)
+        producer.kill()
+        with pytest.raises(NoProducersError, match="seen 1 producer"):
+            for _ in it:
+                pass
+
+
+def test_port_in_use_is_a_config_error_naming_the_endpoint(endpoint):
+    with RemoteLoader(endpoint=endpoint, batch_size=2, timeout=5):
+        with pytest.raises(ConfigError, match=f"cannot bind the consumer to {endpoint}.*in use"):
+            RemoteLoader(endpoint=endpoint, batch_size=2, timeout=5)
+
+
+def test_dataset_length_mismatch_is_rejected_and_logged_on_both_sides(endpoint, spawn, caplog):
+    producer = spawn(endpoint, "synthetic", {"length": 30})
+    with RemoteLoader(endpoint=endpoint, batch_size=2, dataset_len=31, heartbeat=0.2, timeout=5):
+        assert producer.proc.wait(20) == 3  # every consumer rejected it permanently
+    assert "rejected this producer: dataset length 30" in producer.output()
+    assert any("rejected producer" in r.message and "differs from this consumer's 31" in r.message
+               for r in caplog.records)
+
+
+def test_fingerprint_mismatch_between_producers_is_rejected(endpoint, spawn, caplog):
+    good = spawn(endpoint, "synthetic", {"length": 20, "shape": [2]})
+    with RemoteLoader(endpoint=endpoint, batch_size=5, heartbeat=0.2, timeout=20) as loader:
+        assert len(loader) == 4
+        bad = spawn(endpoint, "synthetic", {"length": 20, "shape": [3]})
+        assert bad.proc.wait(20) == 3
+        assert [b[0].shape[1] for b in loader] == [2, 2, 2, 2]
+        assert loader.stats()["producers_seen"] == 1
+    assert "dataset fingerprint" in bad.output() and "differs" in bad.output()
+    assert good.proc.poll() is None
+
+
+def test_protocol_version_mismatch_gets_a_reason(endpoint, caplog):
+    with RemoteLoader(endpoint=endpoint, batch_size=2, timeout=5) as loader:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        try:
+            sock.send(msgpack.packb({"v": 99, "type": "HELLO", "producer": "x"}))
+            assert sock.poll(10_000), "no answer to a HELLO of another protocol version"
+            reply = protocol.parse_header(sock.recv())
+        finally:
+            sock.close()
+            ctx.term()
+        assert reply["type"] == "REJECT" and reply["permanent"]
+        assert "protocol version 99 is not supported (this side speaks 1)" in reply["reason"]
+        wait_for(lambda: loader.stats()["invalid_messages"] == 1, 5, "the invalid message to be counted")
+    assert any("protocol version 99" in r.message for r in caplog.records if r.levelno >= logging.WARNING)

@@ -1,0 +1,103 @@
+"""Consumer loss and resume: a killed trainer's successor continues exactly where the state says."""
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from consumer import RemoteLoader
+from tests.datasets import PairDataset
+
+from .helpers import REPO, producer_env, reference_batches, wait_for
+
+
+def start_worker(endpoint, state_file, mode):
+    return subprocess.Popen([sys.executable, "-m", "tests.resume_worker", endpoint, str(state_file), mode],
+                            cwd=REPO, env=producer_env(), stdout=subprocess.PIPE, text=True)
+
+
+def read_until(proc, marker, limit=10_000):
+    lines = []
+    for _ in range(limit):
+        line = proc.stdout.readline()
+        assert line, f"worker ended early after {lines[-3:]}"
+        if line.strip() == marker:
+            return lines
+        lines.append(json.loads(line))
+    raise AssertionError(f"no {marker} in {limit} lines")
+
+
+def test_sigkilled_trainer_resumes_from_its_state_with_the_same_producers(endpoint, spawn, tmp_path):
+    args = {"length": 120, "delay": 0.002}
+    producers = [spawn(endpoint, "tests.datasets:PidDataset", args) for _ in range(2)]
+    pids = {p.pid for p in producers}
+    state_file = tmp_path / "state.json"
+    save_at = 11
+    with start_worker(endpoint, state_file, str(save_at)) as first:
+        before = read_until(first, "SAVED")
+        first.kill()
+        first.wait(10)
+    with start_worker(endpoint, state_file, "resume") as second:
+        after = read_until(second, "END")
+        assert second.wait(30) == 0
+    expected = [b[1].tolist() for b in reference_batches(PairDataset(120), batch_size=4, drop_last=False,
+                                                          world_size=1, rank=0, shuffle=True, seed=21, epoch=0)]
+    assert [line["labels"] for line in before] == expected[:save_at]
+    assert [line["labels"] for line in after] == expected[save_at:]
+    assert {line["pid"] for line in after} <= pids, "served by producers that were not running before"
+    assert all(p.proc.poll() is None for p in producers), "the running producers must not be restarted"
+
+
+def test_state_dict_is_small_and_round_trips_through_json_and_torch(endpoint, spawn, tmp_path):
+    spawn(endpoint, "tests.datasets:PairDataset", {"length": 40})
+    with RemoteLoader(endpoint=endpoint, batch_size=4, shuffle=True, seed=3, heartbeat=0.2, timeout=30) as loader:
+        loader.set_epoch(2)
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        state = loader.state_dict()
+        assert state["epoch"] == 2 and state["batches_delivered"] == 3
+        assert len(json.dumps(state)) < 512
+        torch.save(state, tmp_path / "s.pt")
+        assert torch.load(tmp_path / "s.pt") == json.loads(json.dumps(state)) == state
+        rest = [b[1].tolist() for b in it]
+        done = loader.state_dict()
+        assert done["epoch"] == 3 and done["batches_delivered"] == 0
+    with RemoteLoader(endpoint=endpoint, batch_size=4, shuffle=True, seed=3, heartbeat=0.2, timeout=30) as loader:
+        loader.load_state_dict(state)
+        assert [b[1].tolist() for b in loader] == rest
+        assert loader.epoch == 3
+
+
+def test_incompatible_state_is_refused(endpoint):
+    from common.errors import ConfigError
+    import pytest
+
+    with RemoteLoader(endpoint=endpoint, batch_size=4, seed=1, dataset_len=10, timeout=5) as loader:
+        with pytest.raises(ConfigError, match="batch_size=8"):
+            loader.load_state_dict({"epoch": 0, "batches_delivered": 1, "batch_size": 8, "seed": 1})
+
+
+def test_batches_tagged_with_an_old_session_are_dropped(endpoint):
+    """A BATCH from a registered producer that names another consumer session is counted as stale."""
+    import zmq
+
+    from common import protocol
+
+    with RemoteLoader(endpoint=endpoint, batch_size=2, dataset_len=10, timeout=5, heartbeat=0.2) as loader:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        try:
+            sock.send(protocol.pack(protocol.HELLO, producer="fake", nonce=1, host="h", pid=1, slots=1,
+                                    dataset={"spec": "s", "len": 10, "fingerprint": "f"}))
+            assert sock.poll(10_000)
+            welcome = protocol.parse_header(sock.recv())
+            sock.send(protocol.pack(protocol.BATCH, session=welcome["session"] ^ 1, task=1, epoch=0, seq=0,
+                                    tree=None, errors=[]))
+            wait_for(lambda: loader.stats()["stale"] == 1, 5, "the old-session batch to be counted")
+        finally:
+            sock.close()
+            ctx.term()
