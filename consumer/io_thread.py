@@ -88,6 +88,7 @@ class IoThread:
         self.waker = waker  # wakes the poll loop; owned (closed) by this object
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._ctx = zmq.Context()
+        self._auth = config.curve.start_authenticator(self._ctx) if config.curve is not None else None
         self._sock = self._bind()
         self._plan: Any = None
         self._epoch = 0
@@ -156,6 +157,8 @@ class IoThread:
                 sock.bind(endpoint)
             except zmq.ZMQError as exc:
                 sock.close(0)
+                if self._auth is not None:
+                    self._auth.stop()
                 self._ctx.term()
                 self.waker.close()
                 hint = " (is another trainer or rank already bound there?)" if exc.errno == zmq.EADDRINUSE else ""
@@ -194,6 +197,8 @@ class IoThread:
         for peer in list(self.dispatcher.producers):
             self._send(peer, [protocol.pack(protocol.BYE)])
         self._sock.close(linger=BYE_LINGER_MS if self.dispatcher.producers else 0)
+        if self._auth is not None:
+            self._auth.stop()
         self._ctx.term()
 
     def _run_commands(self) -> bool:

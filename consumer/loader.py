@@ -104,6 +104,9 @@ class RemoteLoader:
         max_batch_bytes: the largest batch accepted (ZMQ_MAXMSGSIZE, and the total of a batch's arrays).
             A bigger one is dropped as invalid. [Unit: byte]
         mp_context: multiprocessing start method for local producers of a dataset object.
+        curve_secret_key: the consumer's CURVE key pair (``server.key_secret`` from ``ferry keys``).
+            Turns on CURVE: traffic is encrypted and only authorized producers are let in.
+        curve_authorized_keys: the folder of authorized producer public keys (``.key`` files).
 
     Raises:
         ConfigError: an invalid option, or the endpoint cannot be bound (e.g. the port is in use).
@@ -138,6 +141,8 @@ class RemoteLoader:
         liveness: int = LIVENESS,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         mp_context: str | None = None,
+        curve_secret_key: str | None = None,
+        curve_authorized_keys: str | None = None,
     ) -> None:
         self._closed = True  # until fully built, so that close() on a half-built loader is safe
         if batch_sampler is not None:
@@ -171,6 +176,16 @@ class RemoteLoader:
             warnings.warn("pin_memory=True but CUDA is not available; batches stay in pageable memory",
                           stacklevel=2)
             pin_memory = False
+        curve = None
+        if curve_secret_key or curve_authorized_keys:
+            from common.security import CurveServer
+
+            if not (curve_secret_key and curve_authorized_keys):
+                raise ConfigError("CURVE needs both curve_secret_key and curve_authorized_keys")
+            if local_producers:
+                raise ConfigError("CURVE and local_producers cannot be combined: local producers connect over "
+                                  "ipc://, which never leaves this machine; use CURVE for remote producers")
+            curve = CurveServer.load(curve_secret_key, curve_authorized_keys)
         if device_transform is not None and not callable(device_transform):
             raise ConfigError("device_transform must be callable")
 
@@ -230,7 +245,7 @@ class RemoteLoader:
             self._io = IoThread(
                 IoConfig(endpoints=self.endpoints, capacity=self.buffer_batches, heartbeat=float(heartbeat),
                          liveness=int(liveness), on_error=on_error, max_batch_bytes=int(max_batch_bytes),
-                         dataset_len=dataset_len, fingerprint=fingerprint),
+                         dataset_len=dataset_len, fingerprint=fingerprint, curve=curve),
                 buffer, self._counters, waker,
             )
             self._io.start()

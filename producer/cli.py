@@ -26,7 +26,11 @@ examples:
       --dataset-arg length=10000 --dataset-arg 'shape=[13,299,299]' --dataset-arg delay=0.005
 
 Every flag can also come from the environment: FERRY_CONNECT (comma-separated), FERRY_DATASET,
-FERRY_DATASET_ARGS (JSON object), FERRY_THREADS, FERRY_SLOTS.
+FERRY_DATASET_ARGS (JSON object), FERRY_THREADS, FERRY_SLOTS, FERRY_CURVE_KEY, FERRY_CURVE_SERVER_KEY.
+
+  # CURVE: encrypted, and only producers whose keys the consumer authorized get work
+  python -m producer --connect tcp://trainer:5555 --dataset synthetic \\
+      --curve-key keys/producer.key_secret --curve-server-key keys/server.key
 Exit status: 0 after SIGTERM/SIGINT (it says BYE first), 2 on a configuration error,
 3 when every consumer rejected it permanently.
 """
@@ -61,6 +65,11 @@ def build_parser(prog: str = "python -m producer") -> argparse.ArgumentParser:
                         help=f"seconds between heartbeats before the consumer sets its own (default {HEARTBEAT_S})")
     parser.add_argument("--liveness", type=int, default=LIVENESS,
                         help=f"heartbeats of silence before a consumer counts as gone (default {LIVENESS})")
+    parser.add_argument("--curve-key", default=env("FERRY_CURVE_KEY"), metavar="FILE",
+                        help="this producer's CURVE key pair (a .key_secret file from ferry keys); enables "
+                             "encryption and authentication [env FERRY_CURVE_KEY]")
+    parser.add_argument("--curve-server-key", default=env("FERRY_CURVE_SERVER_KEY"), metavar="FILE",
+                        help="the consumer's CURVE public key (server.key) [env FERRY_CURVE_SERVER_KEY]")
     parser.add_argument("--log-level", default=env("FERRY_LOG_LEVEL", "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log verbosity (default INFO)")
     return parser
@@ -88,10 +97,17 @@ def main(argv: list[str] | None = None, prog: str = "python -m producer") -> int
         if not isinstance(dataset_args, dict):
             raise ValueError("FERRY_DATASET_ARGS must be a JSON object")
         dataset_args.update(parse_dataset_args(args.dataset_arg))
+        curve = None
+        if args.curve_key or args.curve_server_key:
+            from common.security import CurveClient
+
+            if not (args.curve_key and args.curve_server_key):
+                raise ValueError("CURVE needs both --curve-key and --curve-server-key")
+            curve = CurveClient.load(args.curve_key, args.curve_server_key)
         config = ProducerConfig(
             endpoints=tuple(endpoints), dataset=args.dataset, dataset_args=dataset_args, threads=args.threads,
             slots=args.slots, heartbeat=args.heartbeat, liveness=args.liveness,
-            exit_with_parent=os.environ.get("FERRY_EXIT_WITH_PARENT") == "1",
+            exit_with_parent=os.environ.get("FERRY_EXIT_WITH_PARENT") == "1", curve=curve,
         )
         return serve(config)
     except (FerryError, ValueError) as exc:
