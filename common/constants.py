@@ -15,6 +15,10 @@ HEARTBEAT_S = 1.0
 #: A peer silent for LIVENESS heartbeats is lost.
 LIVENESS = 5
 
+#: A producer that holds one task longer than this is dropped like a silent one, and its tasks are
+#: re-issued: it guards against a hung dataset and against a live peer that never answers. [Unit: second]
+DEFAULT_TASK_TIMEOUT_S = 120.0
+
 # --- flow control -----------------------------------------------------------------------------------
 #: Capacity C of the consumer: batches buffered + tasks in flight <= C, always.
 DEFAULT_BUFFER_BATCHES = 8

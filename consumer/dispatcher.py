@@ -47,6 +47,7 @@ class Task:
     seq: int
     identity: tuple[str, int]
     peer: bytes
+    issued: float = 0.0
 
 
 class Dispatcher:
@@ -90,7 +91,7 @@ class Dispatcher:
         self.producers[new_peer] = info
         for task_id in info.in_flight:
             old = self.tasks[task_id]
-            self.tasks[task_id] = Task(old.task, old.run, old.seq, old.identity, new_peer)
+            self.tasks[task_id] = Task(old.task, old.run, old.seq, old.identity, new_peer, old.issued)
         return info
 
     def lose(self, peer: bytes) -> ProducerInfo | None:
@@ -105,14 +106,18 @@ class Dispatcher:
         return info
 
     # --- tasks ----------------------------------------------------------------------------------------
-    def assign(self, held: int) -> list[Task]:
+    def overdue(self, deadline: float) -> set[bytes]:
+        """Peers holding a task issued before ``deadline``."""
+        return {t.peer for t in self.tasks.values() if t.issued < deadline}
+
+    def assign(self, held: int, now: float = 0.0) -> list[Task]:
         """Issue as many tasks as credits and free slots allow."""
         out: list[Task] = []
         while self._queue and self.in_flight + held < self.capacity:
             producer = max(self.producers.values(), key=lambda p: p.free_slots, default=None)
             if producer is None or producer.free_slots <= 0:
                 break
-            task = Task(next(self._ids), self.run, self._queue.popleft(), producer.identity, producer.peer)
+            task = Task(next(self._ids), self.run, self._queue.popleft(), producer.identity, producer.peer, now)
             self.tasks[task.task] = task
             producer.in_flight.add(task.task)
             out.append(task)

@@ -42,6 +42,7 @@ from .stats import Counters
 log = logging.getLogger("ferry.consumer")
 
 BYE_LINGER_MS = 200
+INVALID_LOG_BURST = 10  # invalid-message log lines per minute, over all peers
 _BURST = 256
 
 
@@ -53,6 +54,7 @@ class IoConfig:
     liveness: int
     on_error: str
     max_batch_bytes: int
+    task_timeout: float
     dataset_len: int | None
     fingerprint: str | None
     curve: Any = None
@@ -94,6 +96,7 @@ class IoThread:
         self._epoch = 0
         self._first_name: str | None = None
         self._bad_peers: OrderedDict[bytes, float] = OrderedDict()  # peers logged / last REJECT sent
+        self._log_window, self._log_lines, self._log_suppressed = time.monotonic(), 0, 0
         self.producers_seen = 0
         self.no_producer_since = time.monotonic()
         self._lock = threading.Lock()  # guards the snapshot read by stats()
@@ -236,12 +239,24 @@ class IoThread:
                 self._invalid(peer, str(exc))
 
     def _invalid(self, peer: bytes, reason: str) -> None:
+        """Count; log once per peer, and at most INVALID_LOG_BURST lines a minute in all (a broken peer that
+        keeps reconnecting gets a new routing id each time)."""
         self.counters.invalid_messages += 1
-        if peer not in self._bad_peers:
-            name = self._name(peer)
+        if peer in self._bad_peers:
+            return
+        self._remember(peer, 0.0)
+        now = time.monotonic()
+        if now - self._log_window >= 60.0:
+            if self._log_suppressed:
+                log.warning("%d more invalid messages from other peers were dropped without a log line",
+                            self._log_suppressed)
+            self._log_window, self._log_lines, self._log_suppressed = now, 0, 0
+        if self._log_lines < INVALID_LOG_BURST:
+            self._log_lines += 1
             log.warning("invalid message from %s dropped: %s (further ones from this peer are only counted)",
-                        name, reason)
-            self._remember(peer, 0.0)
+                        self._name(peer), reason)
+        else:
+            self._log_suppressed += 1
 
     def _remember(self, peer: bytes, when: float) -> None:
         self._bad_peers[peer] = when
@@ -396,6 +411,8 @@ class IoThread:
 
     # --- heartbeats, liveness, dispatch -------------------------------------------------------------
     def _heartbeat(self, now: float) -> None:
+        for peer in self.dispatcher.overdue(now - self.config.task_timeout):
+            self._lose(peer, f"held a task for more than task_timeout={self.config.task_timeout:g} s")
         deadline = now - self.config.liveness * self.config.heartbeat
         for info in list(self.dispatcher.producers.values()):
             if info.last_heard < deadline:
@@ -416,7 +433,7 @@ class IoThread:
         if self._plan is None:
             return
         with self._lock:
-            tasks = self.dispatcher.assign(self.buffer.held)
+            tasks = self.dispatcher.assign(self.buffer.held, time.monotonic())
         for task in tasks:
             indices = self._plan.batch(task.seq)
             ok = self._send(task.peer, [protocol.pack(

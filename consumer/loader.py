@@ -32,7 +32,7 @@ import torch
 
 from common.constants import (
     DEFAULT_BUFFER_BATCHES, DEFAULT_ENDPOINT, DEFAULT_MAX_BATCH_BYTES, DEFAULT_SLOTS, DEFAULT_THREADS,
-    DEFAULT_TIMEOUT_S, HEARTBEAT_S, JOIN_TIMEOUT_S, LIVENESS, POLL_SLICE_S, STAGED_BATCHES,
+    DEFAULT_TASK_TIMEOUT_S, DEFAULT_TIMEOUT_S, HEARTBEAT_S, JOIN_TIMEOUT_S, LIVENESS, POLL_SLICE_S, STAGED_BATCHES,
 )
 from common.datasets import dataset_fingerprint
 from common.errors import ConfigError, NoProducersError
@@ -101,6 +101,8 @@ class RemoteLoader:
         on_error: ``"raise"`` (RemoteSampleError in the loop) or ``"skip"`` (drop the failed samples).
         heartbeat: seconds between PINGs. [Unit: second]
         liveness: heartbeats of silence after which a producer is lost.
+        task_timeout: a producer holding one task longer than this is dropped and its tasks re-issued
+            (a hung sample, or a peer that never answers). [Unit: second]
         max_batch_bytes: the largest batch accepted (ZMQ_MAXMSGSIZE, and the total of a batch's arrays).
             A bigger one is dropped as invalid. [Unit: byte]
         mp_context: multiprocessing start method for local producers of a dataset object.
@@ -139,6 +141,7 @@ class RemoteLoader:
         on_error: str = "raise",
         heartbeat: float = HEARTBEAT_S,
         liveness: int = LIVENESS,
+        task_timeout: float = DEFAULT_TASK_TIMEOUT_S,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         mp_context: str | None = None,
         curve_secret_key: str | None = None,
@@ -159,6 +162,8 @@ class RemoteLoader:
             raise ConfigError(f"rank {self.rank} is not in range for world_size {self.world_size}")
         if int(buffer_batches) < 1:
             raise ConfigError(f"buffer_batches must be >= 1, got {buffer_batches}")
+        if not task_timeout > 0:
+            raise ConfigError(f"task_timeout must be > 0 seconds, got {task_timeout}")
         if not timeout > 0:
             raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
         if on_error not in ("raise", "skip"):
@@ -245,6 +250,7 @@ class RemoteLoader:
             self._io = IoThread(
                 IoConfig(endpoints=self.endpoints, capacity=self.buffer_batches, heartbeat=float(heartbeat),
                          liveness=int(liveness), on_error=on_error, max_batch_bytes=int(max_batch_bytes),
+                         task_timeout=float(task_timeout),
                          dataset_len=dataset_len, fingerprint=fingerprint, curve=curve),
                 buffer, self._counters, waker,
             )

@@ -1,0 +1,276 @@
+"""Hostile input: at least 10,000 random and mutated messages hit the consumer's socket and the
+producers' sockets while real producers serve a training loop. The loop still gets exact batches,
+invalid messages are counted, no thread or process dies, and the consumer's RSS stays bounded."""
+
+import random
+import threading
+
+import pytest
+import zmq
+from hypothesis import given, settings, strategies as st
+
+from common import protocol
+from common.codec import decode_tree
+from common.constants import MAX_HEADER_BYTES, PROTOCOL_VERSION
+from common.datasets import dataset_fingerprint
+from common.errors import ProtocolError
+from consumer import RemoteLoader
+from tests.datasets import PairDataset
+
+from .fuzzing import bad_tree, hostile_frames, mutate, pack
+from .helpers import assert_tree_equal, free_port, reference_batches, wait_for
+
+MESSAGES = 10_000
+RSS_BOUND_MB = 96  # what the consumer process may grow by while it is fuzzed
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def consumer_templates(fingerprint_len: int):
+    return [
+        dict(v=PROTOCOL_VERSION, type="HELLO", producer="fz", nonce=1, host="fuzz", pid=1, slots=2,
+             dataset={"spec": "x", "len": fingerprint_len + 1, "fingerprint": "wrong"}),
+        dict(v=PROTOCOL_VERSION, type="PING", load={}),
+        dict(v=PROTOCOL_VERSION, type="BYE"),
+        dict(v=PROTOCOL_VERSION, type="BATCH", session=1, task=1, epoch=0, seq=0, tree=None, errors=[]),
+        dict(v=PROTOCOL_VERSION, type="FAIL", session=1, task=1, epoch=0, seq=0,
+             errors=[{"index": 0, "exc_type": "E", "message": "m", "traceback": "t"}]),
+        dict(v=PROTOCOL_VERSION, type="TASK", session=1, task=1, epoch=0, seq=0, indices=[0], on_error="raise"),
+    ]
+
+
+def producer_templates(session: int):
+    return [
+        dict(v=PROTOCOL_VERSION, type="TASK", session=session, task=7, epoch=0, seq=0, indices=[1, 2],
+             on_error="raise"),
+        dict(v=PROTOCOL_VERSION, type="TASK", session=session, task=8, epoch=0, seq=0, indices=[-1],
+             on_error="raise"),
+        dict(v=PROTOCOL_VERSION, type="TASK", session=session, task=9, epoch=0, seq=0, indices=[10 ** 9],
+             on_error="skip"),
+        dict(v=PROTOCOL_VERSION, type="TASK", session=session, task=9, epoch=0, seq=0,
+             indices=list(range(70_000)), on_error="skip"),
+        dict(v=PROTOCOL_VERSION, type="WELCOME", session=session, heartbeat=0.2, nonce=5),
+        dict(v=PROTOCOL_VERSION, type="PING", load={}),
+        dict(v=PROTOCOL_VERSION, type="BATCH", session=session, task=1, epoch=0, seq=0, tree=None, errors=[]),
+    ]
+
+
+def fuzz_consumer(endpoint: str, seed: int, count: int, length: int, stop: threading.Event, sent: list) -> None:
+    rng = random.Random(seed)
+    ctx = zmq.Context()
+    templates = consumer_templates(length)
+    socks = []
+    try:
+        for _ in range(4):  # the last one alone sends frames over the size limit (libzmq drops its link)
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDTIMEO, 2000)
+            sock.connect(endpoint)
+            socks.append(sock)
+        # an insider: registers with the right fingerprint, then answers every task with garbage
+        insider = ctx.socket(zmq.DEALER)
+        insider.setsockopt(zmq.LINGER, 0)
+        insider.connect(endpoint)
+        socks.append(insider)
+        insider.send(protocol.pack(protocol.HELLO, producer="insider", nonce=9, host="fuzz", pid=2, slots=2,
+                                   dataset={"spec": "x", "len": length, "fingerprint": fingerprint_len_print(length)}))
+        for i in range(count):
+            if stop.is_set():
+                break
+            frames = hostile_frames(rng, templates, max_frame=1 << 20)
+            oversized = any(len(f) > 1 << 20 for f in frames)
+            sock = socks[3] if oversized else rng.choice(socks[:3])
+            try:
+                sock.send_multipart(frames)
+                sent[0] += 1
+            except zmq.Again:
+                pass
+            while insider.poll(0):
+                header = protocol.parse_header(insider.recv_multipart()[0])
+                if header["type"] == "TASK":  # answer the real task with a hostile tree, or a mutated header
+                    answer = dict(v=PROTOCOL_VERSION, type="BATCH", session=header["session"], task=header["task"],
+                                  epoch=header["epoch"], seq=header["seq"], tree=None, errors=[])
+                    if rng.random() < 0.5:
+                        answer["tree"], extra = bad_tree(rng)
+                        insider.send_multipart([pack(answer), *extra])
+                    else:
+                        insider.send_multipart([pack(mutate(rng, answer)), b"junk"])
+                    sent[0] += 1
+            if i % 200 == 0:
+                insider.send(protocol.pack(protocol.PING, load={}))
+                stop.wait(0.001)
+    finally:
+        for sock in socks:
+            sock.close(0)
+        ctx.term()
+
+
+def fingerprint_len_print(length: int) -> str:
+    return dataset_fingerprint(PairDataset(length))
+
+
+def fake_consumer(router: zmq.Socket, seed: int, count: int, stop: threading.Event, sent: list) -> None:
+    """Welcome every producer that says HELLO, then send it hostile messages (and PINGs, to stay 'alive')."""
+    rng = random.Random(seed)
+    session = 424242
+    templates = producer_templates(session)
+    peers: list[bytes] = []
+    i = 0
+    while i < count and not stop.is_set():
+        while router.poll(0):
+            frames = router.recv_multipart()
+            try:
+                header = protocol.parse_header(frames[1])
+            except ProtocolError:
+                continue
+            if header["type"] == "HELLO":
+                router.send_multipart([frames[0], protocol.pack(protocol.WELCOME, session=session, heartbeat=0.2,
+                                                                nonce=header["nonce"])])
+                if frames[0] not in peers:
+                    peers.append(frames[0])
+        if not peers:
+            stop.wait(0.01)
+            continue
+        peer = rng.choice(peers)
+        try:
+            router.send_multipart([peer, *hostile_frames(rng, templates, max_frame=MAX_HEADER_BYTES)],
+                                  flags=zmq.NOBLOCK)
+            if i % 50 == 0:
+                router.send_multipart([peer, protocol.pack(protocol.PING, load={})], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        i += 1
+        sent[0] += 1
+        if i % 100 == 0:
+            stop.wait(0.001)
+
+
+def test_fuzzed_consumer_and_producers_keep_serving_exact_batches(endpoint, spawn):
+    seed = random.randrange(1 << 30)
+    length = 400
+    fake_endpoint = f"tcp://127.0.0.1:{free_port()}"
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.bind(fake_endpoint)
+    producers = [spawn([endpoint, fake_endpoint], "tests.datasets:PairDataset", {"length": length}, threads=2)
+                 for _ in range(2)]
+    stop = threading.Event()
+    to_consumer, to_producers = [0], [0]
+    try:
+        with RemoteLoader(endpoint=endpoint, batch_size=4, shuffle=True, seed=2, heartbeat=0.2, timeout=30,
+                          task_timeout=2.0, max_batch_bytes=1 << 20) as loader:
+            wait_for(lambda: loader.stats()["producers"] == 2, 20, "2 producers")
+            list(loader)  # warm up: allocations of a first epoch are not growth
+            rss_before = rss_mb()
+            threads = [
+                threading.Thread(target=fuzz_consumer, args=(endpoint, seed, MESSAGES, length, stop, to_consumer)),
+                threading.Thread(target=fake_consumer, args=(router, seed + 1, MESSAGES, stop, to_producers)),
+            ]
+            for t in threads:
+                t.start()
+            try:
+                epoch = 1
+                while any(t.is_alive() for t in threads) and epoch < 200:
+                    loader.set_epoch(epoch)
+                    got = list(loader)
+                    expected = reference_batches(PairDataset(length), batch_size=4, drop_last=False, world_size=1,
+                                                 rank=0, shuffle=True, seed=2, epoch=epoch)
+                    assert len(got) == len(expected), f"epoch {epoch} (seed {seed})"
+                    for seq, (g, e) in enumerate(zip(got, expected)):
+                        assert_tree_equal(g, e, f"epoch {epoch} batch {seq} (seed {seed})")
+                    epoch += 1
+            finally:
+                stop.set()
+                for t in threads:
+                    t.join(60)
+            stats = loader.stats()
+            growth = rss_mb() - rss_before
+            assert loader._io.alive and loader._staging.is_alive(), "a consumer thread died"
+    finally:
+        router.close(0)
+        ctx.term()
+    assert to_consumer[0] >= MESSAGES and to_producers[0] >= MESSAGES, (to_consumer, to_producers)
+    assert stats["invalid_messages"] > MESSAGES // 4, stats  # about half of what is sent is malformed
+    assert growth < RSS_BOUND_MB, f"consumer RSS grew by {growth:.0f} MB under fuzzing (seed {seed})"
+    for producer in producers:
+        assert producer.proc.poll() is None, f"producer died under fuzzing: {producer.output()[-2000:]}"
+        assert "invalid message" in producer.output()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=2048))
+def test_parse_header_only_ever_raises_protocol_error(data):
+    try:
+        protocol.parse_header(data)
+    except ProtocolError:
+        pass
+
+
+json_like = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.binary(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_like, st.lists(st.binary(max_size=32), max_size=4))
+def test_decode_tree_only_ever_raises_protocol_error(spec, frames):
+    try:
+        decode_tree(spec, frames)
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["t", "d", "s", "f", "v", "k"]), json_like, max_size=5))
+def test_decode_tree_survives_array_like_nodes(node):
+    try:
+        decode_tree(node, [b"\0" * 16])
+    except ProtocolError:
+        pass
+
+
+def test_task_timeout_drops_a_producer_that_never_answers(endpoint, spawn):
+    """A live peer that takes tasks and never answers cannot stall the epoch."""
+    with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, timeout=30, task_timeout=1.0) as loader:
+        ctx = zmq.Context()
+        silent = ctx.socket(zmq.DEALER)
+        silent.setsockopt(zmq.LINGER, 0)
+        silent.connect(endpoint)
+        try:
+            silent.send(protocol.pack(protocol.HELLO, producer="silent", nonce=1, host="h", pid=1, slots=4,
+                                      dataset={"spec": "x", "len": 40,
+                                               "fingerprint": dataset_fingerprint(PairDataset(40))}))
+            wait_for(lambda: loader.stats()["producers"] == 1, 10, "the silent peer to register")
+            it = iter(loader)
+            wait_for(lambda: loader.stats()["in_flight"] > 0, 10, "tasks to go to the silent peer")
+            spawn(endpoint, "tests.datasets:PairDataset", {"length": 40})
+            stop = threading.Event()
+
+            def keep_alive():
+                while not stop.wait(0.1):
+                    silent.send(protocol.pack(protocol.PING, load={}))
+                    while silent.poll(0):
+                        silent.recv_multipart()
+
+            pinger = threading.Thread(target=keep_alive)
+            pinger.start()
+            try:
+                labels = [y.tolist() for _, y in it]
+            finally:
+                stop.set()
+                pinger.join(10)
+        finally:
+            silent.close(0)
+            ctx.term()
+        assert labels == [list(range(i, i + 4)) for i in range(0, 40, 4)]
+        assert loader.stats()["reissued"] >= 1
