@@ -99,7 +99,9 @@ class IoThread:
         self._log_window, self._log_lines, self._log_suppressed = time.monotonic(), 0, 0
         self.producers_seen = 0
         self.no_producer_since = time.monotonic()
-        self._lock = threading.Lock()  # guards the snapshot read by stats()
+        # guards the dispatcher against stats() readers; re-entrant because _hello holds it while _lose
+        # (which takes it too) drops the earlier registration of a producer that restarted its work
+        self._lock = threading.RLock()
         self._thread = threading.Thread(target=self._main, name="ferry-io", daemon=True)
 
     # --- called from other threads ------------------------------------------------------------------

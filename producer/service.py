@@ -97,6 +97,7 @@ class Producer:
         self.batches_sent = 0
         self.bytes_sent = 0
         self.invalid_messages = 0
+        self.stale_messages = 0
         self._keys = itertools.count()
         try:
             for endpoint in config.endpoints:
@@ -212,13 +213,15 @@ class Producer:
             if header["permanent"]:
                 log.error("consumer at %s rejected this producer: %s", conn.endpoint, header["reason"])
                 self._reset(conn, ConnState.CLOSED)
-            else:
+            elif conn.state is ConnState.SERVING:  # while GREETING we are saying HELLO already
                 log.info("consumer at %s asks for a new HELLO: %s", conn.endpoint, header["reason"])
                 self._reset(conn, ConnState.GREETING)
             return
         if conn.state is not ConnState.SERVING:
-            if kind != protocol.BYE:
+            if kind not in (protocol.PING, protocol.TASK, protocol.BYE):
                 raise ProtocolError(f"{kind} before WELCOME")
+            # sent before the consumer saw our new HELLO (say, across a link that was down): stale
+            self.stale_messages += 1
             return
         conn.last_heard = now
         if kind == protocol.TASK:

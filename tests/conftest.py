@@ -21,6 +21,7 @@ def spawn():
         started.append(process)
         return process
 
+    start.started = started  # for failure reports
     yield start
     for process in started:
         process.close()

@@ -1,0 +1,45 @@
+"""A training process for namespace tests. Prints one JSON line per batch, runs epochs until told to stop.
+
+    python -m tests.netns_trainer ENDPOINT LENGTH STEP_S [heartbeat]
+Writes {"epoch", "labels", "pid", "producers", "reissued", "duplicates"} per batch and {"end": epoch} per
+epoch; stops after the epoch in which a line "stop" arrives on stdin (or after 200 epochs).
+"""
+
+import json
+import sys
+import threading
+import time
+
+from consumer import RemoteLoader
+
+
+def main() -> None:
+    endpoint, length, step = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    heartbeat = float(sys.argv[4]) if len(sys.argv) > 4 else 0.2
+    stop = threading.Event()
+
+    def watch_stdin() -> None:
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                stop.set()
+                return
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    with RemoteLoader(endpoint=endpoint, batch_size=4, shuffle=True, seed=8, heartbeat=heartbeat, liveness=5,
+                      timeout=60) as loader:
+        print(json.dumps({"len": len(loader)}), flush=True)
+        for epoch in range(200):
+            loader.set_epoch(epoch)
+            for _, labels, pids in loader:
+                s = loader.stats()
+                print(json.dumps({"epoch": epoch, "labels": labels.tolist(), "pid": int(pids[0]),
+                                  "producers": s["producers"], "reissued": s["reissued"],
+                                  "duplicates": s["duplicates"]}), flush=True)
+                time.sleep(step)
+            print(json.dumps({"end": epoch}), flush=True)
+            if stop.is_set():
+                break
+
+
+if __name__ == "__main__":
+    main()
