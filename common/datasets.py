@@ -40,6 +40,38 @@ class SampleLoadError(Exception):
     """A built-in dataset could not load one sample; the message names the file."""
 
 
+def read_npy_header(f: Any) -> tuple[tuple[int, ...], np.dtype, bool]:
+    """Parse a ``.npy`` header (format 1.0 or 2.0) from an open file; leaves it at the data."""
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    else:
+        raise ValueError(f".npy format {version} is not supported by the fast path")
+    return tuple(shape), np.dtype(dtype), bool(fortran)
+
+
+def read_npy_into(path: str, out: np.ndarray) -> None:
+    """Read a ``.npy`` file straight into ``out`` (C-contiguous, same shape and dtype): no allocation.
+
+    Raises:
+        ValueError: the file's shape, dtype or layout differs from ``out``, or the file is short.
+    """
+    with open(path, "rb", buffering=0) as f:
+        shape, dtype, fortran = read_npy_header(f)
+        if shape != out.shape or dtype != out.dtype or fortran or dtype.hasobject:
+            raise ValueError(f"holds {dtype}{list(shape)}{' (Fortran order)' if fortran else ''}, "
+                             f"the batch expects {out.dtype}{list(out.shape)}")
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        done = 0
+        while done < len(view):
+            n = f.readinto(view[done:])
+            if not n:
+                raise ValueError(f"is truncated: {done} of {len(view)} data bytes")
+            done += n
+
+
 class SyntheticDataset:
     """Deterministic samples, for demos, tests and benchmarks.
 
@@ -88,6 +120,18 @@ class SyntheticDataset:
     def sample_array(self, index: int) -> np.ndarray:
         return ((self._base + index) % 251).astype(self.dtype)
 
+    # --- the batch fast path (see producer.batcher): write a sample into its row of a reused buffer ---
+    def array_layout(self) -> tuple[tuple[int, ...], np.dtype]:
+        return self.shape, self.dtype
+
+    def read_into(self, index: int, out: np.ndarray) -> int:
+        if not 0 <= index < self.length:
+            raise IndexError(f"index {index} out of range for {self.length} samples")
+        if self.delay:
+            time.sleep(self.delay)
+        np.copyto(out, (self._base + index) % 251, casting="unsafe")
+        return index % self.num_classes
+
 
 class NpyFolderDataset:
     """``.npy`` files in class subfolders: ``root/<class>/<name>.npy``.
@@ -124,6 +168,26 @@ class NpyFolderDataset:
         except Exception as exc:
             raise SampleLoadError(f"cannot load sample {index} from {path}: {type(exc).__name__}: {exc}") from exc
         return array, label
+
+    # --- the batch fast path (see producer.batcher): header parse, then readinto the batch row ---
+    def array_layout(self) -> tuple[tuple[int, ...], np.dtype] | None:
+        """Shape and dtype of sample 0, if the fast path can serve this folder (else None)."""
+        if not self.samples:
+            return None
+        try:
+            with open(self.samples[0][0], "rb") as f:
+                shape, dtype, fortran = read_npy_header(f)
+        except (OSError, ValueError):
+            return None
+        return None if fortran or dtype.hasobject else (shape, dtype)
+
+    def read_into(self, index: int, out: np.ndarray) -> int:
+        path, label = self.samples[index]
+        try:
+            read_npy_into(path, out)
+        except Exception as exc:
+            raise SampleLoadError(f"cannot load sample {index} from {path}: {type(exc).__name__}: {exc}") from exc
+        return label
 
 
 #: Built-in dataset names and their factories.

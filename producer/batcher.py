@@ -1,5 +1,11 @@
 """Turns a TASK's index list into a ready-to-send BATCH or FAIL message, off the main loop.
 
+A dataset that offers the *fast path* (``array_layout()`` and ``read_into(index, out) -> label``, as the
+built-in ``npy-folder`` and ``synthetic`` do) has each sample written straight into its row of a reused
+batch buffer: no per-sample array, no collation copy. Its batches are ``[array, int64 labels]``, exactly
+what default_collate makes of ``(array, int)`` samples. Any other dataset takes the general path:
+``dataset[i]``, then :func:`producer.collate.collate`.
+
 Two thread pools, so that one never waits on itself:
 
 * the *sample pool* (``threads`` workers) runs ``dataset[i]``: the samples of one batch load
@@ -20,10 +26,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from common import protocol
 from common.codec import encode_tree
 from common.waker import Waker
 
+from .buffers import BufferPool
 from .collate import collate
 
 
@@ -47,6 +56,7 @@ class Outcome:
     job: Job
     frames: list[Any] = field(default_factory=list)  # header first, then array frames
     failed: bool = False
+    buffer: Any = None  # a pooled batch buffer to give back once ZeroMQ has sent it
 
 
 def _load(dataset: Any, index: int) -> Any:
@@ -68,6 +78,9 @@ class Batcher:
     def __init__(self, dataset: Any, *, threads: int, batch_workers: int, done: "queue.SimpleQueue[Outcome]",
                  waker: Waker) -> None:
         self._dataset = dataset
+        layout = dataset.array_layout() if callable(getattr(dataset, "array_layout", None)) else None
+        self._layout = layout if callable(getattr(dataset, "read_into", None)) else None
+        self.pool = BufferPool(limit=batch_workers + 2)
         self._samples = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ferry-sample")
         self._batches = ThreadPoolExecutor(max_workers=batch_workers, thread_name_prefix="ferry-batch")
         self._done = done
@@ -91,6 +104,8 @@ class Batcher:
         self._waker.wake()
 
     def _assemble(self, job: Job) -> Outcome:
+        if self._layout is not None:
+            return self._assemble_fast(job)
         futures: list[Future] = [self._samples.submit(_load, self._dataset, i) for i in job.indices]
         samples, errors = [], []
         for index, future in zip(job.indices, futures):
@@ -109,6 +124,31 @@ class Batcher:
             protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq, tree=spec, errors=errors
         )
         return Outcome(job, [header, *array_frames])
+
+    def _assemble_fast(self, job: Job) -> Outcome:
+        shape, dtype = self._layout
+        buffer = self.pool.acquire((len(job.indices), *shape), dtype)
+        futures = [self._samples.submit(self._dataset.read_into, i, buffer[row]) for row, i in enumerate(job.indices)]
+        labels, good, errors = [], [], []
+        for row, (index, future) in enumerate(zip(job.indices, futures)):
+            try:
+                labels.append(future.result())
+                good.append(row)
+            except Exception as exc:
+                errors.append(_error_record(index, exc))
+        if errors and (job.on_error == "raise" or not good):
+            self.pool.release(buffer)
+            return self._fail(job, errors)
+        if errors:  # skip: a rare path, so a compacting copy is fine
+            array, pooled = buffer[good], None
+            self.pool.release(buffer)
+        else:
+            array, pooled = buffer, buffer
+        spec, array_frames = encode_tree([array, np.asarray(labels, dtype=np.int64)])
+        header = protocol.pack(
+            protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq, tree=spec, errors=errors
+        )
+        return Outcome(job, [header, *array_frames], buffer=pooled)
 
     @staticmethod
     def _fail(job: Job, errors: list[dict[str, Any]]) -> Outcome:

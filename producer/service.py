@@ -257,11 +257,26 @@ class Producer:
                 return
             conn = self._conns[outcome.job.conn_key]
             if conn.state is not ConnState.SERVING or conn.session != outcome.job.session:
+                self._release(outcome, None)
                 continue  # the session it belonged to is gone
             conn.pending -= 1
-            if self._send(conn, outcome.frames) and not outcome.failed:
+            frames, tracker = outcome.frames, None
+            if outcome.buffer is not None:
+                # track the pooled buffer's own frame: send_multipart(track=True) would only track the
+                # last part, a small label frame that pyzmq copies, so its tracker says nothing
+                frame = zmq.Frame(frames[1], copy=False, track=True)
+                frames, tracker = [frames[0], frame, *frames[2:]], frame.tracker
+                del frame  # the tracker completes only once no Python Frame refers to the message
+            sent = self._send(conn, frames)
+            del frames
+            self._release(outcome, tracker if sent else None)
+            if sent and not outcome.failed:
                 self.batches_sent += 1
                 self.bytes_sent += sum(len(f) for f in outcome.frames[1:])
+
+    def _release(self, outcome: Outcome, tracker: Any) -> None:
+        if outcome.buffer is not None:
+            self._batcher.pool.release(outcome.buffer, tracker)
 
     def _tick(self, now: float) -> None:
         for conn in self._conns.values():

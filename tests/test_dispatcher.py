@@ -1,0 +1,79 @@
+"""The dispatcher's rules, in isolation: credits, slots, re-issue order, identity of results."""
+
+from consumer.dispatcher import Dispatcher, ProducerInfo
+
+
+def producer(peer: bytes, slots: int = 2, nonce: int = 1) -> ProducerInfo:
+    return ProducerInfo(peer=peer, producer_id=peer.decode(), nonce=nonce, name=peer.decode(), slots=slots,
+                        last_heard=0.0, joined=0.0)
+
+
+def test_credits_bound_in_flight_plus_held():
+    d = Dispatcher(capacity=4)
+    d.add(producer(b"a", slots=10))
+    d.start_run(1, range(20))
+    assert len(d.assign(held=0)) == 4
+    assert d.assign(held=0) == []
+    first = next(iter(d.tasks))
+    assert d.complete(first, b"a") is not None
+    assert len(d.assign(held=1)) == 0  # the completed batch is held: still no room
+    assert len(d.assign(held=0)) == 1
+
+
+def test_slots_bound_each_producer_and_the_freest_gets_work():
+    d = Dispatcher(capacity=100)
+    d.add(producer(b"a", slots=1))
+    d.add(producer(b"b", slots=3))
+    d.start_run(1, range(10))
+    tasks = d.assign(held=0)
+    assert len(tasks) == 4
+    assert [t.peer for t in tasks].count(b"b") == 3 and [t.peer for t in tasks].count(b"a") == 1
+    assert [t.seq for t in tasks] == [0, 1, 2, 3]  # issued in seq order
+
+
+def test_lost_producers_tasks_go_to_the_front_in_seq_order():
+    d = Dispatcher(capacity=100)
+    d.add(producer(b"a", slots=2))
+    d.add(producer(b"b", slots=2))
+    d.start_run(1, range(10))
+    tasks = d.assign(held=0)
+    lost = sorted(t.seq for t in tasks if t.peer == b"a")
+    d.lose(b"a")
+    assert d.reissued == 2
+    d.add(producer(b"c", slots=5))
+    again = d.assign(held=0)
+    assert [t.seq for t in again][:2] == lost
+
+
+def test_results_are_accepted_only_from_the_identity_they_were_given_to():
+    d = Dispatcher(capacity=10)
+    d.add(producer(b"a"))
+    d.start_run(1, range(3))
+    task = d.assign(held=0)[0]
+    assert d.complete(task.task, b"zz") is None  # a stranger
+    d.lose(b"a")
+    d.add(producer(b"a", nonce=2))  # same peer, restarted its work
+    assert d.complete(task.task, b"a") is None  # the late result of the old registration
+    retry = d.assign(held=0)[0]
+    assert retry.seq == task.seq and retry.task != task.task
+    assert d.complete(retry.task, b"a") is not None
+    assert d.complete(retry.task, b"a") is None  # a second copy is a duplicate
+
+
+def test_reconnection_under_a_new_routing_id_keeps_the_tasks():
+    d = Dispatcher(capacity=10)
+    d.add(producer(b"a"))
+    d.start_run(1, range(3))
+    task = d.assign(held=0)[0]
+    d.move(b"a", b"a2")
+    assert d.complete(task.task, b"a2") is not None
+
+
+def test_new_run_forgets_old_tasks_and_overdue_finds_stuck_peers():
+    d = Dispatcher(capacity=10)
+    d.add(producer(b"a"))
+    d.start_run(1, range(5))
+    old = d.assign(held=0, now=10.0)
+    assert d.overdue(deadline=11.0) == {b"a"} and d.overdue(deadline=5.0) == set()
+    d.start_run(2, range(5))
+    assert d.in_flight == 0 and all(d.complete(t.task, b"a") is None for t in old)
