@@ -1,0 +1,52 @@
+"""python -m benchmarks [--quick | --tiny] [--only 1,2,...] [--out DIR]"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from .harness import Report
+from .scenarios import SIZES, first_batch, ingest, scale_out, seed_workload, slow_storage, stall
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="a short run (about 3 minutes on 2 cores)")
+    mode.add_argument("--tiny", action="store_true", help="tiny sizes, for the test suite (seconds)")
+    parser.add_argument("--only", default="1,2,3,4,5,6", help="comma-separated scenario numbers (default all)")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"),
+                        help="folder for the JSON results (default benchmarks/results)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+    name = "tiny" if args.tiny else "quick" if args.quick else "full"
+    sizes = SIZES[name]
+    only = {int(x) for x in args.only.split(",") if x}
+    report = Report(mode=name)
+    report.notes.append("warm page cache (datasets are written just before they are read)")
+    started = time.monotonic()
+    print(f"ferry benchmarks ({name}): scenarios {sorted(only)}", flush=True)
+    transport = ingest(report, sizes) if 4 in only else None
+    if 1 in only:
+        seed_workload(report, sizes, transport)
+    if 2 in only:
+        slow_storage(report, sizes)
+    if 3 in only:
+        scale_out(report, sizes)
+    if 5 in only:
+        stall(report, sizes)
+    if 6 in only:
+        first_batch(report, sizes)
+    path = report.save(args.out)
+    print(f"\n{report.markdown()}\n")
+    for note in report.notes:
+        print(f"- {note}")
+    print(f"\nresults: {path} ({time.monotonic() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

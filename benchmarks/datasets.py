@@ -1,0 +1,29 @@
+"""Benchmark-only datasets, served by producers through their spec ``benchmarks.datasets:Name``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Blank:
+    """Ready-made samples of ``mib`` MiB with no load cost: the fast path writes nothing into the row.
+
+    With ``batch_size=1`` each batch is one ``mib`` MiB frame, which isolates transport and consumer cost.
+    """
+
+    def __init__(self, length: int = 1000, mib: float = 16) -> None:
+        self.length = int(length)
+        self.nbytes = int(mib * (1 << 20))
+        self.fingerprint = f"blank:{self.length}:{self.nbytes}"
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        return np.zeros(self.nbytes, np.uint8), 0
+
+    def array_layout(self):
+        return (self.nbytes,), np.dtype(np.uint8)
+
+    def read_into(self, index: int, out: np.ndarray) -> int:
+        return 0

@@ -1,0 +1,378 @@
+"""The six scenarios of the benchmark. Each appends rows to a Report."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from common.datasets import NpyFolderDataset, SyntheticDataset, read_npy_into
+from consumer import RemoteLoader
+
+from .harness import Figure, Report, Row, alternate, ratio
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass(frozen=True)
+class Sizes:
+    repeats: int
+    seed_samples: int  # samples in the seed workload
+    seed_shape: tuple[int, ...]
+    slow_samples: int
+    scale_counts: tuple[int, ...]
+    scale_batches_per_producer: int
+    ingest_mib: tuple[int, ...]
+    ingest_total_mib: int
+    stall_counts: tuple[int, ...]
+    stall_steps: int
+    step_s: float
+
+
+SIZES = {
+    "full": Sizes(5, 256, (13, 299, 299), 2048, (1, 2, 4, 8, 16), 100, (1, 16, 64), 4096, (1, 4, 8, 12, 16, 20, 22, 24),
+                  200, 0.010),
+    "quick": Sizes(3, 96, (13, 299, 299), 768, (1, 2, 4, 8, 16), 40, (1, 16, 64), 1536, (1, 8, 16, 22, 24), 100, 0.010),
+    "tiny": Sizes(3, 64, (3, 16, 16), 64, (1, 2), 10, (1,), 16, (1, 2), 10, 0.005),
+}
+
+
+# --- helpers ------------------------------------------------------------------------------------------
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, e.get("PYTHONPATH")) if p)
+    return e
+
+
+class Producers:
+    """Remote producers started by hand (``python -m producer``), as users run them."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.procs: list[subprocess.Popen] = []
+
+    def add(self, count: int, spec: str, args: dict[str, Any], threads: int, slots: int) -> None:
+        import json
+
+        for _ in range(count):
+            cmd = [sys.executable, "-m", "producer", "--connect", self.endpoint, "--dataset", spec,
+                   "--threads", str(threads), "--slots", str(slots), "--heartbeat", "0.2", "--log-level", "WARNING"]
+            for k, v in args.items():
+                cmd += ["--dataset-arg", f"{k}={json.dumps(v)}"]
+            self.procs.append(subprocess.Popen(cmd, env=env(), stdin=subprocess.DEVNULL))
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+
+
+def free_endpoint() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def wait_producers(loader: RemoteLoader, count: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while loader.stats()["producers"] < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {loader.stats()['producers']} of {count} producers joined")
+        time.sleep(0.05)
+
+
+def epoch_rate(iterable, batch_size: int) -> float:
+    """Samples per second over one epoch, from iter() to the last batch."""
+    start = time.perf_counter()
+    samples = 0
+    for batch in iterable:
+        samples += len(batch[1])
+    return samples / (time.perf_counter() - start)
+
+
+def make_npy(root: str, n: int, shape: tuple[int, ...], dtype: str) -> None:
+    rng = np.random.default_rng(0)
+    sample = rng.integers(0, 255, size=shape).astype(dtype)
+    for i in range(n):
+        folder = os.path.join(root, str(i % 2))
+        os.makedirs(folder, exist_ok=True)
+        np.save(os.path.join(folder, f"{i:06d}.npy"), sample)
+
+
+def load_only_rate(dataset: NpyFolderDataset, n: int) -> float:
+    """One thread reading samples into a reused buffer: the load ceiling of one core."""
+    shape, dtype = dataset.array_layout()
+    out = np.empty(shape, dtype)
+    start = time.perf_counter()
+    for i in range(n):
+        read_npy_into(dataset.samples[i % len(dataset)][0], out)
+    return n / (time.perf_counter() - start)
+
+
+# --- 1. seed workload -------------------------------------------------------------------------------
+def seed_workload(report: Report, sizes: Sizes, transport_gbps: float | None) -> None:
+    for dtype in ("float32", "uint8"):
+        root = tempfile.mkdtemp(prefix=f"ferry-bench-{dtype}-")
+        try:
+            make_npy(root, sizes.seed_samples, sizes.seed_shape, dtype)
+            dataset = NpyFolderDataset(root)
+            sample_mb = np.prod(sizes.seed_shape) * np.dtype(dtype).itemsize / 1e6
+            for p in (1, 2):
+                loader = RemoteLoader(dataset="npy-folder", dataset_args={"root": root}, local_producers=p,
+                                      batch_size=32, shuffle=True, timeout=120)
+                dl = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=p, persistent_workers=True)
+                try:
+                    wait_producers(loader, p)
+                    epoch_rate(loader, 32), epoch_rate(dl, 32)  # warm up (page cache, pools, workers)
+                    figs = alternate({"ferry": lambda: epoch_rate(loader, 32), "dataloader": lambda: epoch_rate(dl, 32)},
+                                     sizes.repeats)
+                finally:
+                    loader.close()
+                    del dl
+                r = ratio(figs["ferry"], figs["dataloader"])
+                load = load_only_rate(dataset, min(64, sizes.seed_samples))
+                bound = f"load (1 thread) {load:.0f} samples/s"
+                if transport_gbps:
+                    bound += f"; ipc transport ceiling {transport_gbps * 1e3 / sample_mb:.0f} samples/s"
+                report.add(Row("1 seed workload", f"{dtype} {sample_mb:.3g} MB/sample, P={p}, warm cache",
+                               {"ferry samples/s": figs["ferry"].text(), "dataloader samples/s": figs["dataloader"].text(),
+                                "ferry MB/s": f"{figs['ferry'].median * sample_mb:.0f}"},
+                               ratio=r, target="≥ 1.5 at P=2" if p == 2 else "", met=(r >= 1.5) if p == 2 else None,
+                               note=bound, raw={k: v.values for k, v in figs.items()}))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+# --- 2. slow storage ---------------------------------------------------------------------------------
+def slow_storage(report: Report, sizes: Sizes) -> None:
+    args = {"length": sizes.slow_samples, "shape": [13, 32, 32], "delay": 0.005}
+    dataset = SyntheticDataset(**args)
+    for p in (1, 2):
+        threads = 8
+        loader = RemoteLoader(dataset="synthetic", dataset_args=args, local_producers=p, producer_threads=threads,
+                              batch_size=32, timeout=120)
+        dl = DataLoader(dataset, batch_size=32, num_workers=p, persistent_workers=True)
+        try:
+            wait_producers(loader, p)
+            epoch_rate(loader, 32), epoch_rate(dl, 32)
+            figs = alternate({"ferry": lambda: epoch_rate(loader, 32), "dataloader": lambda: epoch_rate(dl, 32)},
+                             sizes.repeats)
+        finally:
+            loader.close()
+            del dl
+        r = ratio(figs["ferry"], figs["dataloader"])
+        report.add(Row("2 slow storage", f"5 ms/sample, P={p} (Ferry {threads} threads each)",
+                       {"ferry samples/s": figs["ferry"].text(), "dataloader samples/s": figs["dataloader"].text()},
+                       ratio=r, target="≥ 4", met=r >= 4, raw={k: v.values for k, v in figs.items()}))
+
+
+# --- 3. scale-out -------------------------------------------------------------------------------------
+def scale_out(report: Report, sizes: Sizes) -> None:
+    args = {"length": 1_000_000, "shape": [13, 8, 8], "delay": 0.005}
+    endpoint = free_endpoint()
+    producers = Producers(endpoint)
+    base = None
+    try:
+        with RemoteLoader(endpoint=endpoint, batch_size=8, buffer_batches=64, heartbeat=0.2, timeout=120) as loader:
+            for n in sizes.scale_counts:
+                producers.add(n - len(producers.procs), "synthetic", args, threads=1, slots=2)
+                wait_producers(loader, n)
+                count = sizes.scale_batches_per_producer * n
+
+                def run() -> float:
+                    it = iter(loader)
+                    next(it)
+                    start = time.perf_counter()
+                    for _ in range(count):
+                        next(it)
+                    return count / (time.perf_counter() - start)
+
+                figs = alternate({"ferry": run}, sizes.repeats)
+                rate = figs["ferry"]
+                base = base or rate.median
+                eff = rate.median / (n * base)
+                target = {8: 0.9, 16: 0.8}.get(n)
+                report.add(Row("3 scale-out", f"{n} producers × 1 thread, 5 ms/sample, batch 8",
+                               {"batches/s": rate.text(1), "efficiency": f"{eff:.2f}"},
+                               target=f"efficiency ≥ {target}" if target else "",
+                               met=(eff >= target) if target else None, raw={"ferry": rate.values}))
+    finally:
+        producers.close()
+
+
+# --- 4. ingest ceiling -------------------------------------------------------------------------------
+PUSHER = """
+import sys, zmq, numpy as np
+endpoint, mib, count = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+ctx = zmq.Context(); s = ctx.socket(zmq.PUSH); s.setsockopt(zmq.SNDHWM, 4); s.connect(endpoint)
+buf = np.zeros(int(mib * (1 << 20)), np.uint8)
+for _ in range(count + 2):
+    s.send(buf, copy=False)
+s.close(linger=-1); ctx.term()
+"""
+
+
+def raw_pyzmq_gbps(mib: float, count: int) -> float:
+    import zmq
+
+    folder = tempfile.mkdtemp(prefix="ferry-bench-ipc-")
+    endpoint = f"ipc://{folder}/push.sock"
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.RCVHWM, 4)
+    pull.bind(endpoint)
+    proc = subprocess.Popen([sys.executable, "-c", PUSHER, endpoint, str(mib), str(count)], env=env())
+    try:
+        pull.recv(copy=False)
+        pull.recv(copy=False)
+        start = time.perf_counter()
+        nbytes = 0
+        for _ in range(count):
+            nbytes += len(pull.recv(copy=False))
+        return nbytes / (time.perf_counter() - start) / 1e9
+    finally:
+        proc.wait(30)
+        pull.close(0)
+        ctx.term()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def memcpy_gbps(mib: float) -> float:
+    src = np.ones(int(mib * (1 << 20)), np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    reps = max(3, int(2048 / mib))
+    start = time.perf_counter()
+    for _ in range(reps):
+        np.copyto(dst, src)
+    return src.nbytes * reps / (time.perf_counter() - start) / 1e9
+
+
+def ingest(report: Report, sizes: Sizes) -> float | None:
+    """Returns the raw pyzmq ipc figure at 16 MiB (or the largest measured), for scenario 1's breakdown."""
+    transport = None
+    for mib in sizes.ingest_mib:
+        count = max(6, int(sizes.ingest_total_mib / mib))
+        with RemoteLoader(dataset="benchmarks.datasets:Blank", dataset_args={"length": 100_000, "mib": mib},
+                          local_producers=1, producer_slots=2, batch_size=1, buffer_batches=4, timeout=120) as loader:
+            wait_producers(loader, 1)
+
+            def ferry() -> float:
+                it = iter(loader)
+                next(it)
+                start = time.perf_counter()
+                nbytes = 0
+                for _ in range(count):
+                    nbytes += next(it)[0].numel()
+                return nbytes / (time.perf_counter() - start) / 1e9
+
+            figs = alternate({"ferry": ferry, "pyzmq": lambda: raw_pyzmq_gbps(mib, count),
+                              "memcpy": lambda: memcpy_gbps(mib)}, sizes.repeats)
+        share = ratio(figs["ferry"], figs["pyzmq"])
+        if mib == 16 or transport is None:
+            transport = figs["pyzmq"].median
+        report.add(Row("4 ingest ceiling", f"{mib} MiB batches, ipc, 1 producer",
+                       {"ferry GB/s": figs["ferry"].text(2), "raw pyzmq GB/s": figs["pyzmq"].text(2),
+                        "memcpy GB/s": figs["memcpy"].text(1)},
+                       ratio=None, target="≥ 80 % of pyzmq at 16 MiB" if mib == 16 else "",
+                       met=(share >= 0.8) if mib == 16 else None, note=f"ferry / pyzmq = {share:.2f}",
+                       raw={k: v.values for k, v in figs.items()}))
+    return transport
+
+
+# --- 5. stall -----------------------------------------------------------------------------------------
+def stall(report: Report, sizes: Sizes) -> None:
+    batch = 8
+    per_sample = 20 * sizes.step_s / batch  # one producer loads a batch 20x slower than a step
+    args = {"length": 1_000_000, "shape": [13, 8, 8], "delay": per_sample}
+    endpoint = free_endpoint()
+    producers = Producers(endpoint)
+    crossed = None
+    try:
+        # Little's law: to deliver 1 batch per step with 20 steps of load latency, ~20+ batches must be in flight
+        with RemoteLoader(endpoint=endpoint, batch_size=batch, buffer_batches=48, heartbeat=0.2,
+                          timeout=120) as loader:
+            for n in sizes.stall_counts:
+                producers.add(n - len(producers.procs), "synthetic", args, threads=1, slots=2)
+                wait_producers(loader, n)
+
+                def run() -> float:
+                    it = iter(loader)
+                    for _ in range(min(48, 2 * n)):  # let the pipeline fill: steady state is what we report
+                        next(it)
+                        time.sleep(sizes.step_s)
+                    before = loader.stats()
+                    for _ in range(sizes.stall_steps):
+                        next(it)
+                        time.sleep(sizes.step_s)
+                    after = loader.stats()
+                    return (after["wait_s"] - before["wait_s"]) / (after["active_s"] - before["active_s"])
+
+                figs = alternate({"ferry": run}, sizes.repeats)
+                rate_ratio = n / 20
+                s = figs["ferry"].median
+                if crossed is None and s < 0.05:
+                    crossed = n
+                report.add(Row("5 stall", f"{n} producers (total rate {rate_ratio:.2f}× the step rate)",
+                               {"stall %": Figure([100 * v for v in figs["ferry"].values]).text(1)},
+                               target="< 5 % at ≥ 1.1×" if rate_ratio >= 1.1 else "",
+                               met=(s < 0.05) if rate_ratio >= 1.1 else None, raw={"ferry": figs["ferry"].values}))
+        report.notes.append(f"stall falls under 5 % at {crossed} producers" if crossed else
+                            "stall never fell under 5 % in the measured range")
+    finally:
+        producers.close()
+
+
+# --- 6. time to first batch ---------------------------------------------------------------------------
+def first_batch(report: Report, sizes: Sizes) -> None:
+    root = tempfile.mkdtemp(prefix="ferry-bench-ttfb-")
+    try:
+        make_npy(root, sizes.seed_samples, sizes.seed_shape, "float32")
+        dataset = NpyFolderDataset(root)
+        with RemoteLoader(dataset="npy-folder", dataset_args={"root": root}, local_producers=2, batch_size=32,
+                          shuffle=True, timeout=120) as loader:
+            wait_producers(loader, 2)
+            epoch_rate(loader, 32)  # warm
+
+            def ferry() -> float:
+                start = time.perf_counter()
+                it = iter(loader)
+                next(it)
+                took = time.perf_counter() - start
+                for _ in it:  # finish the epoch, as a training loop would
+                    pass
+                return took
+
+            def dataloader() -> float:
+                dl = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=2)
+                start = time.perf_counter()
+                it = iter(dl)
+                next(it)
+                took = time.perf_counter() - start
+                del it
+                return took
+
+            figs = alternate({"ferry": ferry, "dataloader": dataloader}, sizes.repeats)
+        r = ratio(figs["ferry"], figs["dataloader"])
+        report.add(Row("6 time to first batch", "float32 seed workload, 2 workers / 2 running producers",
+                       {"ferry ms": Figure([1e3 * v for v in figs["ferry"].values]).text(),
+                        "dataloader ms": Figure([1e3 * v for v in figs["dataloader"].values]).text()},
+                       ratio=r, target="≤ 0.5", met=r <= 0.5, raw={k: v.values for k, v in figs.items()}))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
