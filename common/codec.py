@@ -8,6 +8,7 @@ Tree spec grammar (what msgpack carries):
 
 * ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes`` -- a scalar leaf, stored as itself;
 * ``{"t": "a", "d": "<f4", "s": [2, 3], "f": 0}`` -- an array leaf: dtype, shape, frame number;
+  a large leaf adds ``"n": k``: its bytes are the k consecutive frames from ``f`` (see FRAME_CHUNK_BYTES);
 * ``{"t": "d", "k": [keys], "v": [specs]}`` -- a dict (keys are str or int);
 * ``{"t": "l", "v": [specs]}`` / ``{"t": "t", "v": [specs]}`` -- a list / a tuple.
 
@@ -25,7 +26,7 @@ import numpy as np
 from .constants import MAX_FRAMES, MAX_NDIM, MAX_TREE_DEPTH, MAX_TREE_LEAVES
 from .errors import ProtocolError
 
-__all__ = ["encode_tree", "decode_tree", "ALLOWED_DTYPES", "tree_nbytes"]
+__all__ = ["encode_tree", "decode_tree", "ALLOWED_DTYPES", "tree_nbytes", "Chunked"]
 
 #: dtypes allowed on the wire, as numpy ``dtype.str`` (little-endian or byte-order free).
 ALLOWED_DTYPES = frozenset(
@@ -45,8 +46,32 @@ def _as_array(value: Any) -> np.ndarray | None:
     return None
 
 
-def encode_tree(tree: Any) -> tuple[Any, list[memoryview]]:
-    """Encode a batch tree. Returns ``(spec, frames)``; frames are zero-copy views of the arrays."""
+class Chunked:
+    """A decoded array leaf that arrived in several frames: the receiver assembles it (one copy into a
+    buffer of its choice, e.g. a reused host buffer or a pinned staging buffer)."""
+
+    __slots__ = ("dtype", "shape", "chunks", "nbytes")
+
+    def __init__(self, dtype: np.dtype, shape: tuple[int, ...], chunks: list[Any]) -> None:
+        self.dtype, self.shape, self.chunks = dtype, shape, chunks
+        self.nbytes = sum(len(c) for c in chunks)
+
+    def assemble_into(self, out: np.ndarray) -> np.ndarray:
+        """Copy the chunks into ``out`` (a uint8 buffer of at least nbytes); return the typed view."""
+        flat = out[: self.nbytes]
+        offset = 0
+        for chunk in self.chunks:
+            n = len(chunk)
+            flat[offset : offset + n] = np.frombuffer(chunk, dtype=np.uint8)
+            offset += n
+        return flat.view(self.dtype).reshape(self.shape)
+
+
+def encode_tree(tree: Any, chunk_bytes: int | None = None) -> tuple[Any, list[memoryview]]:
+    """Encode a batch tree. Returns ``(spec, frames)``; frames are zero-copy views of the arrays.
+
+    With ``chunk_bytes``, an array larger than that travels as consecutive frames of that size.
+    """
     frames: list[memoryview] = []
 
     def enc(node: Any, depth: int) -> Any:
@@ -58,7 +83,12 @@ def encode_tree(tree: Any) -> tuple[Any, list[memoryview]]:
                 raise ProtocolError(f"dtype {array.dtype} cannot travel (allowed: {sorted(ALLOWED_DTYPES)})")
             if not array.flags.c_contiguous:
                 array = np.ascontiguousarray(array)
-            frames.append(memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b""))
+            raw = memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
+            if chunk_bytes and len(raw) > chunk_bytes:
+                first = len(frames)
+                frames.extend(raw[i : i + chunk_bytes] for i in range(0, len(raw), chunk_bytes))
+                return {"t": "a", "d": array.dtype.str, "s": list(array.shape), "f": first, "n": len(frames) - first}
+            frames.append(raw)
             return {"t": "a", "d": array.dtype.str, "s": list(array.shape), "f": len(frames) - 1}
         if isinstance(node, _SCALARS):
             return node
@@ -81,7 +111,8 @@ def encode_tree(tree: Any) -> tuple[Any, list[memoryview]]:
 
 
 def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None) -> Any:
-    """Decode a tree spec over received frames (buffers). Arrays are zero-copy views of the frames.
+    """Decode a tree spec over received frames (buffers). Arrays are zero-copy views of the frames;
+    a leaf that spans several frames comes back as :class:`Chunked`.
 
     ``max_bytes`` bounds the total length of the frames (the batch's array bytes).
 
@@ -135,8 +166,8 @@ def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None) 
     return tree
 
 
-def _decode_array(node: dict, frames: Sequence[Any], used: list[bool], path: str) -> np.ndarray:
-    dtype, shape, index = node.get("d"), node.get("s"), node.get("f")
+def _decode_array(node: dict, frames: Sequence[Any], used: list[bool], path: str) -> np.ndarray | Chunked:
+    dtype, shape, index, count = node.get("d"), node.get("s"), node.get("f"), node.get("n", 1)
     if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
         raise ProtocolError(f"dtype {dtype!r} at {path} is not allowed")
     if not isinstance(shape, list) or len(shape) > MAX_NDIM:
@@ -144,25 +175,29 @@ def _decode_array(node: dict, frames: Sequence[Any], used: list[bool], path: str
     for dim in shape:
         if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
             raise ProtocolError(f"bad dimension {dim!r} in shape at {path}")
-    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(frames):
-        raise ProtocolError(f"frame number {index!r} at {path} out of range (have {len(frames)})")
-    if used[index]:
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ProtocolError(f"bad frame count {count!r} at {path}")
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index <= len(frames) - count:
+        raise ProtocolError(f"frame number {index!r} (x{count}) at {path} out of range (have {len(frames)})")
+    if any(used[index : index + count]):
         raise ProtocolError(f"frame {index} referenced twice (at {path})")
-    used[index] = True
+    used[index : index + count] = [True] * count
     np_dtype = np.dtype(dtype)
-    count = 1
+    elements = 1
     for dim in shape:
-        count *= dim
-    buffer = frames[index]
-    length = len(buffer)
-    if count * np_dtype.itemsize != length:
-        raise ProtocolError(f"array at {path}: shape {shape} x {np_dtype.itemsize} bytes != frame of {length} bytes")
-    return np.frombuffer(buffer, dtype=np_dtype, count=count).reshape(shape)
+        elements *= dim
+    buffers = frames[index : index + count]
+    length = sum(len(b) for b in buffers)
+    if elements * np_dtype.itemsize != length:
+        raise ProtocolError(f"array at {path}: shape {shape} x {np_dtype.itemsize} bytes != frame length {length}")
+    if count > 1:
+        return Chunked(np_dtype, tuple(shape), list(buffers))
+    return np.frombuffer(buffers[0], dtype=np_dtype, count=elements).reshape(shape)
 
 
 def tree_nbytes(tree: Any) -> int:
     """Total bytes of the array leaves of a decoded tree."""
-    if isinstance(tree, np.ndarray):
+    if isinstance(tree, (np.ndarray, Chunked)):
         return tree.nbytes
     if isinstance(tree, dict):
         return sum(tree_nbytes(v) for v in tree.values())

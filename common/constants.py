@@ -35,6 +35,11 @@ SOCKET_HWM = 1000
 #: Largest batch a consumer accepts by default. It is the consumer's ZMQ_MAXMSGSIZE (libzmq drops a
 #: connection that sends a bigger frame) and the bound on a decoded batch's total array bytes.
 DEFAULT_MAX_BATCH_BYTES = 1 << 31
+#: Array leaves larger than this travel as several frames of at most this size. libzmq allocates each
+#: received frame afresh; glibc serves allocations up to 32 MiB from reused heap memory once its mmap
+#: threshold has adapted, but anything larger is a fresh mmap with a page fault per 4 KiB. Bounded frames
+#: keep the receive path on warm memory. [Unit: byte]
+FRAME_CHUNK_BYTES = 8 << 20
 #: Largest header frame (frame 0) we decode.
 MAX_HEADER_BYTES = 1 << 20
 #: Batch tree bounds: nesting depth, number of leaves, number of array frames, array rank.

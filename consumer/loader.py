@@ -255,10 +255,10 @@ class RemoteLoader:
                 buffer, self._counters, waker,
             )
             self._io.start()
+            self._staging_stager = make_stager(self.device, self.pin_memory, self.buffer_batches + STAGED_BATCHES + 4)
             self._staging = threading.Thread(
                 target=staging_loop, name="ferry-staging", daemon=True,
-                args=(buffer, self._staged, self._stop, make_stager(self.device, self.pin_memory),
-                      self._staging_failure),
+                args=(buffer, self._staged, self._stop, self._staging_stager, self._staging_failure),
             )
             self._staging.start()
         except BaseException:

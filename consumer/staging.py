@@ -1,8 +1,11 @@
 """The staging thread (DESIGN §6.2): from the reorder buffer to batches the training loop can use.
 
 * CPU (``device=None`` or ``"cpu"``): every array leaf becomes a tensor over the received frame
-  (``torch.from_numpy``), no copy. With ``pin_memory=True`` (and CUDA present) the leaves are copied into
-  page-locked memory instead, as ``DataLoader(pin_memory=True)`` does.
+  (``torch.from_numpy``), no copy. A large leaf that arrived in several frames (see
+  ``common.constants.FRAME_CHUNK_BYTES``) is assembled into a reused host buffer from :class:`HostPool`:
+  the tensor owns that buffer until the training loop drops it, and a finalizer returns it to the pool.
+  With ``pin_memory=True`` (and CUDA present) leaves are copied into page-locked memory instead, as
+  ``DataLoader(pin_memory=True)`` does.
 * CUDA: each array leaf is copied into a *reused* page-locked buffer from :class:`PinnedPool`, then
   ``copy_(non_blocking=True)`` to the device on a dedicated side stream. An event recorded after the
   copies travels with the batch; the training thread makes its current stream wait on it and calls
@@ -15,19 +18,21 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections import deque
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from common.codec import Chunked
 from common.constants import POLL_SLICE_S
 
 from .buffer import Delivery, ReorderBuffer, is_eof
 
 
-def map_arrays(tree: Any, fn: Callable[[np.ndarray], Any]) -> Any:
-    if isinstance(tree, np.ndarray):
+def map_arrays(tree: Any, fn: Callable[[np.ndarray | Chunked], Any]) -> Any:
+    if isinstance(tree, (np.ndarray, Chunked)):
         return fn(tree)
     if isinstance(tree, dict):
         return {k: map_arrays(v, fn) for k, v in tree.items()}
@@ -49,21 +54,69 @@ def iter_tensors(tree: Any):
             yield from iter_tensors(v)
 
 
-class CpuStager:
-    """Tensors over the received frames; or fresh pinned copies when ``pin_memory``."""
+class HostPool:
+    """Reused host buffers for assembling chunked leaves, handed out for as long as the loop holds them.
 
-    def __init__(self, pin_memory: bool) -> None:
+    ``adopt`` assembles a leaf into a pooled buffer and returns a fresh array object over it; when that
+    array is garbage-collected (the training loop dropped every tensor over it), a ``weakref.finalize``
+    puts the buffer back. At most ``limit`` buffers per size are pooled; beyond that (a loop that keeps
+    every batch) leaves go into one-off allocations, so correctness never depends on the pool.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._count: dict[int, int] = {}
+        self.reused = 0
+
+    def adopt(self, leaf: Chunked) -> np.ndarray:
+        buffer, pooled = self._acquire(leaf.nbytes)
+        array = leaf.assemble_into(buffer)
+        if pooled:
+            weakref.finalize(array, self._release, buffer)
+        return array
+
+    def _acquire(self, nbytes: int) -> tuple[np.ndarray, bool]:
+        with self._lock:
+            free = self._free.get(nbytes)
+            if free:
+                self.reused += 1
+                return free.pop(), True
+            if self._count.get(nbytes, 0) < self._limit:
+                self._count[nbytes] = self._count.get(nbytes, 0) + 1
+                return np.empty(nbytes, np.uint8), True
+        return np.empty(nbytes, np.uint8), False
+
+    def _release(self, buffer: np.ndarray) -> None:
+        with self._lock:
+            self._free.setdefault(len(buffer), []).append(buffer)
+
+    def close(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+
+class CpuStager:
+    """Tensors over the received frames (chunked leaves: over a pooled buffer); or fresh pinned copies
+    when ``pin_memory``."""
+
+    def __init__(self, pin_memory: bool, pool_limit: int = 12) -> None:
         self.pin_memory = pin_memory
+        self.host = HostPool(pool_limit)
 
     def stage(self, delivery: Delivery) -> None:
         if self.pin_memory:
-            delivery.tree = map_arrays(delivery.tree, lambda a: torch.from_numpy(a).pin_memory())
+            delivery.tree = map_arrays(delivery.tree, lambda a: torch.from_numpy(self._array(a)).pin_memory())
             delivery.frames = []  # the copies own their memory now
         else:
-            delivery.tree = map_arrays(delivery.tree, torch.from_numpy)
+            delivery.tree = map_arrays(delivery.tree, lambda a: torch.from_numpy(self._array(a)))
+
+    def _array(self, leaf: np.ndarray | Chunked) -> np.ndarray:
+        return self.host.adopt(leaf) if isinstance(leaf, Chunked) else leaf
 
     def close(self) -> None:
-        pass
+        self.host.close()
 
 
 class PinnedPool:
@@ -121,15 +174,21 @@ class CudaStager:
     def stage(self, delivery: Delivery) -> None:
         used: list[torch.Tensor] = []
 
-        def to_device(array: np.ndarray) -> torch.Tensor:
-            source = torch.from_numpy(array)
-            if source.numel() == 0:
-                return torch.empty(source.shape, dtype=source.dtype, device=self.device)
-            raw = self.pool.acquire(source.numel() * source.element_size())
+        def to_device(leaf: np.ndarray | Chunked) -> torch.Tensor:
+            dtype = torch.from_numpy(np.empty(0, leaf.dtype)).dtype
+            if leaf.nbytes == 0:
+                return torch.empty(leaf.shape, dtype=dtype, device=self.device)
+            raw = self.pool.acquire(leaf.nbytes)
             used.append(raw)
-            pinned = raw[: source.numel() * source.element_size()].view(source.dtype).view(source.shape)
-            pinned.copy_(source)  # CPU memcpy, releases the GIL
-            target = torch.empty(source.shape, dtype=source.dtype, device=self.device)
+            pinned = raw[: leaf.nbytes].view(dtype).view(leaf.shape)
+            if isinstance(leaf, Chunked):  # chunks go straight into the pinned buffer: no extra copy
+                offset = 0
+                for chunk in leaf.chunks:
+                    raw[offset : offset + len(chunk)].copy_(torch.frombuffer(chunk, dtype=torch.uint8))
+                    offset += len(chunk)
+            else:
+                pinned.copy_(torch.from_numpy(leaf))  # CPU memcpy, releases the GIL
+            target = torch.empty(leaf.shape, dtype=dtype, device=self.device)
             target.copy_(pinned, non_blocking=True)
             return target
 
@@ -145,23 +204,24 @@ class CudaStager:
         self.pool.close()
 
 
-def make_stager(device: torch.device | None, pin_memory: bool) -> CpuStager | CudaStager:
+def make_stager(device: torch.device | None, pin_memory: bool, pool_limit: int) -> CpuStager | CudaStager:
+    """``pool_limit``: host buffers kept per batch size (the loader passes its capacity plus a margin)."""
     if device is not None and device.type == "cuda":
         if pin_memory:
             return CudaStager(device)
-        return _PlainCudaStager(device)
-    return CpuStager(pin_memory)
+        return _PlainCudaStager(device, pool_limit)
+    return CpuStager(pin_memory, pool_limit)
 
 
 class _PlainCudaStager(CpuStager):
     """``pin_memory=False`` on CUDA: a synchronous copy from pageable memory. Slower; for comparison."""
 
-    def __init__(self, device: torch.device) -> None:
-        super().__init__(pin_memory=False)
+    def __init__(self, device: torch.device, pool_limit: int) -> None:
+        super().__init__(pin_memory=False, pool_limit=pool_limit)
         self.device = device
 
     def stage(self, delivery: Delivery) -> None:
-        delivery.tree = map_arrays(delivery.tree, lambda a: torch.from_numpy(a).to(self.device))
+        delivery.tree = map_arrays(delivery.tree, lambda a: torch.from_numpy(self._array(a)).to(self.device))
         delivery.frames = []
 
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from common import protocol
 from common.codec import encode_tree
+from common.constants import FRAME_CHUNK_BYTES
 from common.waker import Waker
 
 from .buffers import BufferPool
@@ -57,6 +58,7 @@ class Outcome:
     frames: list[Any] = field(default_factory=list)  # header first, then array frames
     failed: bool = False
     buffer: Any = None  # a pooled batch buffer to give back once ZeroMQ has sent it
+    buffer_frames: int = 0  # how many frames after the header are views of `buffer`
 
 
 def _load(dataset: Any, index: int) -> Any:
@@ -117,7 +119,7 @@ class Batcher:
             return self._fail(job, errors)
         try:
             tree = collate(samples)
-            spec, array_frames = encode_tree(tree)
+            spec, array_frames = encode_tree(tree, chunk_bytes=FRAME_CHUNK_BYTES)
         except Exception as exc:
             return self._fail(job, [_error_record(job.indices[0], exc)])
         header = protocol.pack(
@@ -144,11 +146,11 @@ class Batcher:
             self.pool.release(buffer)
         else:
             array, pooled = buffer, buffer
-        spec, array_frames = encode_tree([array, np.asarray(labels, dtype=np.int64)])
+        spec, array_frames = encode_tree([array, np.asarray(labels, dtype=np.int64)], chunk_bytes=FRAME_CHUNK_BYTES)
         header = protocol.pack(
             protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq, tree=spec, errors=errors
         )
-        return Outcome(job, [header, *array_frames], buffer=pooled)
+        return Outcome(job, [header, *array_frames], buffer=pooled, buffer_frames=len(array_frames) - 1)
 
     @staticmethod
     def _fail(job: Job, errors: list[dict[str, Any]]) -> Outcome:

@@ -262,11 +262,13 @@ class Producer:
             conn.pending -= 1
             frames, tracker = outcome.frames, None
             if outcome.buffer is not None:
-                # track the pooled buffer's own frame: send_multipart(track=True) would only track the
+                # track the pooled buffer's own frames: send_multipart(track=True) would only track the
                 # last part, a small label frame that pyzmq copies, so its tracker says nothing
-                frame = zmq.Frame(frames[1], copy=False, track=True)
-                frames, tracker = [frames[0], frame, *frames[2:]], frame.tracker
-                del frame  # the tracker completes only once no Python Frame refers to the message
+                k = outcome.buffer_frames
+                own = [zmq.Frame(f, copy=False, track=True) for f in frames[1 : 1 + k]]
+                tracker = zmq.MessageTracker(*[f.tracker for f in own])
+                frames = [frames[0], *own, *frames[1 + k :]]
+                del own  # a tracker completes only once no Python Frame refers to its message
             sent = self._send(conn, frames)
             del frames
             self._release(outcome, tracker if sent else None)

@@ -99,3 +99,28 @@ def test_decode_bounds_depth_and_leaf_count():
 
 def test_allow_list_has_no_object_or_big_endian():
     assert "|O" not in ALLOWED_DTYPES and not any(d.startswith(">") for d in ALLOWED_DTYPES)
+
+
+def test_large_leaves_travel_in_bounded_frames_and_reassemble():
+    from common.codec import Chunked
+
+    array = np.arange(10_000, dtype=np.float32).reshape(100, 100)
+    spec, frames = encode_tree({"x": array, "y": np.arange(3)}, chunk_bytes=4096)
+    assert len(frames) == 11 and all(len(f) <= 4096 for f in frames)
+    out = decode_tree(spec, [bytearray(f) for f in frames])
+    assert isinstance(out["x"], Chunked) and out["x"].nbytes == array.nbytes
+    np.testing.assert_array_equal(out["x"].assemble_into(np.empty(array.nbytes, np.uint8)), array)
+    np.testing.assert_array_equal(out["y"], np.arange(3))
+
+
+@pytest.mark.parametrize("n, reason", [(0, "frame count"), (True, "frame count"), (99, "out of range")])
+def test_chunk_counts_are_validated(n, reason):
+    spec = {"t": "a", "d": "<f4", "s": [2], "f": 0, "n": n}
+    with pytest.raises(ProtocolError, match=reason):
+        decode_tree(spec, [b"x" * 4, b"y" * 4])
+
+
+def test_chunked_sizes_must_add_up():
+    spec = {"t": "a", "d": "<f4", "s": [3], "f": 0, "n": 2}
+    with pytest.raises(ProtocolError, match="!= frame"):
+        decode_tree(spec, [b"x" * 4, b"y" * 4])
