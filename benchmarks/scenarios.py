@@ -157,8 +157,38 @@ def seed_workload(report: Report, sizes: Sizes, transport_gbps: float | None) ->
                                 "ferry MB/s": f"{figs['ferry'].median * sample_mb:.0f}"},
                                ratio=r, target="≥ 1.5 at P=2" if p == 2 else "", met=(r >= 1.5) if p == 2 else None,
                                note=bound, raw={k: v.values for k, v in figs.items()}))
+            packed_vs_files(report, sizes, dataset, root, dtype)
         finally:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def packed_vs_files(report: Report, sizes: Sizes, dataset: NpyFolderDataset, root: str, dtype: str) -> None:
+    """Ferry on packed shards against Ferry on per-file .npy, P=2."""
+    from common.packed import pack
+
+    packed_root = root + "-packed"
+    try:
+        pack(dataset, packed_root)
+        loaders = {
+            "packed": RemoteLoader(dataset="packed", dataset_args={"root": packed_root}, local_producers=2,
+                                   batch_size=32, shuffle=True, timeout=120),
+            "npy files": RemoteLoader(dataset="npy-folder", dataset_args={"root": root}, local_producers=2,
+                                      batch_size=32, shuffle=True, timeout=120),
+        }
+        try:
+            for loader in loaders.values():
+                wait_producers(loader, 2)
+                epoch_rate(loader, 32)
+            figs = alternate({k: (lambda l=l: epoch_rate(l, 32)) for k, l in loaders.items()}, sizes.repeats)
+        finally:
+            for loader in loaders.values():
+                loader.close()
+        report.add(Row("1 seed workload", f"{dtype}: Ferry packed shards vs per-file .npy, P=2",
+                       {"packed samples/s": figs["packed"].text(), "npy files samples/s": figs["npy files"].text()},
+                       note=f"packed / files = {ratio(figs['packed'], figs['npy files']):.2f}",
+                       raw={k: v.values for k, v in figs.items()}))
+    finally:
+        shutil.rmtree(packed_root, ignore_errors=True)
 
 
 # --- 2. slow storage ---------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 A *spec* names a map-style dataset (``__len__`` + ``__getitem__``) that a producer builds for itself:
 
-* a built-in name: ``synthetic`` or ``npy-folder`` (see :data:`BUILTINS`);
+* a built-in name: ``synthetic``, ``npy-folder`` or ``packed`` (see :data:`BUILTINS`);
 * ``package.module:callable``: a class or factory, called with the spec's keyword arguments.
 
 ``--dataset-arg key=value`` values are parsed as JSON when they parse, else taken as strings.
@@ -190,10 +190,17 @@ class NpyFolderDataset:
         return label
 
 
+def _packed(root: str) -> Any:
+    from .packed import PackedDataset
+
+    return PackedDataset(root)
+
+
 #: Built-in dataset names and their factories.
 BUILTINS: dict[str, Callable[..., Any]] = {
     "synthetic": SyntheticDataset,
     "npy-folder": NpyFolderDataset,
+    "packed": _packed,
 }
 
 

@@ -16,6 +16,7 @@ subcommand examples:
   ferry produce --connect tcp://trainer:5555 --dataset npy-folder --dataset-arg root=/data
   ferry produce --help                          # every producer flag, with examples
   ferry keys ./keys                             # CURVE keys: server + one authorized producer
+  ferry pack /data/train /data/train-packed     # fixed-size records: one read per sample
 
 In a training script:
   from consumer import RemoteLoader
@@ -47,6 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("directory", help="folder for the keys (created if missing)")
     keys.add_argument("--producer", action="append", default=None, metavar="NAME",
                       help="producer key pair to create and authorize; repeatable (default: one named 'producer')")
+    pack = sub.add_parser("pack", help="convert an npy-folder dataset into packed shards (one read per sample)",
+                          formatter_class=argparse.RawDescriptionHelpFormatter,
+                          epilog="example:\n  ferry pack /data/train /data/train-packed\n"
+                                 "  python -m producer --connect tcp://trainer:5555 --dataset packed "
+                                 "--dataset-arg root=/data/train-packed")
+    pack.add_argument("source", help="the npy-folder root (class subfolders of .npy files)")
+    pack.add_argument("out", help="folder for the shards and index.json")
+    pack.add_argument("--shard-mib", type=int, default=1024, help="shard size in MiB (default 1024)")
     from .demo import add_arguments
 
     demo = sub.add_parser("demo", help="generate a small 13-channel dataset, start 2 local producers and "
@@ -65,6 +74,24 @@ def main(argv: list[str] | None = None) -> int:
         return produce(argv[1:], prog="ferry produce")
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        return _run(parser, args)
+    except (ValueError, OSError) as exc:  # configuration and data errors: one line, no traceback
+        print(f"ferry {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.command == "pack":
+        from common.datasets import NpyFolderDataset
+        from common.packed import pack as write_packed
+
+        source = NpyFolderDataset(args.source)
+        index = write_packed(source, args.out, shard_bytes=args.shard_mib << 20, classes=source.classes,
+                             progress=lambda i, n: print(f"  {i}/{n} samples", flush=True))
+        print(f"packed {len(source)} samples of {index['dtype']}{index['shape']} into {len(index['shards'])} "
+              f"shard(s) in {args.out}; serve it with --dataset packed --dataset-arg root={args.out}")
+        return 0
     if args.command == "keys":
         from common.security import generate_keys
 

@@ -52,7 +52,7 @@ def build_parser(prog: str = "python -m producer") -> argparse.ArgumentParser:
                         help="consumer endpoint, tcp://HOST:PORT, tcp://HOST:PORT-PORT (a range of ranks) or "
                              "ipc://PATH; repeat for several consumers [env FERRY_CONNECT]")
     parser.add_argument("--dataset", default=env("FERRY_DATASET"), metavar="SPEC",
-                        help="a built-in dataset (synthetic, npy-folder) or package.module:callable that "
+                        help="a built-in dataset (synthetic, npy-folder, packed) or package.module:callable that "
                              "returns a map-style dataset [env FERRY_DATASET]")
     parser.add_argument("--dataset-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="keyword argument for the dataset; VALUE is parsed as JSON when it parses, "
