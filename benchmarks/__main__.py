@@ -29,17 +29,24 @@ def main(argv: list[str] | None = None) -> int:
     report.notes.append("warm page cache (datasets are written just before they are read)")
     started = time.monotonic()
     print(f"ferry benchmarks ({name}): scenarios {sorted(only)}", flush=True)
-    transport = ingest(report, sizes) if 4 in only else None
-    if 1 in only:
-        seed_workload(report, sizes, transport)
-    if 2 in only:
-        slow_storage(report, sizes)
-    if 3 in only:
-        scale_out(report, sizes)
-    if 5 in only:
-        stall(report, sizes)
-    if 6 in only:
-        first_batch(report, sizes)
+    transport = None
+
+    def timed(number: int, run) -> None:
+        nonlocal transport
+        if number not in only:
+            return
+        began = time.monotonic()
+        result = run()
+        if number == 4:
+            transport = result
+        report.notes.append(f"scenario {number} took {time.monotonic() - began:.0f} s")
+
+    timed(4, lambda: ingest(report, sizes))
+    timed(1, lambda: seed_workload(report, sizes, transport))
+    timed(2, lambda: slow_storage(report, sizes))
+    timed(3, lambda: scale_out(report, sizes))
+    timed(5, lambda: stall(report, sizes))
+    timed(6, lambda: first_batch(report, sizes))
     path = report.save(args.out)
     print(f"\n{report.markdown()}\n")
     for note in report.notes:

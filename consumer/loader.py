@@ -109,6 +109,8 @@ class RemoteLoader:
         curve_secret_key: the consumer's CURVE key pair (``server.key_secret`` from ``ferry keys``).
             Turns on CURVE: traffic is encrypted and only authorized producers are let in.
         curve_authorized_keys: the folder of authorized producer public keys (``.key`` files).
+        log_every: seconds between one-line progress logs (logger ``ferry.consumer``, INFO); None: never.
+            At the end of an epoch with more than 10 % stall, the diagnosis is logged at WARNING. [Unit: second]
 
     Raises:
         ConfigError: an invalid option, or the endpoint cannot be bound (e.g. the port is in use).
@@ -146,6 +148,7 @@ class RemoteLoader:
         mp_context: str | None = None,
         curve_secret_key: str | None = None,
         curve_authorized_keys: str | None = None,
+        log_every: float | None = 60.0,
     ) -> None:
         self._closed = True  # until fully built, so that close() on a half-built loader is safe
         if batch_sampler is not None:
@@ -206,6 +209,11 @@ class RemoteLoader:
         self.pin_memory = bool(pin_memory)
         self.device_transform = device_transform
         self.on_error = on_error
+        self.log_every = log_every
+        self._last_log = time.monotonic()
+        self._epoch_waits = {"waits": 0, "window_full": 0, "idle": 0}
+        self._epoch_start_counts: dict[str, int] = {}
+        self._last_diagnosis: str | None = None
 
         fingerprint = None
         if dataset is not None and not isinstance(dataset, str):
@@ -317,10 +325,15 @@ class RemoteLoader:
     # --- waiting for a batch (training thread) -------------------------------------------------------
     def _next_delivery(self, run: int) -> Delivery | None:
         """The next item of ``run``; None at its end. Every wait is bounded."""
+        waited = False
         while True:
             try:
-                item = self._staged.get(timeout=POLL_SLICE_S)
+                item = self._staged.get(block=waited, timeout=POLL_SLICE_S) if waited else self._staged.get_nowait()
             except queue.Empty:
+                if not waited:
+                    waited = True
+                    self._note_wait()
+                    continue
                 self._check_health()
                 continue
             if is_eof(item):
@@ -354,6 +367,47 @@ class RemoteLoader:
             f"{', '.join(self.endpoints)} and has seen {seen} producer(s) in all. Start one with: "
             f"python -m producer --connect tcp://<this-host>:<port> --dataset <spec>"
         )
+
+    def _note_wait(self) -> None:
+        """Called when __next__ finds nothing staged: was the window full, or were producers idle?"""
+        io = self._io.snapshot()
+        self._epoch_waits["waits"] += 1
+        if io["buffered"] + io["in_flight"] >= self.buffer_batches:
+            self._epoch_waits["window_full"] += 1
+        elif any(p["in_flight"] < p["slots"] for p in io["per_producer"].values()) and io["queued"] == 0:
+            pass  # nothing left to issue: the end of the epoch, not idleness
+        elif any(p["in_flight"] < p["slots"] for p in io["per_producer"].values()):
+            self._epoch_waits["idle"] += 1
+
+    def _epoch_started(self) -> None:
+        self._epoch_waits = {"waits": 0, "window_full": 0, "idle": 0}
+        self._epoch_start_counts = {n: p["batches"] for n, p in self._io.snapshot()["per_producer"].items()}
+
+    def diagnosis(self) -> str:
+        """What bounds the current (or last) epoch: the producers, the window, or the transport/consumer,
+        and about how many producers would remove the stall. See :mod:`consumer.diagnosis`."""
+        from .diagnosis import EpochFigures, diagnose
+
+        c = self._counters
+        snap = self._io.snapshot()
+        by_producer = {n: p["batches"] - self._epoch_start_counts.get(n, 0) for n, p in snap["per_producer"].items()}
+        active = self._active
+        return diagnose(EpochFigures(
+            batches=active.yielded if active is not None else 0, wait_s=c.epoch_wait_s, active_s=c.epoch_active_s,
+            producers=snap["producers"], batches_by_producer=by_producer,
+            window_full_waits=self._epoch_waits["window_full"], idle_waits=self._epoch_waits["idle"],
+            waits=self._epoch_waits["waits"],
+        ))
+
+    def _maybe_log(self, now: float, epoch: int, done: int, total: int) -> None:
+        if self.log_every is None or now - self._last_log < self.log_every:
+            return
+        self._last_log = now
+        s = self.stats()
+        log.info("ferry: epoch %d batch %d/%d | %.0f MB/s | stall %.1f %% | producers %d | buffered %d + in flight "
+                 "%d of %d | re-issued %d, duplicates %d, invalid %d", epoch, done, total, s["mb_per_s"],
+                 100 * s["epoch_stall_fraction"], s["producers"], s["buffered"], s["in_flight"], self.buffer_batches,
+                 s["reissued"], s["duplicates"], s["invalid_messages"])
 
     def _deliver(self, item: Delivery) -> Any:
         self._buffer.release(item.run)
@@ -506,6 +560,7 @@ class _EpochIterator:
         if self._started is None:
             self._started = began
             counters.epoch_wait_s = counters.epoch_active_s = 0.0
+            loader._epoch_started()
         try:
             item = loader._next_delivery(self.run)
         finally:
@@ -516,12 +571,17 @@ class _EpochIterator:
             self.finished = True
             loader._epoch = self.epoch + 1
             self._account(now)
+            if counters.epoch_active_s > 0 and counters.epoch_wait_s / counters.epoch_active_s > 0.10:
+                loader._last_diagnosis = loader.diagnosis()
+                log.warning("ferry: epoch %d: %s", self.epoch, loader._last_diagnosis)
             raise StopIteration
         self.yielded += 1  # this position is consumed, even when it raises
         try:
             return loader._deliver(item)  # raises RemoteSampleError in place of a failed batch
         finally:
-            self._account(time.monotonic())
+            done = time.monotonic()
+            self._account(done)
+            loader._maybe_log(done, self.epoch, self.first_seq + self.yielded, self.first_seq + self.total)
 
     def _account(self, now: float) -> None:
         counters = self._loader._counters
