@@ -42,7 +42,7 @@ class Sizes:
 SIZES = {
     "full": Sizes(5, 256, (13, 299, 299), 2048, (1, 2, 4, 8, 16), 100, (1, 16, 64), 4096, (1, 4, 8, 12, 16, 20, 22, 24),
                   200, 0.010),
-    "quick": Sizes(3, 128, (13, 299, 299), 768, (1, 2, 4, 8, 16), 40, (1, 16, 64), 1536, (1, 16, 22, 24), 100, 0.010),
+    "quick": Sizes(3, 128, (13, 299, 299), 384, (1, 2, 4, 8, 16), 40, (1, 16, 64), 1024, (1, 16, 22, 24), 60, 0.010),
     "tiny": Sizes(3, 64, (3, 16, 16), 64, (1, 2), 10, (1,), 16, (1, 2), 10, 0.005),
 }
 
@@ -206,7 +206,7 @@ def slow_storage(report: Report, sizes: Sizes) -> None:
         dl = DataLoader(dataset, batch_size=32, num_workers=p, persistent_workers=True)
         try:
             wait_producers(loader, p)
-            epoch_rate(loader, 32), epoch_rate(dl, 32)
+            epoch_rate(loader, 32, 1), epoch_rate(dl, 32, 1)
             figs = alternate({"ferry": lambda: epoch_rate(loader, 32), "dataloader": lambda: epoch_rate(dl, 32)},
                              sizes.repeats)
         finally:

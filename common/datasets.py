@@ -2,7 +2,7 @@
 
 A *spec* names a map-style dataset (``__len__`` + ``__getitem__``) that a producer builds for itself:
 
-* a built-in name: ``synthetic``, ``npy-folder`` or ``packed`` (see :data:`BUILTINS`);
+* a built-in name: ``synthetic``, ``npy-folder``, ``image-folder`` or ``packed`` (see :data:`BUILTINS`);
 * ``package.module:callable``: a class or factory, called with the spec's keyword arguments.
 
 ``--dataset-arg key=value`` values are parsed as JSON when they parse, else taken as strings.
@@ -190,6 +190,12 @@ class NpyFolderDataset:
         return label
 
 
+def _image_folder(root: str) -> Any:
+    from .images import ImageFolderDataset
+
+    return ImageFolderDataset(root)
+
+
 def _packed(root: str) -> Any:
     from .packed import PackedDataset
 
@@ -201,6 +207,7 @@ BUILTINS: dict[str, Callable[..., Any]] = {
     "synthetic": SyntheticDataset,
     "npy-folder": NpyFolderDataset,
     "packed": _packed,
+    "image-folder": _image_folder,
 }
 
 
@@ -244,6 +251,39 @@ def resolve_dataset(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
         raise DatasetSpecError(f"dataset spec {spec!r} returned {type(dataset).__name__}, not a map-style dataset")
     return dataset
+
+
+class Transformed:
+    """A dataset whose samples pass through ``transform`` (a producer-side, per-sample hook)."""
+
+    def __init__(self, dataset: Any, transform: Any, spec: str) -> None:
+        self.dataset, self.transform, self.spec = dataset, transform, spec
+        self.fingerprint = f"{dataset_fingerprint(dataset)}|transform={spec}"
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.transform(self.dataset[index])
+
+
+def resolve_callable(spec: str, what: str = "transform") -> Any:
+    """``package.module:callable`` -> the callable, with errors that name the spec."""
+    module_name, sep, attr_path = spec.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise DatasetSpecError(f"{what} {spec!r} must look like 'package.module:callable'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise DatasetSpecError(f"{what} {spec!r}: cannot import module {module_name!r}: {exc}") from exc
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise DatasetSpecError(f"{what} {spec!r}: {module_name!r} has no attribute {attr_path!r}") from None
+    if not callable(obj):
+        raise DatasetSpecError(f"{what} {spec!r} is not callable")
+    return obj
 
 
 def parse_dataset_args(pairs: Iterable[str]) -> dict[str, Any]:

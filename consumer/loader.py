@@ -98,6 +98,7 @@ class RemoteLoader:
         dataset: for local mode, a dataset object or a spec string (see ``common.datasets``).
         dataset_args: keyword arguments of a dataset spec.
         producer_threads, producer_slots: for local producers.
+        producer_transform: ``package.module:callable`` that local producers apply to every sample.
         on_error: ``"raise"`` (RemoteSampleError in the loop) or ``"skip"`` (drop the failed samples).
         heartbeat: seconds between PINGs. [Unit: second]
         liveness: heartbeats of silence after which a producer is lost.
@@ -149,6 +150,7 @@ class RemoteLoader:
         curve_secret_key: str | None = None,
         curve_authorized_keys: str | None = None,
         log_every: float | None = 60.0,
+        producer_transform: str | None = None,
     ) -> None:
         self._closed = True  # until fully built, so that close() on a half-built loader is safe
         if batch_sampler is not None:
@@ -246,6 +248,7 @@ class RemoteLoader:
                 self._local = LocalProducers(
                     local_producers, dataset, dataset_args=dataset_args, threads=producer_threads,
                     slots=producer_slots, heartbeat=heartbeat, liveness=liveness, mp_context=mp_context,
+                    transform=producer_transform,
                 )
                 endpoints.append(self._local.endpoint)
             if not endpoints:

@@ -73,7 +73,8 @@ class LocalProducers:
     """N producer processes on this machine; see the module docstring."""
 
     def __init__(self, count: int, dataset: Any, *, dataset_args: dict[str, Any] | None, threads: int, slots: int,
-                 heartbeat: float, liveness: int, mp_context: str | None) -> None:
+                 heartbeat: float, liveness: int, mp_context: str | None, transform: str | None = None) -> None:
+        self.transform = transform
         self.folder = tempfile.mkdtemp(prefix="ferry-")
         self.endpoint = f"ipc://{self.folder}/consumer.sock"
         self.children: list[_Child] = []
@@ -87,7 +88,7 @@ class LocalProducers:
 
                 config = ProducerConfig(
                     endpoints=(self.endpoint,), dataset=type(dataset).__qualname__, threads=threads, slots=slots,
-                    heartbeat=heartbeat, liveness=liveness, exit_with_parent=True,
+                    heartbeat=heartbeat, liveness=liveness, exit_with_parent=True, transform=transform,
                 )
                 ctx = multiprocessing.get_context(mp_context or ("fork" if sys.platform == "linux" else "spawn"))
                 for _ in range(count):
@@ -107,6 +108,8 @@ class LocalProducers:
         command = [sys.executable, "-m", "producer", "--connect", self.endpoint, "--dataset", spec,
                    "--threads", str(threads), "--slots", str(slots), "--heartbeat", str(heartbeat),
                    "--liveness", str(liveness), "--log-level", os.environ.get("FERRY_LOG_LEVEL", "WARNING")]
+        if self.transform:
+            command += ["--transform", self.transform]
         return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
 
     @property

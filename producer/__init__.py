@@ -38,6 +38,10 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
         _die_with_parent()
     if dataset is None:
         dataset = resolve_dataset(config.dataset, config.dataset_args)
+    if config.transform:
+        from common.datasets import Transformed, resolve_callable
+
+        dataset = Transformed(dataset, resolve_callable(config.transform), config.transform)
     producer = Producer(config, dataset)
     if threading.current_thread() is threading.main_thread():
         install_signal_handlers(producer)

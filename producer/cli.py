@@ -52,11 +52,14 @@ def build_parser(prog: str = "python -m producer") -> argparse.ArgumentParser:
                         help="consumer endpoint, tcp://HOST:PORT, tcp://HOST:PORT-PORT (a range of ranks) or "
                              "ipc://PATH; repeat for several consumers [env FERRY_CONNECT]")
     parser.add_argument("--dataset", default=env("FERRY_DATASET"), metavar="SPEC",
-                        help="a built-in dataset (synthetic, npy-folder, packed) or package.module:callable that "
+                        help="a built-in dataset (synthetic, npy-folder, image-folder, packed) or package.module:callable that "
                              "returns a map-style dataset [env FERRY_DATASET]")
     parser.add_argument("--dataset-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="keyword argument for the dataset; VALUE is parsed as JSON when it parses, "
                              "else taken as a string; repeatable [env FERRY_DATASET_ARGS, a JSON object]")
+    parser.add_argument("--transform", default=env("FERRY_TRANSFORM"), metavar="CALLABLE",
+                        help="package.module:callable applied to every sample before collation, e.g. a crop "
+                             "or a normalisation [env FERRY_TRANSFORM]")
     parser.add_argument("--threads", type=int, default=int(env("FERRY_THREADS", DEFAULT_THREADS)),
                         help=f"loader threads; the samples of a batch load concurrently (default {DEFAULT_THREADS})")
     parser.add_argument("--slots", type=int, default=int(env("FERRY_SLOTS", DEFAULT_SLOTS)),
@@ -108,6 +111,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m producer") -> int
             endpoints=tuple(endpoints), dataset=args.dataset, dataset_args=dataset_args, threads=args.threads,
             slots=args.slots, heartbeat=args.heartbeat, liveness=args.liveness,
             exit_with_parent=os.environ.get("FERRY_EXIT_WITH_PARENT") == "1", curve=curve,
+            transform=args.transform,
         )
         return serve(config)
     except (FerryError, ValueError) as exc:

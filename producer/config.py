@@ -58,6 +58,8 @@ class ProducerConfig:
         unreachable_warning_s: warn once when no consumer answered for this long. [Unit: second]
         exit_with_parent: die with the parent process (local mode).
         curve: CURVE client keys, or None for plaintext.
+        transform: ``package.module:callable`` applied to every sample on the producer (disables the
+            built-in datasets' read-into-batch fast path, since samples must exist as objects).
     """
 
     endpoints: tuple[str, ...]
@@ -71,6 +73,7 @@ class ProducerConfig:
     exit_with_parent: bool = False
     curve: Any = None
     dataset_label: str = ""
+    transform: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoints", expand_endpoints(list(self.endpoints)))
