@@ -15,15 +15,32 @@ import time
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--samples", type=int, default=512, help="samples in the dataset (default 512)")
-    parser.add_argument("--size", type=int, default=64, help="tile height and width (default 64)")
+    env = os.environ.get
+    parser.add_argument("--samples", type=int, default=int(env("FERRY_SAMPLES", 512)),
+                        help="samples in the dataset (default 512) [env FERRY_SAMPLES]")
+    parser.add_argument("--size", type=int, default=int(env("FERRY_SIZE", 64)), help="tile height and width (default 64)")
     parser.add_argument("--channels", type=int, default=13, help="channels per tile (default 13)")
-    parser.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
-    parser.add_argument("--producers", type=int, default=2, help="local producer processes (default 2)")
+    parser.add_argument("--batch-size", type=int, default=int(env("FERRY_BATCH_SIZE", 32)),
+                        help="batch size (default 32) [env FERRY_BATCH_SIZE]")
+    parser.add_argument("--producers", type=int, default=int(env("FERRY_PRODUCERS", 2)),
+                        help="local producer processes (default 2); 0 trains on remote producers that connect "
+                             "to --endpoint [env FERRY_PRODUCERS]")
+    parser.add_argument("--endpoint", default=env("FERRY_ENDPOINT"),
+                        help="bind the consumer here too, e.g. tcp://*:5555, so that remote producers can join "
+                             "[env FERRY_ENDPOINT]")
+    parser.add_argument("--min-producers", type=int, default=int(env("FERRY_MIN_PRODUCERS", 0)),
+                        help="wait (up to --timeout) until this many producers have joined before training "
+                             "[env FERRY_MIN_PRODUCERS]")
     parser.add_argument("--threads", type=int, default=4, help="loader threads per producer (default 4)")
-    parser.add_argument("--epochs", type=int, default=1, help="epochs to train (default 1)")
-    parser.add_argument("--data-dir", default=None,
-                        help="where to write the dataset (default: a temporary folder, removed afterwards)")
+    parser.add_argument("--epochs", type=int, default=int(env("FERRY_EPOCHS", 1)),
+                        help="epochs to train (default 1) [env FERRY_EPOCHS]")
+    parser.add_argument("--data-dir", default=env("FERRY_DATA_DIR"),
+                        help="where the dataset lives; generated there if the folder is empty (default: a "
+                             "temporary folder, removed afterwards) [env FERRY_DATA_DIR]")
+    parser.add_argument("--data-only", action="store_true",
+                        help="only generate the dataset into --data-dir, then exit (the compose data service)")
+    parser.add_argument("--timeout", type=float, default=float(env("FERRY_TIMEOUT", 120)),
+                        help="seconds to wait for producers (default 120) [env FERRY_TIMEOUT]")
     parser.add_argument("--seed", type=int, default=0, help="shuffle and data seed (default 0)")
 
 
@@ -50,30 +67,61 @@ def build_model(channels: int):
     )
 
 
+def ensure_dataset(root: str, args: argparse.Namespace) -> None:
+    """Generate the demo dataset into ``root`` unless it is already there (a shared volume, say)."""
+    marker = os.path.join(root, ".ferry-demo-complete")
+    if os.path.exists(marker):
+        print(f"ferry demo: using the dataset in {root}", flush=True)
+        return
+    started = time.monotonic()
+    make_dataset(root, samples=args.samples, channels=args.channels, size=args.size, seed=args.seed)
+    open(marker, "w").close()
+    mb = args.samples * args.channels * args.size * args.size * 4 / 1e6
+    print(f"ferry demo: wrote {args.samples} tiles of {args.channels}x{args.size}x{args.size} float32 "
+          f"({mb:.0f} MB) to {root} in {time.monotonic() - started:.1f} s", flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
+    import signal
+
+    if args.data_only:
+        if not args.data_dir:
+            raise ValueError("--data-only needs --data-dir")
+        ensure_dataset(args.data_dir, args)
+        return 0
 
     import torch
 
     from consumer import RemoteLoader
 
+    def stop(signum, frame):  # docker compose down: close the loader (BYE to producers), exit cleanly
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
     torch.manual_seed(args.seed)
     root = args.data_dir or tempfile.mkdtemp(prefix="ferry-demo-")
     try:
-        started = time.monotonic()
-        make_dataset(root, samples=args.samples, channels=args.channels, size=args.size, seed=args.seed)
-        mb = args.samples * args.channels * args.size * args.size * 4 / 1e6
-        print(f"ferry demo: wrote {args.samples} tiles of {args.channels}x{args.size}x{args.size} float32 "
-              f"({mb:.0f} MB) to {root} in {time.monotonic() - started:.1f} s")
+        if args.producers:
+            ensure_dataset(root, args)
         model = build_model(args.channels)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         loss_fn = torch.nn.BCEWithLogitsLoss()
-        with RemoteLoader(dataset="npy-folder", dataset_args={"root": root}, local_producers=args.producers,
-                          producer_threads=args.threads, batch_size=args.batch_size, shuffle=True,
-                          seed=args.seed) as loader:
-            print(f"ferry demo: {args.producers} local producers, {len(loader)} batches of {args.batch_size} "
-                  "per epoch")
+        where = {} if args.endpoint is None else {"endpoint": args.endpoint}
+        local = {"dataset": "npy-folder", "dataset_args": {"root": root}, "local_producers": args.producers,
+                 "producer_threads": args.threads} if args.producers else {}
+        with RemoteLoader(**where, **local, batch_size=args.batch_size, shuffle=True, seed=args.seed,
+                          timeout=args.timeout) as loader:
+            if args.min_producers:
+                deadline = time.monotonic() + args.timeout
+                while loader.stats()["producers"] < args.min_producers:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"only {loader.stats()['producers']} of {args.min_producers} producers "
+                                           f"joined within {args.timeout:g} s")
+                    time.sleep(0.05)
+            source = f"{args.producers} local producers" if args.producers else f"remote producers at {args.endpoint}"
+            print(f"ferry demo: {source}, {len(loader)} batches of {args.batch_size} per epoch", flush=True)
             for epoch in range(args.epochs):
                 loader.set_epoch(epoch)
                 before = loader.stats()
@@ -92,10 +140,13 @@ def run(args: argparse.Namespace) -> int:
                 moved = (after["bytes"] - before["bytes"]) / 1e6
                 print(f"epoch {epoch}: {samples} samples in {active:.2f} s = {samples / active:.0f} samples/s, "
                       f"{moved / active:.0f} MB/s; data stall {100 * after['epoch_stall_fraction']:.1f} %; "
-                      f"loss {loss_sum / samples:.4f}, accuracy {correct / samples:.2%}")
+                      f"loss {loss_sum / samples:.4f}, accuracy {correct / samples:.2%}", flush=True)
             stats = loader.stats()
-            print(f"ferry demo: done. producers {stats['producers']}, re-issued {stats['reissued']}, "
-                  f"invalid messages {stats['invalid_messages']}")
+            print(f"ferry demo: done. {stats['batches']} batches from {stats['producers_seen']} producer(s), "
+                  f"re-issued {stats['reissued']}, invalid messages {stats['invalid_messages']}", flush=True)
+        return 0
+    except KeyboardInterrupt:
+        print("ferry demo: stopped", flush=True)
         return 0
     finally:
         if args.data_dir is None:

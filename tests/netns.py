@@ -56,3 +56,65 @@ def make_hosts(tag: str) -> Hosts:
     except (subprocess.CalledProcessError, FileNotFoundError) as exc:
         detail = getattr(exc, "stderr", b"") or b""
         pytest.skip(f"cannot create network namespaces here: {exc} {detail.decode(errors='replace').strip()}")
+
+
+class Network:
+    """Several namespaces (one per host name) on one bridge, each resolving the others by name.
+
+    Each host gets ``/etc/netns/<ns>/hosts``, which ``ip netns exec`` mounts over /etc/hosts, so
+    ``tcp://trainer:5555`` resolves inside every namespace as it would in a compose network.
+    """
+
+    def __init__(self, hosts: list[str], tag: str = "net") -> None:
+        pid = os.getpid()
+        self.hub = f"ferry-{tag}-{pid}"
+        self.ns = {h: f"ferry-{pid}-{h}" for h in hosts}
+        self.addr = {h: f"10.232.{pid % 200 + 20}.{i + 10}" for i, h in enumerate(hosts)}
+        self.made: list[str] = []
+        self.etc: list[str] = []
+        try:
+            _ip("netns", "add", self.hub)
+            self.made.append(self.hub)
+            _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
+            _ip("-n", self.hub, "link", "set", "br0", "up")
+            hosts_file = "127.0.0.1 localhost\n" + "".join(f"{a} {h}\n" for h, a in self.addr.items())
+            for i, (host, ns) in enumerate(self.ns.items()):
+                _ip("netns", "add", ns)
+                self.made.append(ns)
+                _ip("-n", ns, "link", "set", "lo", "up")
+                inner, outer = f"fi{pid % 1000}x{i}", f"fo{pid % 1000}x{i}"
+                _ip("link", "add", inner, "type", "veth", "peer", "name", outer)
+                _ip("link", "set", inner, "netns", ns)
+                _ip("link", "set", outer, "netns", self.hub)
+                _ip("-n", self.hub, "link", "set", outer, "master", "br0")
+                _ip("-n", self.hub, "link", "set", outer, "up")
+                _ip("-n", ns, "addr", "add", f"{self.addr[host]}/24", "dev", inner)
+                _ip("-n", ns, "link", "set", inner, "up")
+                folder = f"/etc/netns/{ns}"
+                os.makedirs(folder, exist_ok=True)
+                self.etc.append(folder)
+                with open(f"{folder}/hosts", "w") as f:
+                    f.write(hosts_file)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        import shutil
+
+        for ns in reversed(self.made):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+        self.made.clear()
+        for folder in self.etc:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.etc.clear()
+
+
+def make_network(hosts: list[str]) -> Network:
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    try:
+        return Network(hosts)
+    except (subprocess.CalledProcessError, FileNotFoundError, PermissionError) as exc:
+        detail = getattr(exc, "stderr", b"") or b""
+        pytest.skip(f"cannot create network namespaces here: {exc} {detail.decode(errors='replace').strip()}")
