@@ -26,7 +26,7 @@ import numpy as np
 from .constants import MAX_FRAMES, MAX_NDIM, MAX_TREE_DEPTH, MAX_TREE_LEAVES
 from .errors import ProtocolError
 
-__all__ = ["encode_tree", "decode_tree", "ALLOWED_DTYPES", "tree_nbytes", "Chunked"]
+__all__ = ["encode_tree", "decode_tree", "ALLOWED_DTYPES", "tree_nbytes", "tree_signature", "Chunked"]
 
 #: dtypes allowed on the wire, as numpy ``dtype.str`` (little-endian or byte-order free).
 ALLOWED_DTYPES = frozenset(
@@ -193,6 +193,31 @@ def _decode_array(node: dict, frames: Sequence[Any], used: list[bool], path: str
     if count > 1:
         return Chunked(np_dtype, tuple(shape), list(buffers))
     return np.frombuffer(buffers[0], dtype=np_dtype, count=elements).reshape(shape)
+
+
+def tree_signature(tree: Any, count: int, path: str = "batch") -> Any:
+    """The structure of a decoded batch, checked against the number of samples it should hold.
+
+    Returns a hashable description (containers, keys, dtypes; not shapes, which may differ between batches)
+    that must be the same for every batch of a dataset.
+
+    Raises:
+        ProtocolError: an array's leading dimension, or a list of strings' length, is not ``count``.
+    """
+    if isinstance(tree, (np.ndarray, Chunked)):
+        if len(tree.shape) == 0 or tree.shape[0] != count:
+            raise ProtocolError(f"{path} holds {tree.shape[0] if tree.shape else 'no'} samples, the task {count}")
+        return ("a", tree.dtype.str)
+    if isinstance(tree, dict):
+        return ("d", tuple((k, tree_signature(v, count, f"{path}[{k!r}]")) for k, v in tree.items()))
+    if isinstance(tree, (list, tuple)):
+        if tree and all(isinstance(v, (str, bytes)) for v in tree):  # collated strings: one per sample
+            if len(tree) != count:
+                raise ProtocolError(f"{path} holds {len(tree)} strings, the task {count} samples")
+            return ("s", type(tree[0]).__name__)
+        kind = "l" if isinstance(tree, list) else "t"
+        return (kind, tuple(tree_signature(v, count, f"{path}[{i}]") for i, v in enumerate(tree)))
+    return ("x", type(tree).__name__)
 
 
 def tree_nbytes(tree: Any) -> int:

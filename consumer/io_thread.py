@@ -30,7 +30,7 @@ from typing import Any
 import zmq
 
 from common import protocol
-from common.codec import decode_tree, tree_nbytes
+from common.codec import decode_tree, tree_nbytes, tree_signature
 from common.constants import MAX_TRACKED_PEERS, SOCKET_HWM
 from common.errors import ConfigError, ProtocolError, RemoteSampleError, VersionMismatch
 from common.waker import Waker
@@ -93,6 +93,7 @@ class IoThread:
         self._auth = config.curve.start_authenticator(self._ctx) if config.curve is not None else None
         self._sock = self._bind()
         self._plan: Any = None
+        self._signature: Any = None  # structure and dtypes of the first accepted batch
         self._epoch = 0
         self._first_name: str | None = None
         self._bad_peers: OrderedDict[bytes, float] = OrderedDict()  # peers logged / last REJECT sent
@@ -371,8 +372,15 @@ class IoThread:
             if (header["epoch"], header["seq"]) != (self._epoch, task.seq):
                 raise ProtocolError(f"BATCH for task {header['task']} names seq {header['seq']}, expected {task.seq}")
             tree = decode_tree(header["tree"], [f.buffer for f in data], max_bytes=self.config.max_batch_bytes)
-        except ProtocolError:
-            self.dispatcher.requeue(task)  # the producer thinks it answered: issue the seq elsewhere
+            self._check_structure(task, tree, header["errors"])
+        except ProtocolError as exc:
+            # it answered its own task with a batch we cannot use: broken or hostile. Re-issue the seq,
+            # and drop and reject the producer, or a peer with many free slots would take the seq back
+            # every time and stall the epoch.
+            self.dispatcher.requeue(task)
+            self._lose(info.peer, f"sent an unusable batch: {exc}")
+            self._send(info.peer, [protocol.pack(protocol.REJECT, permanent=True,
+                                                 reason=f"rejected: your batch for seq {task.seq} was unusable: {exc}")])
             raise
         nbytes = tree_nbytes(tree)
         info.batches += 1
@@ -383,6 +391,22 @@ class IoThread:
             self._count_skips(info, header["errors"])
         self.buffer.put(Delivery(run=task.run, seq=task.seq, tree=tree, nbytes=nbytes, producer=info.name,
                                  frames=data))
+
+    def _check_structure(self, task: Any, tree: Any, errors: list[dict[str, Any]]) -> None:
+        """A batch must hold exactly the samples its task asked for (less the ones reported failed), and
+        have the structure and dtypes of the first batch accepted. Values cannot be checked; a peer that
+        must not be trusted with them must not be let in (CURVE)."""
+        indices = self._plan.batch(task.seq)
+        if errors:
+            asked = set(indices)
+            stray = next((e["index"] for e in errors if e["index"] not in asked), None)
+            if stray is not None:
+                raise ProtocolError(f"BATCH reports sample {stray} failed, which task {task.task} did not ask for")
+        signature = tree_signature(tree, len(indices) - len(errors))
+        if self._signature is None:
+            self._signature = signature
+        elif signature != self._signature:
+            raise ProtocolError("BATCH structure or dtypes differ from the first batch of this dataset")
 
     def _fail(self, info: ProducerInfo, header: dict[str, Any], data: list[Any]) -> None:
         if data or not header["errors"]:

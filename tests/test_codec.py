@@ -124,3 +124,17 @@ def test_chunked_sizes_must_add_up():
     spec = {"t": "a", "d": "<f4", "s": [3], "f": 0, "n": 2}
     with pytest.raises(ProtocolError, match="!= frame"):
         decode_tree(spec, [b"x" * 4, b"y" * 4])
+
+
+def test_tree_signature_checks_sample_counts_and_ignores_trailing_shapes():
+    from common.codec import tree_signature
+
+    a = {"x": np.zeros((4, 3), np.float32), "names": ["a", "b", "c", "d"], "y": [np.zeros(4, np.int64)]}
+    b = {"x": np.zeros((4, 7), np.float32), "names": ["e", "f", "g", "h"], "y": [np.ones(4, np.int64)]}
+    assert tree_signature(a, 4) == tree_signature(b, 4)  # other trailing shapes: same dataset structure
+    assert tree_signature(a, 4) != tree_signature({**a, "x": np.zeros((4, 3), np.float64)}, 4)
+    with pytest.raises(ProtocolError, match="holds 4 samples, the task 5"):
+        tree_signature(a, 5)
+    with pytest.raises(ProtocolError, match="holds 3 strings"):
+        tree_signature({"names": ["a", "b", "c"]}, 4)
+    assert tree_signature(b"junk", 4) != tree_signature(a, 4)

@@ -274,3 +274,67 @@ def test_task_timeout_drops_a_producer_that_never_answers(endpoint, spawn):
             ctx.term()
         assert labels == [list(range(i, i + 4)) for i in range(0, 40, 4)]
         assert loader.stats()["reissued"] >= 1
+
+
+LIES = {
+    "wrong sample count": lambda n: [__import__("numpy").zeros((n - 1, 3, 4), "float32"),
+                                     __import__("numpy").zeros(n - 1, "int64")],
+    "bytes tree": lambda n: b"junk",
+    "wrong dtype": lambda n: [__import__("numpy").zeros((n, 3, 4), "float64"), __import__("numpy").zeros(n, "int64")],
+}
+
+
+@pytest.mark.parametrize("lie", sorted(LIES))
+def test_insider_with_well_formed_but_wrong_batches_never_reaches_the_loop(endpoint, spawn, lie):
+    """A registered peer answers its real tasks with valid-looking batches of the wrong structure. None is
+    delivered: the seq is re-issued to a real producer, and the liar is dropped and rejected for good (else,
+    holding the most free slots, it would take the same seq back every time and stall the epoch)."""
+    from common.codec import encode_tree
+
+    length = 60
+    with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, timeout=30) as loader:
+        spawn(endpoint, "tests.datasets:PairDataset", {"length": length})
+        wait_for(lambda: loader.stats()["producers"] == 1, 20, "the real producer")
+        it = iter(loader)
+        first = next(it)  # the structure of this dataset is now known
+        ctx = zmq.Context()
+        insider = ctx.socket(zmq.DEALER)
+        insider.setsockopt(zmq.LINGER, 0)
+        insider.connect(endpoint)
+        answered, rejections = 0, []
+        stop = threading.Event()
+
+        def serve() -> None:
+            nonlocal answered
+            while not stop.is_set():
+                if not insider.poll(50):
+                    continue
+                header = protocol.parse_header(insider.recv_multipart()[0])
+                if header["type"] == "REJECT":
+                    rejections.append(header)
+                if header["type"] != "TASK":
+                    continue
+                spec, frames = encode_tree(LIES[lie](len(header["indices"])))
+                insider.send_multipart([protocol.pack(protocol.BATCH, session=header["session"], task=header["task"],
+                                                      epoch=header["epoch"], seq=header["seq"], tree=spec, errors=[]),
+                                        *frames])
+                answered += 1
+
+        insider.send(protocol.pack(protocol.HELLO, producer="insider", nonce=1, host="h", pid=1, slots=4,
+                                   dataset={"spec": "x", "len": length,
+                                            "fingerprint": dataset_fingerprint(PairDataset(length))}))
+        worker = threading.Thread(target=serve)
+        worker.start()
+        try:
+            rest = [y.tolist() for _, y in it]
+            wait_for(lambda: rejections, 10, "the liar's permanent REJECT")
+        finally:
+            stop.set()
+            worker.join(10)
+            insider.close(0)
+            ctx.term()
+        stats = loader.stats()
+    assert [first[1].tolist()] + rest == [list(range(i, i + 4)) for i in range(0, length, 4)]
+    assert answered >= 1 and stats["invalid_messages"] >= 1 and stats["reissued"] >= 1
+    assert rejections[0]["permanent"] and "unusable" in rejections[0]["reason"]
+    assert stats["producers"] == 1 and stats["duplicates"] >= answered - 1  # its other answers: dropped
