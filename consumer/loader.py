@@ -99,6 +99,7 @@ class RemoteLoader:
         dataset_args: keyword arguments of a dataset spec.
         producer_threads, producer_slots: for local producers.
         producer_transform: ``package.module:callable`` that local producers apply to every sample.
+        metrics_port: serve ``stats()`` as Prometheus metrics on this port (needs ``ferry[metrics]``).
         on_error: ``"raise"`` (RemoteSampleError in the loop) or ``"skip"`` (drop the failed samples).
         heartbeat: seconds between PINGs. [Unit: second]
         liveness: heartbeats of silence after which a producer is lost.
@@ -151,6 +152,7 @@ class RemoteLoader:
         curve_authorized_keys: str | None = None,
         log_every: float | None = 60.0,
         producer_transform: str | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self._closed = True  # until fully built, so that close() on a half-built loader is safe
         if batch_sampler is not None:
@@ -273,11 +275,20 @@ class RemoteLoader:
             )
             self._staging.start()
         except BaseException:
-            self._shutdown(self._stop, self._staging, self._io, self._local)
+            self._shutdown(self._stop, self._staging, self._io, self._local, None)
             raise
+        self._metrics = None
+        if metrics_port:
+            from common.metrics import MetricsServer
+
+            try:
+                self._metrics = MetricsServer(metrics_port, _StatsView(self), "ferry_consumer")
+            except BaseException:
+                self._shutdown(self._stop, self._staging, self._io, self._local, None)
+                raise
         self._closed = False
         self._finalizer = weakref.finalize(self, RemoteLoader._shutdown, self._stop, self._staging, self._io,
-                                           self._local)
+                                           self._local, self._metrics)
 
     # --- iteration ----------------------------------------------------------------------------------
     def __iter__(self) -> "_EpochIterator":
@@ -509,7 +520,9 @@ class RemoteLoader:
 
     @staticmethod
     def _shutdown(stop: threading.Event, staging: threading.Thread | None, io: IoThread | None,
-                  local: LocalProducers | None) -> None:
+                  local: LocalProducers | None, metrics: Any = None) -> None:
+        if metrics is not None:
+            metrics.close()
         stop.set()
         if staging is not None and staging.is_alive():
             staging.join(JOIN_TIMEOUT_S)
@@ -530,6 +543,17 @@ class RemoteLoader:
         s = self.stats()
         return (f"<RemoteLoader [{s['producers']} producers | buffered {s['buffered']}, in flight "
                 f"{s['in_flight']} of {self.buffer_batches} | {s['batches']} batches] {', '.join(self.endpoints)}>")
+
+
+class _StatsView:
+    """The metrics thread's view of a loader: a weak reference, so that it never keeps the loader alive."""
+
+    def __init__(self, loader: RemoteLoader) -> None:
+        self._loader = weakref.ref(loader)
+
+    def __call__(self) -> dict[str, Any]:
+        loader = self._loader()
+        return loader.stats() if loader is not None and not loader.closed else {}
 
 
 class _EpochIterator:

@@ -73,6 +73,9 @@ def build_parser(prog: str = "python -m producer") -> argparse.ArgumentParser:
                              "encryption and authentication [env FERRY_CURVE_KEY]")
     parser.add_argument("--curve-server-key", default=env("FERRY_CURVE_SERVER_KEY"), metavar="FILE",
                         help="the consumer's CURVE public key (server.key) [env FERRY_CURVE_SERVER_KEY]")
+    parser.add_argument("--metrics-port", type=int, default=int(env("FERRY_METRICS_PORT", 0)) or None,
+                        metavar="PORT", help="serve Prometheus metrics on this port (needs ferry[metrics]) "
+                                             "[env FERRY_METRICS_PORT]")
     parser.add_argument("--log-level", default=env("FERRY_LOG_LEVEL", "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log verbosity (default INFO)")
     return parser
@@ -111,7 +114,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m producer") -> int
             endpoints=tuple(endpoints), dataset=args.dataset, dataset_args=dataset_args, threads=args.threads,
             slots=args.slots, heartbeat=args.heartbeat, liveness=args.liveness,
             exit_with_parent=os.environ.get("FERRY_EXIT_WITH_PARENT") == "1", curve=curve,
-            transform=args.transform,
+            transform=args.transform, metrics_port=args.metrics_port,
         )
         return serve(config)
     except (FerryError, ValueError) as exc:

@@ -74,6 +74,7 @@ class ProducerConfig:
     curve: Any = None
     dataset_label: str = ""
     transform: str | None = None
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoints", expand_endpoints(list(self.endpoints)))

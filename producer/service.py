@@ -7,7 +7,9 @@ Lifecycle of each consumer connection (one DEALER per ``--connect`` endpoint)::
 
 While GREETING, the producer says HELLO every heartbeat. While SERVING it runs TASKs and PINGs. Leaving
 SERVING drops that consumer's pending work (its results are discarded, not sent) and draws a new
-``nonce``, so the consumer can tell a fresh HELLO from a repeated one.
+``nonce``, so the consumer can tell a fresh HELLO from a repeated one. A consumer that fell silent also
+gets a fresh DEALER socket: libzmq does not reconnect after a protocol error (an oversized frame, say),
+so a broken or hostile peer would otherwise cut this endpoint off for good.
 
 Threads: the main loop (this module), plus the batcher's pools (:mod:`producer.batcher`). Shutdown order,
 on SIGTERM / SIGINT / ``stop()``: the main loop leaves its poll, says BYE on every serving connection,
@@ -99,10 +101,16 @@ class Producer:
         self.invalid_messages = 0
         self.stale_messages = 0
         self._keys = itertools.count()
+        self._poller = zmq.Poller()
+        self._metrics = None
         try:
             for endpoint in config.endpoints:
                 conn = self._connect(endpoint)
                 self._conns[conn.key] = conn
+            if config.metrics_port:
+                from common.metrics import MetricsServer
+
+                self._metrics = MetricsServer(config.metrics_port, self.figures, "ferry_producer")
         except BaseException:
             self._close()
             raise
@@ -121,7 +129,7 @@ class Producer:
             self.name, self.producer_id, cfg.dataset_label, self.dataset_len, self.fingerprint,
             cfg.threads, cfg.slots, ", ".join(cfg.endpoints),
         )
-        poller = zmq.Poller()
+        poller = self._poller
         poller.register(self._waker.fileno(), zmq.POLLIN)
         for conn in self._conns.values():
             poller.register(conn.sock, zmq.POLLIN)
@@ -150,6 +158,10 @@ class Producer:
 
     # --- sockets ------------------------------------------------------------------------------------
     def _connect(self, endpoint: str) -> Connection:
+        return Connection(key=next(self._keys), endpoint=endpoint, sock=self._socket(endpoint),
+                          heartbeat=self.config.heartbeat)
+
+    def _socket(self, endpoint: str) -> zmq.Socket:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a consumer that is not there
@@ -165,7 +177,14 @@ class Producer:
         except zmq.ZMQError as exc:
             sock.close(0)
             raise ValueError(f"cannot connect to {endpoint!r}: {exc}") from None
-        return Connection(key=next(self._keys), endpoint=endpoint, sock=sock, heartbeat=self.config.heartbeat)
+        return sock
+
+    def _reconnect(self, conn: Connection) -> None:
+        """A fresh socket for ``conn``: libzmq never reconnects one that hit a protocol error."""
+        self._poller.unregister(conn.sock)
+        conn.sock.close(0)
+        conn.sock = self._socket(conn.endpoint)
+        self._poller.register(conn.sock, zmq.POLLIN)
 
     def _send(self, conn: Connection, frames: list[Any]) -> bool:
         try:
@@ -175,7 +194,18 @@ class Producer:
         conn.last_sent = time.monotonic()
         return True
 
+    def figures(self) -> dict[str, Any]:
+        """What the metrics endpoint exports (read from its thread; plain int reads)."""
+        return {
+            "batches_sent": self.batches_sent, "bytes_sent": self.bytes_sent,
+            "invalid_messages": self.invalid_messages, "stale_messages": self.stale_messages,
+            "pending": self._batcher.pending,
+            "consumers": sum(1 for c in list(self._conns.values()) if c.state is ConnState.SERVING),
+        }
+
     def _close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
         self._batcher.close()
         for conn in self._conns.values():
             conn.sock.close(linger=BYE_LINGER_MS if conn.said_bye else 0)  # let a BYE leave, bounded
@@ -294,6 +324,7 @@ class Producer:
                     log.warning("consumer at %s silent for %.1f s; dropping its work and saying HELLO again",
                                 conn.endpoint, now - conn.last_heard)
                     self._reset(conn, ConnState.GREETING)
+                    self._reconnect(conn)
                 elif now - conn.last_sent >= conn.heartbeat:
                     load = {"pending": conn.pending, "sent": self.batches_sent}
                     self._send(conn, [protocol.pack(protocol.PING, load=load)])

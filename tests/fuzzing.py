@@ -93,8 +93,10 @@ def _oversized(max_frame: int) -> bytes:
     return _OVERSIZED[max_frame]
 
 
-def hostile_frames(rng: random.Random, templates: list[dict[str, Any]], max_frame: int) -> list[bytes]:
-    """One hostile multipart message."""
+def hostile_frames(rng: random.Random, templates: list[dict[str, Any]], max_frame: int,
+                   oversize_rate: float = 0.2) -> list[bytes]:
+    """One hostile multipart message. ``oversize_rate``: of the 1-in-9 picks of an oversized frame, the share
+    actually sent (each one costs the receiver's peer its connection)."""
     kind = rng.randrange(9)
     if kind == 0:
         return [rng.randbytes(rng.randrange(200)) for _ in range(rng.randrange(1, 4))]
@@ -112,7 +114,7 @@ def hostile_frames(rng: random.Random, templates: list[dict[str, Any]], max_fram
         return [pack(rng.choice(templates)), *[rng.randbytes(8) for _ in range(rng.randrange(1, 4))]]
     if kind == 5:  # a huge msgpack map, just past the decoder's limits
         return [_HUGE_MAP]
-    if kind == 6 and rng.random() < 0.2:  # over the peer's maximum message size: libzmq drops our connection
+    if kind == 6 and rng.random() < oversize_rate:  # over the peer's maximum message size: libzmq drops our connection
         return [pack(rng.choice(templates)), _oversized(max_frame)]
     if kind == 7:  # an empty message
         return [b""]

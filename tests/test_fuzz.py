@@ -116,13 +116,19 @@ def fingerprint_len_print(length: int) -> str:
 
 
 def fake_consumer(router: zmq.Socket, seed: int, count: int, stop: threading.Event, sent: list) -> None:
-    """Welcome every producer that says HELLO, then send it hostile messages (and PINGs, to stay 'alive')."""
+    """Welcome every producer that says HELLO, then send the live ones hostile messages in turn, with a PING
+    to each every 0.1 s so that they keep serving (and validate TASKs rather than set them aside as stale).
+    Only sends that succeed are counted; a peer that vanished (libzmq drops a connection that sends an
+    oversized frame; the producer comes back under a new routing id) is forgotten."""
+    import time
+
     rng = random.Random(seed)
     session = 424242
     templates = producer_templates(session)
     peers: list[bytes] = []
-    i = 0
-    while i < count and not stop.is_set():
+    turn, next_ping = 0, 0.0
+    deadline = time.monotonic() + 120
+    while sent[0] < count and not stop.is_set() and time.monotonic() < deadline:
         while router.poll(0):
             frames = router.recv_multipart()
             try:
@@ -132,22 +138,33 @@ def fake_consumer(router: zmq.Socket, seed: int, count: int, stop: threading.Eve
             if header["type"] == "HELLO":
                 router.send_multipart([frames[0], protocol.pack(protocol.WELCOME, session=session, heartbeat=0.2,
                                                                 nonce=header["nonce"])])
-                if frames[0] not in peers:
-                    peers.append(frames[0])
+            if frames[0] not in peers:  # also a PING: a producer that reconnected under a new id
+                peers.append(frames[0])
         if not peers:
             stop.wait(0.01)
             continue
-        peer = rng.choice(peers)
+        now = time.monotonic()
+        if now >= next_ping:
+            for peer in list(peers):
+                try:
+                    router.send_multipart([peer, protocol.pack(protocol.PING, load={})], flags=zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    peers.remove(peer)
+            next_ping = now + 0.1
+            continue
+        turn += 1
+        peer = peers[turn % len(peers)]
         try:
-            router.send_multipart([peer, *hostile_frames(rng, templates, max_frame=MAX_HEADER_BYTES)],
-                                  flags=zmq.NOBLOCK)
-            if i % 50 == 0:
-                router.send_multipart([peer, protocol.pack(protocol.PING, load={})], flags=zmq.NOBLOCK)
+            # a few oversized frames in all: each costs the producer this connection until its liveness
+            # timeout rebuilds the socket (libzmq does not reconnect after a protocol error)
+            router.send_multipart([peer, *hostile_frames(rng, templates, max_frame=MAX_HEADER_BYTES,
+                                                         oversize_rate=0.003)], flags=zmq.NOBLOCK)
+            sent[0] += 1
+        except zmq.Again:
+            stop.wait(0.001)  # its queue is full: let it drain
         except zmq.ZMQError:
-            pass
-        i += 1
-        sent[0] += 1
-        if i % 100 == 0:
+            peers.remove(peer)  # gone (EHOSTUNREACH): it will say HELLO again under a new id
+        if turn % 100 == 0:
             stop.wait(0.001)
 
 
@@ -338,3 +355,35 @@ def test_insider_with_well_formed_but_wrong_batches_never_reaches_the_loop(endpo
     assert answered >= 1 and stats["invalid_messages"] >= 1 and stats["reissued"] >= 1
     assert rejections[0]["permanent"] and "unusable" in rejections[0]["reason"]
     assert stats["producers"] == 1 and stats["duplicates"] >= answered - 1  # its other answers: dropped
+
+
+def test_producer_rebuilds_its_connection_after_a_protocol_error(spawn):
+    """libzmq never reconnects a socket that received an oversized frame; the producer must, on its own."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(endpoint)
+    try:
+        producer = spawn(endpoint, "synthetic", {"length": 10})
+        hellos = []
+
+        def next_hello(timeout_ms: int) -> bytes | None:
+            while router.poll(timeout_ms):
+                frames = router.recv_multipart()
+                header = protocol.parse_header(frames[1])
+                if header["type"] == "HELLO":
+                    router.send_multipart([frames[0], protocol.pack(protocol.WELCOME, session=7, heartbeat=0.2,
+                                                                    nonce=header["nonce"])])
+                    return frames[0]
+            return None
+
+        first = next_hello(10_000)
+        assert first is not None
+        router.send_multipart([first, b"\0" * (MAX_HEADER_BYTES + 1)])  # over its MAXMSGSIZE: link dropped
+        again = next_hello(10_000)
+        assert again is not None and again != first, "the producer never came back after the protocol error"
+        assert producer.proc.poll() is None
+    finally:
+        router.close(0)
+        ctx.term()
