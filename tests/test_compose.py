@@ -59,7 +59,7 @@ def test_compose_services_run_as_namespaced_processes_and_train_on_every_batch(t
     def command(service: str) -> tuple[list[str], dict[str, str]]:
         s = spec[service]
         argv = entrypoint(s["build"]["dockerfile"]) + list(s.get("command", []))
-        argv = [sys.executable if a == "python" else a for a in argv]
+        argv = [sys.executable if a in ("python", "python3") else a for a in argv]
         env = producer_env()
         for key, value in (s.get("environment") or {}).items():
             env[key] = str(value).replace("/data", volume)
