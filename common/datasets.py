@@ -133,6 +133,24 @@ class SyntheticDataset:
         return index % self.num_classes
 
 
+def scan_class_folders(root: str, extensions: tuple[str, ...], kind: str,
+                       fold_case: bool = True) -> tuple[list[str], list[tuple[str, int]], str]:
+    """ImageFolder's layout: ``root/<class>/<file>``, classes sorted, a label its class's position, files sorted
+    within a class. Returns the classes, the ``(path, label)`` samples and a fingerprint of names and sizes.
+    ``fold_case``: match extensions case-insensitively."""
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    samples: list[tuple[str, int]] = []
+    for label, name in enumerate(classes):
+        folder = os.path.join(root, name)
+        files = sorted(f for f in os.listdir(folder)
+                       if (os.path.splitext(f)[1].lower() if fold_case else os.path.splitext(f)[1]) in extensions)
+        samples.extend((os.path.join(folder, f), label) for f in files)
+    digest = hashlib.sha1()
+    for path, label in samples:
+        digest.update(f"{os.path.relpath(path, root)}:{label}:{os.path.getsize(path)}\n".encode())
+    return classes, samples, f"{kind}:{len(samples)}:{digest.hexdigest()[:16]}"
+
+
 class NpyFolderDataset:
     """``.npy`` files in class subfolders: ``root/<class>/<name>.npy``.
 
@@ -145,18 +163,10 @@ class NpyFolderDataset:
         self.root = os.path.abspath(os.fspath(root))
         if not os.path.isdir(self.root):
             raise FileNotFoundError(f"npy-folder root {self.root!r} is not a directory")
-        self.classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
+        self.classes, self.samples, self.fingerprint = scan_class_folders(self.root, (".npy",), "npy-folder",
+                                                                       fold_case=False)
         if not self.classes:
             raise FileNotFoundError(f"npy-folder root {self.root!r} has no class subfolders")
-        self.samples: list[tuple[str, int]] = []
-        for label, name in enumerate(self.classes):
-            folder = os.path.join(self.root, name)
-            files = sorted(f for f in os.listdir(folder) if f.endswith(".npy"))
-            self.samples.extend((os.path.join(folder, f), label) for f in files)
-        digest = hashlib.sha1()
-        for path, label in self.samples:
-            digest.update(f"{os.path.relpath(path, self.root)}:{label}:{os.path.getsize(path)}\n".encode())
-        self.fingerprint = f"npy-folder:{len(self.samples)}:{digest.hexdigest()[:16]}"
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -224,21 +234,7 @@ def resolve_dataset(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
     if spec in BUILTINS:
         factory = BUILTINS[spec]
     elif ":" in spec:
-        module_name, _, attr_path = spec.partition(":")
-        if not module_name or not attr_path:
-            raise DatasetSpecError(f"dataset spec {spec!r} must look like 'package.module:callable'")
-        try:
-            obj: Any = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise DatasetSpecError(f"dataset spec {spec!r}: cannot import module {module_name!r}: {exc}") from exc
-        for part in attr_path.split("."):
-            try:
-                obj = getattr(obj, part)
-            except AttributeError:
-                raise DatasetSpecError(f"dataset spec {spec!r}: {module_name!r} has no attribute {attr_path!r}") from None
-        factory = obj
-        if not callable(factory):
-            raise DatasetSpecError(f"dataset spec {spec!r}: {attr_path!r} is not callable")
+        factory = resolve_callable(spec, "dataset spec")
     else:
         raise DatasetSpecError(
             f"dataset spec {spec!r} is neither a built-in ({', '.join(sorted(BUILTINS))}) "
@@ -282,7 +278,7 @@ def resolve_callable(spec: str, what: str = "transform") -> Any:
         except AttributeError:
             raise DatasetSpecError(f"{what} {spec!r}: {module_name!r} has no attribute {attr_path!r}") from None
     if not callable(obj):
-        raise DatasetSpecError(f"{what} {spec!r} is not callable")
+        raise DatasetSpecError(f"{what} {spec!r}: {attr_path!r} is not callable")
     return obj
 
 

@@ -11,7 +11,6 @@ get transposed; any other 3-D layout (``CYX``, ``QYX``, ``IYX`` ...) already has
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any
 
@@ -54,22 +53,14 @@ class ImageFolderDataset:
         self.root = os.path.abspath(os.fspath(root))
         if not os.path.isdir(self.root):
             raise FileNotFoundError(f"image-folder root {self.root!r} is not a directory")
-        self.classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
-        self.samples: list[tuple[str, int]] = []
-        for label, name in enumerate(self.classes):
-            folder = os.path.join(self.root, name)
-            for file in sorted(os.listdir(folder)):
-                if os.path.splitext(file)[1].lower() in EXTENSIONS:
-                    self.samples.append((os.path.join(folder, file), label))
+        from .datasets import scan_class_folders
+
+        self.classes, self.samples, self.fingerprint = scan_class_folders(self.root, tuple(EXTENSIONS), "image-folder")
         if not self.samples:
             raise FileNotFoundError(f"image-folder root {self.root!r} holds no {sorted(EXTENSIONS)} files "
                                     "in class subfolders")
         for reader in {EXTENSIONS[os.path.splitext(p)[1].lower()] for p, _ in self.samples}:
             _import(reader)  # fail at start, with the hint, not at the first sample
-        digest = hashlib.sha1()
-        for path, label in self.samples:
-            digest.update(f"{os.path.relpath(path, self.root)}:{label}:{os.path.getsize(path)}\n".encode())
-        self.fingerprint = f"image-folder:{len(self.samples)}:{digest.hexdigest()[:16]}"
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -360,13 +360,19 @@ class IoThread:
             self.dataset_known.set()
         return None
 
-    def _batch(self, info: ProducerInfo, header: dict[str, Any], data: list[Any]) -> None:
+    def _claim(self, info: ProducerInfo, header: dict[str, Any]) -> Any:
+        """The task a BATCH or FAIL answers, or None (counted) for another session or a late duplicate."""
         if header["session"] != self.session:
             self.counters.stale += 1
-            return
+            return None
         task = self.dispatcher.complete(header["task"], info.peer)
         if task is None:
             self.counters.duplicates += 1
+        return task
+
+    def _batch(self, info: ProducerInfo, header: dict[str, Any], data: list[Any]) -> None:
+        task = self._claim(info, header)
+        if task is None:
             return
         try:
             if (header["epoch"], header["seq"]) != (self._epoch, task.seq):
@@ -411,12 +417,8 @@ class IoThread:
     def _fail(self, info: ProducerInfo, header: dict[str, Any], data: list[Any]) -> None:
         if data or not header["errors"]:
             raise ProtocolError("FAIL must be one frame naming at least one error")
-        if header["session"] != self.session:
-            self.counters.stale += 1
-            return
-        task = self.dispatcher.complete(header["task"], info.peer)
+        task = self._claim(info, header)
         if task is None:
-            self.counters.duplicates += 1
             return
         if self.config.on_error == "skip":
             self._count_skips(info, header["errors"])
