@@ -109,6 +109,18 @@ def epoch_rate(iterable, batch_size: int, epochs: int = 2) -> float:
     return samples / (time.perf_counter() - start)
 
 
+def ferry_vs_dataloader(loader: RemoteLoader, dl: DataLoader, producers: int, sizes: Sizes,
+                        warm_epochs: int) -> dict[str, Figure]:
+    """Warm both alike, then alternate epoch-rate measurements; closes the loader."""
+    try:
+        wait_producers(loader, producers)
+        epoch_rate(loader, 32, warm_epochs), epoch_rate(dl, 32, warm_epochs)
+        return alternate({"ferry": lambda: epoch_rate(loader, 32), "dataloader": lambda: epoch_rate(dl, 32)},
+                         sizes.repeats)
+    finally:
+        loader.close()
+
+
 def make_npy(root: str, n: int, shape: tuple[int, ...], dtype: str) -> None:
     rng = np.random.default_rng(0)
     sample = rng.integers(0, 255, size=shape).astype(dtype)
@@ -140,16 +152,9 @@ def seed_workload(report: Report, sizes: Sizes, transport_gbps: float | None) ->
                 loader = RemoteLoader(dataset="npy-folder", dataset_args={"root": root}, local_producers=p,
                                       batch_size=32, shuffle=True, timeout=120)
                 dl = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=p, persistent_workers=True)
-                try:
-                    wait_producers(loader, p)
-                    # warm up both alike (page cache, buffer pools, workers): steady state is what a long
-                    # training run sees; Ferry's pools fill over the first few epochs (see the README)
-                    epoch_rate(loader, 32, WARM_EPOCHS), epoch_rate(dl, 32, WARM_EPOCHS)
-                    figs = alternate({"ferry": lambda: epoch_rate(loader, 32), "dataloader": lambda: epoch_rate(dl, 32)},
-                                     sizes.repeats)
-                finally:
-                    loader.close()
-                    del dl
+                # steady state is what a long training run sees; Ferry's pools fill over the first epochs
+                figs = ferry_vs_dataloader(loader, dl, p, sizes, WARM_EPOCHS)
+                del dl
                 r = ratio(figs["ferry"], figs["dataloader"])
                 load = load_only_rate(dataset, min(64, sizes.seed_samples))
                 bound = f"load (1 thread) {load:.0f} samples/s"
@@ -204,14 +209,8 @@ def slow_storage(report: Report, sizes: Sizes) -> None:
         loader = RemoteLoader(dataset="synthetic", dataset_args=args, local_producers=p, producer_threads=threads,
                               batch_size=32, timeout=120)
         dl = DataLoader(dataset, batch_size=32, num_workers=p, persistent_workers=True)
-        try:
-            wait_producers(loader, p)
-            epoch_rate(loader, 32, 1), epoch_rate(dl, 32, 1)
-            figs = alternate({"ferry": lambda: epoch_rate(loader, 32), "dataloader": lambda: epoch_rate(dl, 32)},
-                             sizes.repeats)
-        finally:
-            loader.close()
-            del dl
+        figs = ferry_vs_dataloader(loader, dl, p, sizes, warm_epochs=1)
+        del dl
         r = ratio(figs["ferry"], figs["dataloader"])
         report.add(Row("2 slow storage", f"5 ms/sample, P={p} (Ferry {threads} threads each)",
                        {"ferry samples/s": figs["ferry"].text(), "dataloader samples/s": figs["dataloader"].text()},
