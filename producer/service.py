@@ -7,9 +7,11 @@ Lifecycle of each consumer connection (one DEALER per ``--connect`` endpoint)::
 
 While GREETING, the producer says HELLO every heartbeat. While SERVING it runs TASKs and PINGs. Leaving
 SERVING drops that consumer's pending work (its results are discarded, not sent) and draws a new
-``nonce``, so the consumer can tell a fresh HELLO from a repeated one. A consumer that fell silent also
-gets a fresh DEALER socket: libzmq does not reconnect after a protocol error (an oversized frame, say),
-so a broken or hostile peer would otherwise cut this endpoint off for good.
+``nonce``, so the consumer can tell a fresh HELLO from a repeated one. If, while GREETING, no HELLO can
+even be queued (no connection: IMMEDIATE is set) for LIVENESS heartbeats, the endpoint gets a fresh DEALER
+socket: libzmq does not reconnect after a protocol error (an oversized frame, say), so a broken or hostile
+peer would otherwise cut this endpoint off for good. A connection that merely waits (a cut link) keeps its
+socket, and the batches queued on it still arrive late, to be dropped by the consumer as duplicates.
 
 Threads: the main loop (this module), plus the batcher's pools (:mod:`producer.batcher`). Shutdown order,
 on SIGTERM / SIGINT / ``stop()``: the main loop leaves its poll, says BYE on every serving connection,
@@ -72,6 +74,7 @@ class Connection:
     warned_unreachable: bool = False
     pending: int = 0  # tasks of the current session not yet answered
     said_bye: bool = False
+    unsendable_since: float | None = None  # GREETING, and no connection to queue a HELLO on, since when
 
 
 class Producer:
@@ -313,7 +316,13 @@ class Producer:
     def _tick(self, now: float) -> None:
         for conn in self._conns.values():
             if conn.state is ConnState.GREETING and now - conn.last_sent >= conn.heartbeat:
-                self._send(conn, [self._hello(conn)])
+                if self._send(conn, [self._hello(conn)]):
+                    conn.unsendable_since = None
+                elif conn.unsendable_since is None:
+                    conn.unsendable_since = now
+                elif now - conn.unsendable_since > self.config.liveness * conn.heartbeat:
+                    self._reconnect(conn)  # libzmq may have given up on this connection for good
+                    conn.unsendable_since = None
                 conn.last_sent = now  # also when the send found no peer: retry next heartbeat
                 waited = now - conn.started
                 if not conn.warned_unreachable and waited > self.config.unreachable_warning_s:
@@ -324,7 +333,6 @@ class Producer:
                     log.warning("consumer at %s silent for %.1f s; dropping its work and saying HELLO again",
                                 conn.endpoint, now - conn.last_heard)
                     self._reset(conn, ConnState.GREETING)
-                    self._reconnect(conn)
                 elif now - conn.last_sent >= conn.heartbeat:
                     load = {"pending": conn.pending, "sent": self.batches_sent}
                     self._send(conn, [protocol.pack(protocol.PING, load=load)])
