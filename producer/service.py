@@ -8,8 +8,8 @@ Lifecycle of each consumer connection (one DEALER per ``--connect`` endpoint)::
 While GREETING, the producer says HELLO every heartbeat. While SERVING it runs TASKs and PINGs. Leaving
 SERVING drops that consumer's pending work (its results are discarded, not sent) and draws a new
 ``nonce``, so the consumer can tell a fresh HELLO from a repeated one. If, while GREETING, no HELLO can
-even be queued (no connection: IMMEDIATE is set) for LIVENESS heartbeats, the endpoint gets a fresh DEALER
-socket: libzmq does not reconnect after a protocol error (an oversized frame, say), so a broken or hostile
+even be queued (no connection: IMMEDIATE is set) for LIVENESS heartbeats on a socket that had been
+welcomed, the endpoint gets a fresh DEALER socket: libzmq does not reconnect after a protocol error (an oversized frame, say), so a broken or hostile
 peer would otherwise cut this endpoint off for good. A connection that merely waits (a cut link) keeps its
 socket, and the batches queued on it still arrive late, to be dropped by the consumer as duplicates.
 
@@ -75,6 +75,7 @@ class Connection:
     pending: int = 0  # tasks of the current session not yet answered
     said_bye: bool = False
     unsendable_since: float | None = None  # GREETING, and no connection to queue a HELLO on, since when
+    welcomed_here: bool = False  # a consumer welcomed us on this socket (so a connection existed)
 
 
 class Producer:
@@ -184,9 +185,12 @@ class Producer:
 
     def _reconnect(self, conn: Connection) -> None:
         """A fresh socket for ``conn``: libzmq never reconnects one that hit a protocol error."""
+        log.warning("no connection to %s for %d heartbeats: rebuilding the socket", conn.endpoint,
+                    self.config.liveness)
         self._poller.unregister(conn.sock)
         conn.sock.close(0)
         conn.sock = self._socket(conn.endpoint)
+        conn.welcomed_here = False  # libzmq connects a fresh socket by itself once a consumer listens
         self._poller.register(conn.sock, zmq.POLLIN)
 
     def _send(self, conn: Connection, frames: list[Any]) -> bool:
@@ -238,6 +242,7 @@ class Producer:
                 raise ProtocolError("WELCOME for an earlier HELLO")
             if conn.state is ConnState.GREETING:
                 conn.state, conn.session = ConnState.SERVING, header["session"]
+                conn.welcomed_here = True
                 conn.heartbeat = min(max(float(header["heartbeat"]), 0.05), 60.0)
                 conn.last_heard, conn.warned_unreachable = now, False
                 log.info("serving consumer at %s (session %x)", conn.endpoint, conn.session)
@@ -320,7 +325,7 @@ class Producer:
                     conn.unsendable_since = None
                 elif conn.unsendable_since is None:
                     conn.unsendable_since = now
-                elif now - conn.unsendable_since > self.config.liveness * conn.heartbeat:
+                elif conn.welcomed_here and now - conn.unsendable_since > self.config.liveness * conn.heartbeat:
                     self._reconnect(conn)  # libzmq may have given up on this connection for good
                     conn.unsendable_since = None
                 conn.last_sent = now  # also when the send found no peer: retry next heartbeat

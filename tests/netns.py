@@ -42,6 +42,14 @@ class Hosts:
         _ip("-n", self.a, "link", "set", self.dev_a, state)
         _ip("-n", self.b, "link", "set", self.dev_b, state)
 
+    def partition(self, cut: bool) -> None:
+        """Drop every packet between a and b (iptables in b's own namespace), or heal. Unlike taking the
+        veth down, which sometimes makes Linux give up the established TCP connection, a partition keeps
+        it, so what was sent during the cut is retransmitted and arrives late, as on a real flaky link."""
+        action = "-A" if cut else "-D"
+        _ip("netns", "exec", self.b, "iptables", action, "OUTPUT", "-d", self.addr_a, "-j", "DROP")
+        _ip("netns", "exec", self.b, "iptables", action, "INPUT", "-s", self.addr_a, "-j", "DROP")
+
     def close(self) -> None:
         for ns in self.made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)

@@ -71,13 +71,13 @@ def test_cut_link_reissues_drops_late_duplicates_and_rejoins(hosts, spawn):
         trainer.read()  # {"len": ...}
         trainer.read_until(lambda r: r.get("producers") == 2, "both producers joining")
         trainer.read_until(from_far, "a batch from the far producer (across the link)")
-        hosts.link(False)
+        hosts.partition(True)
         cut = trainer.read_until(lambda r: r.get("producers") == 1 and r["reissued"] > 0,
                                  "the far producer's loss and its tasks' re-issue")
         # keep the link down well past the liveness timeout (5 x 0.2 s): 50 more steps of 10 ms or more
         for _ in range(50):
             trainer.read()
-        hosts.link(True)
+        hosts.partition(False)
         trainer.read_until(lambda r: r.get("producers") == 2 and r["duplicates"] > 0,
                            "the far producer to rejoin, and its late batches to be dropped as duplicates")
         back = trainer.read_until(from_far, "work for the rejoined far producer")
