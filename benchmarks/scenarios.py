@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import DataLoader
 
 from common.datasets import NpyFolderDataset, SyntheticDataset, read_npy_into

@@ -7,7 +7,6 @@ PROTOCOL_VERSION = 1
 
 #: The consumer's default ROUTER endpoint. With torchrun, the port is shifted by LOCAL_RANK.
 DEFAULT_ENDPOINT = "tcp://*:5555"
-DEFAULT_PORT = 5555
 
 # --- liveness (the Paranoid Pirate pattern) ---------------------------------------------------------
 #: Each side sends PING this often. [Unit: second]

@@ -18,7 +18,6 @@ terminate the context.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import random
 import threading
@@ -431,11 +430,13 @@ class IoThread:
         self.buffer.put(Delivery(run=task.run, seq=task.seq, producer=info.name, error=error))
 
     def _count_skips(self, info: ProducerInfo, errors: list[dict[str, Any]]) -> None:
+        logged_before = self.counters.skipped_samples
         self.counters.skipped_samples += len(errors)
+        if logged_before >= 10:  # the first few are logged; the rest only counted
+            return
         for error in errors:
-            if self.counters.skipped_samples - len(errors) < 10:
-                log.warning("skipped sample %d (producer %s): %s: %s", error["index"], info.name,
-                            error["exc_type"], error["message"].splitlines()[0] if error["message"] else "")
+            log.warning("skipped sample %d (producer %s): %s: %s", error["index"], info.name,
+                        error["exc_type"], error["message"].splitlines()[0] if error["message"] else "")
 
     # --- heartbeats, liveness, dispatch -------------------------------------------------------------
     def _heartbeat(self, now: float) -> None:

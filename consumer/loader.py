@@ -26,7 +26,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -342,7 +342,7 @@ class RemoteLoader:
         waited = False
         while True:
             try:
-                item = self._staged.get(block=waited, timeout=POLL_SLICE_S) if waited else self._staged.get_nowait()
+                item = self._staged.get(timeout=POLL_SLICE_S) if waited else self._staged.get_nowait()
             except queue.Empty:
                 if not waited:
                     waited = True

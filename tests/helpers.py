@@ -11,7 +11,6 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
-import numpy as np
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -175,16 +174,3 @@ class LeakCheck:
                     f"child processes {sorted(children)}"
                 )
             time.sleep(0.05)
-
-
-def as_numpy(tree: Any) -> Any:
-    if isinstance(tree, torch.Tensor):
-        return tree.numpy()
-    if isinstance(tree, dict):
-        return {k: as_numpy(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(as_numpy(v) for v in tree)
-    return tree
-
-
-__all__ = ["np"]

@@ -14,7 +14,7 @@ from consumer import RemoteLoader
 
 
 def main() -> None:
-    endpoint, length, step = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    endpoint, step = sys.argv[1], float(sys.argv[3])  # argv[2], the length, is for the reader
     heartbeat = float(sys.argv[4]) if len(sys.argv) > 4 else 0.2
     stop = threading.Event()
 

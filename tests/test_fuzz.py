@@ -366,7 +366,6 @@ def test_producer_rebuilds_its_connection_after_a_protocol_error(spawn):
     router.bind(endpoint)
     try:
         producer = spawn(endpoint, "synthetic", {"length": 10})
-        hellos = []
 
         def next_hello(timeout_ms: int) -> bytes | None:
             while router.poll(timeout_ms):

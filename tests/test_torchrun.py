@@ -1,7 +1,6 @@
 """Several ranks: torchrun with 2 CPU ranks (gloo); one producer serves both through a port range."""
 
 import json
-import os
 import subprocess
 import sys
 

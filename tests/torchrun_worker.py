@@ -16,7 +16,7 @@ from consumer import RemoteLoader  # noqa: E402
 
 
 def main() -> None:
-    base_port, length, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    base_port, out = int(sys.argv[1]), sys.argv[3]  # argv[2], the length, is for the reader
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     # no rank, world_size or port offset given: all come from torchrun's environment

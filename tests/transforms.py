@@ -1,7 +1,5 @@
 """Per-sample transforms for the producer-side hook (``--transform tests.transforms:name``)."""
 
-import numpy as np
-
 
 def negate_and_tag(sample):
     array, label = sample
