@@ -9,6 +9,8 @@ Tree spec grammar (what msgpack carries):
 * ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes`` -- a scalar leaf, stored as itself;
 * ``{"t": "a", "d": "<f4", "s": [2, 3], "f": 0}`` -- an array leaf: dtype, shape, frame number;
   a large leaf adds ``"n": k``: its bytes are the k consecutive frames from ``f`` (see FRAME_CHUNK_BYTES);
+* ``{"t": "a", "d": "<f4", "s": [2, 3], "m": 4096}`` -- an array leaf in the task's shared-memory slot, at
+  that byte offset (local producers only; see :mod:`common.shm`);
 * ``{"t": "d", "k": [keys], "v": [specs]}`` -- a dict (keys are str or int);
 * ``{"t": "l", "v": [specs]}`` / ``{"t": "t", "v": [specs]}`` -- a list / a tuple.
 
@@ -67,29 +69,33 @@ class Chunked:
         return flat.view(self.dtype).reshape(self.shape)
 
 
-def encode_tree(tree: Any, chunk_bytes: int | None = None) -> tuple[Any, list[memoryview]]:
+def encode_tree(tree: Any, chunk_bytes: int | None = None, slot: Any = None) -> tuple[Any, list[memoryview]]:
     """Encode a batch tree. Returns ``(spec, frames)``; frames are zero-copy views of the arrays.
 
     With ``chunk_bytes``, an array larger than that travels as consecutive frames of that size.
+    With ``slot`` (a :class:`common.shm.SlotWriter`), arrays go into the shared-memory slot while they fit
+    (an array already written there is only referenced), and travel as frames after that.
     """
-    frames: list[memoryview] = []
+    encoder = _Encoder(chunk_bytes, slot)
+    spec = encoder.node(tree, 0)
+    if len(encoder.frames) > MAX_FRAMES:
+        raise ProtocolError(f"batch has {len(encoder.frames)} arrays, more than {MAX_FRAMES}")
+    return spec, encoder.frames
 
-    def enc(node: Any, depth: int) -> Any:
+
+# The walkers are classes, not recursive closures: a closure that calls itself is a reference cycle, and
+# it would keep a batch's buffers (and shared-memory slot) alive until the garbage collector ran.
+class _Encoder:
+    def __init__(self, chunk_bytes: int | None, slot: Any) -> None:
+        self.chunk_bytes, self.slot = chunk_bytes, slot
+        self.frames: list[memoryview] = []
+
+    def node(self, node: Any, depth: int) -> Any:
         if depth > MAX_TREE_DEPTH:
             raise ProtocolError(f"batch nests deeper than {MAX_TREE_DEPTH} levels")
         array = _as_array(node)
         if array is not None:
-            if array.dtype.str not in ALLOWED_DTYPES:
-                raise ProtocolError(f"dtype {array.dtype} cannot travel (allowed: {sorted(ALLOWED_DTYPES)})")
-            if not array.flags.c_contiguous:
-                array = np.ascontiguousarray(array)
-            raw = memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
-            if chunk_bytes and len(raw) > chunk_bytes:
-                first = len(frames)
-                frames.extend(raw[i : i + chunk_bytes] for i in range(0, len(raw), chunk_bytes))
-                return {"t": "a", "d": array.dtype.str, "s": list(array.shape), "f": first, "n": len(frames) - first}
-            frames.append(raw)
-            return {"t": "a", "d": array.dtype.str, "s": list(array.shape), "f": len(frames) - 1}
+            return self.array(array)
         if isinstance(node, _SCALARS):
             return node
         if isinstance(node, dict):
@@ -97,24 +103,39 @@ def encode_tree(tree: Any, chunk_bytes: int | None = None) -> tuple[Any, list[me
             for key in keys:
                 if not isinstance(key, (str, int)) or isinstance(key, bool):
                     raise ProtocolError(f"dict key {key!r} is not a str or int")
-            return {"t": "d", "k": keys, "v": [enc(node[k], depth + 1) for k in keys]}
+            return {"t": "d", "k": keys, "v": [self.node(node[k], depth + 1) for k in keys]}
         if isinstance(node, tuple):
-            return {"t": "t", "v": [enc(v, depth + 1) for v in node]}
+            return {"t": "t", "v": [self.node(v, depth + 1) for v in node]}
         if isinstance(node, list):
-            return {"t": "l", "v": [enc(v, depth + 1) for v in node]}
+            return {"t": "l", "v": [self.node(v, depth + 1) for v in node]}
         raise ProtocolError(f"cannot encode a leaf of type {type(node).__name__}")
 
-    spec = enc(tree, 0)
-    if len(frames) > MAX_FRAMES:
-        raise ProtocolError(f"batch has {len(frames)} arrays, more than {MAX_FRAMES}")
-    return spec, frames
+    def array(self, array: np.ndarray) -> dict[str, Any]:
+        if array.dtype.str not in ALLOWED_DTYPES:
+            raise ProtocolError(f"dtype {array.dtype} cannot travel (allowed: {sorted(ALLOWED_DTYPES)})")
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        spec = {"t": "a", "d": array.dtype.str, "s": list(array.shape)}
+        if self.slot is not None and array.nbytes:
+            offset = self.slot.place(array)
+            if offset is not None:
+                return {**spec, "m": offset}
+        raw = memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
+        step, frames = self.chunk_bytes, self.frames
+        if step and len(raw) > step:
+            first = len(frames)
+            frames.extend(raw[i : i + step] for i in range(0, len(raw), step))
+            return {**spec, "f": first, "n": len(frames) - first}
+        frames.append(raw)
+        return {**spec, "f": len(frames) - 1}
 
 
-def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None) -> Any:
+def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None, region: Any = None) -> Any:
     """Decode a tree spec over received frames (buffers). Arrays are zero-copy views of the frames;
     a leaf that spans several frames comes back as :class:`Chunked`.
 
-    ``max_bytes`` bounds the total length of the frames (the batch's array bytes).
+    ``max_bytes`` bounds the total length of the frames (the batch's array bytes). ``region`` is the
+    task's shared-memory slot (a uint8 array), where ``"m"`` leaves are views; without one they are an error.
 
     Raises:
         ProtocolError: the spec or the frames are malformed; the message says what and where.
@@ -125,15 +146,24 @@ def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None) 
         total = sum(len(f) for f in frames)
         if total > max_bytes:
             raise ProtocolError(f"batch of {total} bytes exceeds the limit of {max_bytes} bytes")
-    used = [False] * len(frames)
-    leaves = 0
+    decoder = _Decoder(frames, region)
+    tree = decoder.node(spec, 0, "batch")
+    if not all(decoder.used):
+        raise ProtocolError(f"{decoder.used.count(False)} frame(s) not referenced by the tree")
+    return tree
 
-    def dec(node: Any, depth: int, path: str) -> Any:
-        nonlocal leaves
+
+class _Decoder:
+    def __init__(self, frames: Sequence[Any], region: Any) -> None:
+        self.frames, self.region = frames, region
+        self.used = [False] * len(frames)
+        self.leaves = 0
+
+    def node(self, node: Any, depth: int, path: str) -> Any:
         if depth > MAX_TREE_DEPTH:
             raise ProtocolError(f"tree nests deeper than {MAX_TREE_DEPTH} at {path}")
-        leaves += 1
-        if leaves > MAX_TREE_LEAVES:
+        self.leaves += 1
+        if self.leaves > MAX_TREE_LEAVES:
             raise ProtocolError(f"tree has more than {MAX_TREE_LEAVES} nodes")
         if isinstance(node, _SCALARS):
             return node
@@ -141,7 +171,9 @@ def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None) 
             raise ProtocolError(f"unexpected {type(node).__name__} at {path}")
         tag = node.get("t")
         if tag == "a":
-            return _decode_array(node, frames, used, path)
+            if "m" in node:
+                return _decode_slot_array(node, self.region, path)
+            return _decode_array(node, self.frames, self.used, path)
         values = node.get("v")
         if not isinstance(values, list):
             raise ProtocolError(f"container at {path} has no value list")
@@ -153,28 +185,43 @@ def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None) 
             for key, value in zip(keys, values):
                 if not isinstance(key, (str, int)) or isinstance(key, bool):
                     raise ProtocolError(f"dict key of type {type(key).__name__} at {path}")
-                out[key] = dec(value, depth + 1, f"{path}[{key!r}]")
+                out[key] = self.node(value, depth + 1, f"{path}[{key!r}]")
             return out
         if tag in ("l", "t"):
-            items = [dec(v, depth + 1, f"{path}[{i}]") for i, v in enumerate(values)]
+            items = [self.node(v, depth + 1, f"{path}[{i}]") for i, v in enumerate(values)]
             return items if tag == "l" else tuple(items)
         raise ProtocolError(f"unknown node tag {tag!r} at {path}")
 
-    tree = dec(spec, 0, "batch")
-    if not all(used):
-        raise ProtocolError(f"{used.count(False)} frame(s) not referenced by the tree")
-    return tree
 
-
-def _decode_array(node: dict, frames: Sequence[Any], used: list[bool], path: str) -> np.ndarray | Chunked:
-    dtype, shape, index, count = node.get("d"), node.get("s"), node.get("f"), node.get("n", 1)
+def _dtype_and_shape(node: dict, path: str) -> tuple[np.dtype, list[int], int]:
+    dtype, shape = node.get("d"), node.get("s")
     if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
         raise ProtocolError(f"dtype {dtype!r} at {path} is not allowed")
     if not isinstance(shape, list) or len(shape) > MAX_NDIM:
         raise ProtocolError(f"bad shape at {path}")
+    elements = 1
     for dim in shape:
         if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
             raise ProtocolError(f"bad dimension {dim!r} in shape at {path}")
+        elements *= dim
+    return np.dtype(dtype), shape, elements
+
+
+def _decode_slot_array(node: dict, region: Any, path: str) -> np.ndarray:
+    np_dtype, shape, elements = _dtype_and_shape(node, path)
+    if region is None:
+        raise ProtocolError(f"array at {path} names a shared-memory slot, but this task has none")
+    offset, nbytes = node["m"], elements * np_dtype.itemsize
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0 or offset % np_dtype.itemsize:
+        raise ProtocolError(f"bad slot offset {offset!r} at {path}")
+    if offset + nbytes > len(region):
+        raise ProtocolError(f"array at {path} ({nbytes} bytes at {offset}) overruns its slot of {len(region)} bytes")
+    return region[offset : offset + nbytes].view(np_dtype).reshape(shape)
+
+
+def _decode_array(node: dict, frames: Sequence[Any], used: list[bool], path: str) -> np.ndarray | Chunked:
+    np_dtype, shape, elements = _dtype_and_shape(node, path)
+    index, count = node.get("f"), node.get("n", 1)
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise ProtocolError(f"bad frame count {count!r} at {path}")
     if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index <= len(frames) - count:
@@ -182,10 +229,6 @@ def _decode_array(node: dict, frames: Sequence[Any], used: list[bool], path: str
     if any(used[index : index + count]):
         raise ProtocolError(f"frame {index} referenced twice (at {path})")
     used[index : index + count] = [True] * count
-    np_dtype = np.dtype(dtype)
-    elements = 1
-    for dim in shape:
-        elements *= dim
     buffers = frames[index : index + count]
     length = sum(len(b) for b in buffers)
     if elements * np_dtype.itemsize != length:

@@ -11,6 +11,8 @@ reason. Callers count and drop; they never let it escape a loop.
 Fields beyond DESIGN's table: TASK carries ``task`` (a unique id of this issuance, so that a re-issued
 batch and its late twin are told apart without guessing) and ``on_error``; BATCH and FAIL echo ``task``;
 HELLO carries ``nonce``, which changes whenever the producer drops its state for this consumer.
+Optional: HELLO ``shm`` (the token of the consumer's shared-memory slab the producer mapped) and TASK
+``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written; see :mod:`common.shm`).
 """
 
 from __future__ import annotations
@@ -97,6 +99,13 @@ SCHEMAS: dict[str, dict[str, Check]] = {
 }
 
 
+#: Optional fields, checked when present.
+OPTIONAL: dict[str, dict[str, Check]] = {
+    HELLO: {"shm": _str},
+    TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0},
+}
+
+
 def make_header(msg_type: str, **fields: Any) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, "type": msg_type, **fields}
 
@@ -141,6 +150,9 @@ def parse_header(frame: Any) -> dict[str, Any]:
         if key not in header:
             raise ProtocolError(f"{msg_type} lacks field {key!r}")
         if not check(header[key]):
+            raise ProtocolError(f"{msg_type} field {key!r} is invalid: {_short(header[key])}")
+    for key, check in OPTIONAL.get(msg_type, {}).items():
+        if key in header and not check(header[key]):
             raise ProtocolError(f"{msg_type} field {key!r} is invalid: {_short(header[key])}")
     return header
 

@@ -28,6 +28,8 @@ class ProducerInfo:
     last_heard: float
     joined: float
     in_flight: set[int] = field(default_factory=set)  # task ids
+    shared: bool = False  # mapped this consumer's shared-memory slab (a local producer)
+    pid: int = 0
     batches: int = 0
     bytes: int = 0
 

@@ -18,6 +18,7 @@ terminate the context.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import random
 import threading
@@ -57,6 +58,7 @@ class IoConfig:
     dataset_len: int | None
     fingerprint: str | None
     curve: Any = None
+    slab: Any = None  # common.shm.Slab shared with local producers, owned by LocalProducers
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,9 @@ class IoThread:
         self._epoch = 0
         self._first_name: str | None = None
         self._bad_peers: OrderedDict[bytes, float] = OrderedDict()  # peers logged / last REJECT sent
+        self.slab = config.slab
+        self._slot_of: dict[int, tuple[tuple[int, int], tuple[str, int]]] = {}  # task id -> (slot, identity)
+        self._lost_slots: list[tuple[tuple[int, int], int]] = []  # (slot, pid) given up with a lost producer
         self._log_window, self._log_lines, self._log_suppressed = time.monotonic(), 0, 0
         self.producers_seen = 0
         self.no_producer_since = time.monotonic()
@@ -145,6 +150,8 @@ class IoThread:
                 "queued": self.dispatcher.queued,
                 "reissued": self.dispatcher.reissued,
                 "per_producer": producers,
+                "shared_memory": None if self.slab is None else {
+                    "slots": self.slab.slots, "free": self.slab.free, "lost": len(self._lost_slots)},
             }
 
     # --- the thread ---------------------------------------------------------------------------------
@@ -337,9 +344,10 @@ class IoThread:
                     for other in list(self.dispatcher.producers.values()):
                         if other.producer_id == header["producer"]:
                             self._lose(other.peer, "restarted its work (new HELLO)")
+                    shared = self.slab is not None and header.get("shm") == self.slab.token
                     self.dispatcher.add(ProducerInfo(
                         peer=peer, producer_id=header["producer"], nonce=header["nonce"], name=name,
-                        slots=header["slots"], last_heard=now, joined=now,
+                        slots=header["slots"], last_heard=now, joined=now, shared=shared, pid=header["pid"],
                     ))
                     self.producers_seen += 1
                     log.info("producer %s joined (%d slots); %d live", name, header["slots"],
@@ -367,7 +375,15 @@ class IoThread:
         task = self.dispatcher.complete(header["task"], info.peer)
         if task is None:
             self.counters.duplicates += 1
+            held = self._slot_of.get(header["task"])
+            if held is not None and held[1] == info.identity:  # it has finished with the slot
+                del self._slot_of[header["task"]]
+                self.slab.give_back(held[0])
         return task
+
+    def _take_slot(self, task_id: int) -> tuple[int, int] | None:
+        held = self._slot_of.pop(task_id, None)
+        return None if held is None else held[0]
 
     def _batch(self, info: ProducerInfo, header: dict[str, Any], data: list[Any]) -> None:
         task = self._claim(info, header)
@@ -376,7 +392,11 @@ class IoThread:
         try:
             if (header["epoch"], header["seq"]) != (self._epoch, task.seq):
                 raise ProtocolError(f"BATCH for task {header['task']} names seq {header['seq']}, expected {task.seq}")
-            tree = decode_tree(header["tree"], [f.buffer for f in data], max_bytes=self.config.max_batch_bytes)
+            slot = self._take_slot(task.task)
+            region = None if slot is None else self.slab.region(slot)  # free again once the batch is dropped
+            tree = decode_tree(header["tree"], [f.buffer for f in data], max_bytes=self.config.max_batch_bytes,
+                               region=region)
+            del region
             self._check_structure(task, tree, header["errors"])
         except ProtocolError as exc:
             # it answered its own task with a batch we cannot use: broken or hostile. Re-issue the seq,
@@ -388,6 +408,8 @@ class IoThread:
                                                  reason=f"rejected: your batch for seq {task.seq} was unusable: {exc}")])
             raise
         nbytes = tree_nbytes(tree)
+        if slot is not None and nbytes > sum(len(f) for f in data):
+            self.counters.shared_batches += 1
         info.batches += 1
         info.bytes += nbytes
         self.counters.received += 1
@@ -419,6 +441,9 @@ class IoThread:
         task = self._claim(info, header)
         if task is None:
             return
+        slot = self._take_slot(task.task)
+        if slot is not None:
+            self.slab.give_back(slot)
         if self.config.on_error == "skip":
             self._count_skips(info, header["errors"])
             self.buffer.put(Delivery(run=task.run, seq=task.seq, producer=info.name, skipped=True))
@@ -440,6 +465,8 @@ class IoThread:
 
     # --- heartbeats, liveness, dispatch -------------------------------------------------------------
     def _heartbeat(self, now: float) -> None:
+        if self._lost_slots:
+            self._reclaim_slots()
         for peer in self.dispatcher.overdue(now - self.config.task_timeout):
             self._lose(peer, f"held a task for more than task_timeout={self.config.task_timeout:g} s")
         deadline = now - self.config.liveness * self.config.heartbeat
@@ -451,12 +478,28 @@ class IoThread:
 
     def _lose(self, peer: bytes, why: str) -> None:
         with self._lock:
+            held = self.dispatcher.producers.get(peer)
+            tasks = list(held.in_flight) if held is not None else []
             info = self.dispatcher.lose(peer)
         if info is None:
             return
+        for task_id in tasks:  # it may still be writing into these: reuse them only once it has exited
+            slot = self._take_slot(task_id)
+            if slot is not None:
+                self._lost_slots.append((slot, info.pid))
         log.warning("producer %s lost (%s); %d live", info.name, why, len(self.dispatcher.producers))
         if not self.dispatcher.producers:
             self.no_producer_since = time.monotonic()
+
+    def _reclaim_slots(self) -> None:
+        """Slots of lost producers whose process has exited are safe to reuse."""
+        kept = []
+        for slot, pid in self._lost_slots:
+            if _process_exists(pid):
+                kept.append((slot, pid))
+            else:
+                self.slab.give_back(slot)
+        self._lost_slots = kept
 
     def _dispatch(self) -> None:
         if self._plan is None:
@@ -465,11 +508,21 @@ class IoThread:
             tasks = self.dispatcher.assign(self.buffer.held, time.monotonic())
         for task in tasks:
             indices = self._plan.batch(task.seq)
+            extra = {}
+            info = self.dispatcher.producers.get(task.peer)
+            if info is not None and info.shared:
+                slot = self.slab.take()
+                if slot is not None:  # none free (the loop holds many batches): this one goes over the socket
+                    self._slot_of[task.task] = (slot, info.identity)
+                    extra["slot"] = list(slot)
             ok = self._send(task.peer, [protocol.pack(
                 protocol.TASK, session=self.session, task=task.task, epoch=self._epoch, seq=task.seq,
-                indices=indices, on_error=self.config.on_error,
+                indices=indices, on_error=self.config.on_error, **extra,
             )])
             if not ok:
+                slot = self._take_slot(task.task)
+                if slot is not None:  # never reached the producer
+                    self.slab.give_back(slot)
                 self._lose(task.peer, "unreachable")
 
     def _send(self, peer: bytes, frames: list[Any]) -> bool:
@@ -478,3 +531,13 @@ class IoThread:
             return True
         except zmq.ZMQError:  # EHOSTUNREACH (gone) or EAGAIN (not reading)
             return False
+
+
+def _process_exists(pid: int) -> bool:
+    """True while ``pid`` can still run (a zombie cannot write to memory any more)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")

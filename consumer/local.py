@@ -11,6 +11,9 @@ through the producer's one public entry point:
 
 Each producer dies with its parent (``PR_SET_PDEATHSIG``). ``close()`` sends SIGTERM (the producer says
 BYE and exits 0), waits, then SIGKILLs stragglers and removes the folder.
+
+With ``shared_memory=(slots, slot_bytes)`` this object also owns the :class:`common.shm.Slab` that its
+producers write batches into (see :mod:`common.shm`), and closes it last.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import tempfile
 import time
 from typing import Any
 
+from common import shm
 from common.constants import JOIN_TIMEOUT_S
 from common.errors import ProducerStartupError
 
@@ -73,12 +77,16 @@ class LocalProducers:
     """N producer processes on this machine; see the module docstring."""
 
     def __init__(self, count: int, dataset: Any, *, dataset_args: dict[str, Any] | None, threads: int, slots: int,
-                 heartbeat: float, liveness: int, mp_context: str | None, transform: str | None = None) -> None:
+                 heartbeat: float, liveness: int, mp_context: str | None, transform: str | None = None,
+                 shared_memory: tuple[int, int] | None = None) -> None:
         self.transform = transform
         self.folder = tempfile.mkdtemp(prefix="ferry-")
         self.endpoint = f"ipc://{self.folder}/consumer.sock"
         self.children: list[_Child] = []
+        self.slab: shm.Slab | None = None
         try:
+            if shared_memory is not None and shm.available():
+                self.slab = shm.Slab(*shared_memory)
             if isinstance(dataset, str):
                 for _ in range(count):
                     self.children.append(_Child(self._spawn_cli(dataset, dataset_args or {}, threads, slots,
@@ -89,6 +97,7 @@ class LocalProducers:
                 config = ProducerConfig(
                     endpoints=(self.endpoint,), dataset=type(dataset).__qualname__, threads=threads, slots=slots,
                     heartbeat=heartbeat, liveness=liveness, exit_with_parent=True, transform=transform,
+                    shared_memory=(self.slab.path, self.slab.token) if self.slab is not None else None,
                 )
                 ctx = multiprocessing.get_context(mp_context or ("fork" if sys.platform == "linux" else "spawn"))
                 for _ in range(count):
@@ -105,6 +114,8 @@ class LocalProducers:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
         env["FERRY_EXIT_WITH_PARENT"] = "1"
         env["FERRY_DATASET_ARGS"] = json.dumps(args)
+        if self.slab is not None:
+            env["FERRY_SHARED_MEMORY"] = f"{self.slab.token}:{self.slab.path}"
         command = [sys.executable, "-m", "producer", "--connect", self.endpoint, "--dataset", spec,
                    "--threads", str(threads), "--slots", str(slots), "--heartbeat", str(heartbeat),
                    "--liveness", str(liveness), "--log-level", os.environ.get("FERRY_LOG_LEVEL", "WARNING")]
@@ -135,3 +146,5 @@ class LocalProducers:
             child.release()
         self.children.clear()
         shutil.rmtree(self.folder, ignore_errors=True)
+        if self.slab is not None:
+            self.slab.close()

@@ -19,6 +19,7 @@ class Counters:
     stale: int = 0  # results tagged with an old session
     invalid_messages: int = 0
     skipped_samples: int = 0
+    shared_batches: int = 0  # received through the shared-memory slab (local producers)
     # written by the training thread
     batches: int = 0  # yielded to the training loop
     bytes_yielded: int = 0

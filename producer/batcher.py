@@ -48,6 +48,7 @@ class Job:
     seq: int
     indices: list[int]
     on_error: str
+    slot: Any = None  # a common.shm.SlotWriter: the consumer's shared memory to write this batch into
 
 
 @dataclass
@@ -119,7 +120,7 @@ class Batcher:
             return self._fail(job, errors)
         try:
             tree = collate(samples)
-            spec, array_frames = encode_tree(tree, chunk_bytes=FRAME_CHUNK_BYTES)
+            spec, array_frames = encode_tree(tree, chunk_bytes=FRAME_CHUNK_BYTES, slot=job.slot)
         except Exception as exc:
             return self._fail(job, [_error_record(job.indices[0], exc)])
         header = protocol.pack(
@@ -129,7 +130,12 @@ class Batcher:
 
     def _assemble_fast(self, job: Job) -> Outcome:
         shape, dtype = self._layout
-        buffer = self.pool.acquire((len(job.indices), *shape), dtype)
+        batch_shape = (len(job.indices), *shape)
+        room = job.slot.reserve(int(np.prod(batch_shape)) * np.dtype(dtype).itemsize) if job.slot else None
+        if room is not None:  # straight into the consumer's shared memory
+            buffer, from_pool = room.view(dtype).reshape(batch_shape), False
+        else:
+            buffer, from_pool = self.pool.acquire(batch_shape, dtype), True
         futures = [self._samples.submit(self._dataset.read_into, i, buffer[row]) for row, i in enumerate(job.indices)]
         labels, good, errors = [], [], []
         for row, (index, future) in enumerate(zip(job.indices, futures)):
@@ -139,14 +145,17 @@ class Batcher:
             except Exception as exc:
                 errors.append(_error_record(index, exc))
         if errors and (job.on_error == "raise" or not good):
-            self.pool.release(buffer)
+            if from_pool:
+                self.pool.release(buffer)
             return self._fail(job, errors)
         if errors:  # skip: a rare path, so a compacting copy is fine
             array, pooled = buffer[good], None
-            self.pool.release(buffer)
+            if from_pool:
+                self.pool.release(buffer)
         else:
-            array, pooled = buffer, buffer
-        spec, array_frames = encode_tree([array, np.asarray(labels, dtype=np.int64)], chunk_bytes=FRAME_CHUNK_BYTES)
+            array, pooled = buffer, (buffer if from_pool else None)
+        spec, array_frames = encode_tree([array, np.asarray(labels, dtype=np.int64)], chunk_bytes=FRAME_CHUNK_BYTES,
+                                         slot=job.slot)
         header = protocol.pack(
             protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq, tree=spec, errors=errors
         )

@@ -115,8 +115,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m producer") -> int
             slots=args.slots, heartbeat=args.heartbeat, liveness=args.liveness,
             exit_with_parent=os.environ.get("FERRY_EXIT_WITH_PARENT") == "1", curve=curve,
             transform=args.transform, metrics_port=args.metrics_port,
+            shared_memory=shared_memory_from_env(),
         )
         return serve(config)
     except (FerryError, ValueError) as exc:
         print(f"ferry producer: error: {exc}", file=sys.stderr)
         return 2
+
+
+def shared_memory_from_env() -> tuple[str, str] | None:
+    """``FERRY_SHARED_MEMORY=TOKEN:PATH``, set by a consumer for the producers it starts (local mode)."""
+    value = os.environ.get("FERRY_SHARED_MEMORY", "")
+    token, _, path = value.partition(":")
+    return (path, token) if token and path else None

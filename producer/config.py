@@ -60,6 +60,8 @@ class ProducerConfig:
         curve: CURVE client keys, or None for plaintext.
         transform: ``package.module:callable`` applied to every sample on the producer (disables the
             built-in datasets' read-into-batch fast path, since samples must exist as objects).
+        shared_memory: ``(path, token)`` of the shared-memory slab of the consumer that started this
+            producer on its own machine (see :mod:`common.shm`); None over the network.
     """
 
     endpoints: tuple[str, ...]
@@ -75,6 +77,7 @@ class ProducerConfig:
     dataset_label: str = ""
     transform: str | None = None
     metrics_port: int | None = None
+    shared_memory: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoints", expand_endpoints(list(self.endpoints)))

@@ -93,6 +93,7 @@ class Producer:
         self._done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._ctx = zmq.Context()
         self._conns: dict[int, Connection] = {}
+        self._slab = self._map_slab(config.shared_memory)
         self._batcher = Batcher(
             dataset,
             threads=config.threads,
@@ -102,6 +103,7 @@ class Producer:
         )
         self.batches_sent = 0
         self.bytes_sent = 0
+        self.shared_batches = 0  # batches written into the consumer's shared-memory slab
         self.invalid_messages = 0
         self.stale_messages = 0
         self._keys = itertools.count()
@@ -204,7 +206,7 @@ class Producer:
     def figures(self) -> dict[str, Any]:
         """What the metrics endpoint exports (read from its thread; plain int reads)."""
         return {
-            "batches_sent": self.batches_sent, "bytes_sent": self.bytes_sent,
+            "batches_sent": self.batches_sent, "bytes_sent": self.bytes_sent, "shared_batches": self.shared_batches,
             "invalid_messages": self.invalid_messages, "stale_messages": self.stale_messages,
             "pending": self._batcher.pending,
             "consumers": sum(1 for c in list(self._conns.values()) if c.state is ConnState.SERVING),
@@ -281,9 +283,16 @@ class Producer:
             raise ProtocolError(f"TASK index {bad} out of range for {self.dataset_len} samples")
         if conn.pending >= 2 * MAX_SLOTS:
             raise ProtocolError(f"TASK beyond {2 * MAX_SLOTS} pending tasks")
+        slot = None
+        if "slot" in header and self._slab is not None:  # a consumer without our slab never sends one
+            try:
+                slot = self._slab.writer(tuple(header["slot"]))
+            except ValueError as exc:
+                raise ProtocolError(str(exc)) from None
         conn.pending += 1
         self._batcher.submit(
-            Job(conn.key, conn.session, header["task"], header["epoch"], header["seq"], indices, header["on_error"])
+            Job(conn.key, conn.session, header["task"], header["epoch"], header["seq"], indices, header["on_error"],
+                slot)
         )
 
     # --- sending ------------------------------------------------------------------------------------
@@ -313,6 +322,9 @@ class Producer:
             if sent and not outcome.failed:
                 self.batches_sent += 1
                 self.bytes_sent += sum(len(f) for f in outcome.frames[1:])
+                if outcome.job.slot is not None and outcome.job.slot.used:
+                    self.shared_batches += 1
+                    self.bytes_sent += outcome.job.slot.used
 
     def _release(self, outcome: Outcome, tracker: Any) -> None:
         if outcome.buffer is not None:
@@ -351,7 +363,21 @@ class Producer:
             pid=os.getpid(),
             slots=self.config.slots,
             dataset={"spec": self.config.dataset_label, "len": self.dataset_len, "fingerprint": self.fingerprint},
+            **({"shm": self.config.shared_memory[1]} if self._slab is not None else {}),
         )
+
+    @staticmethod
+    def _map_slab(shared_memory: tuple[str, str] | None) -> Any:
+        if shared_memory is None:
+            return None
+        from common.shm import SlabMapping
+
+        try:
+            return SlabMapping(shared_memory[0])
+        except (OSError, ValueError) as exc:  # still correct without it: batches go over the socket
+            log.warning("cannot map the consumer's shared memory %s (%s); sending batches over the socket",
+                        shared_memory[0], exc)
+            return None
 
     def _reset(self, conn: Connection, state: ConnState) -> None:
         conn.state, conn.session, conn.pending = state, None, 0
