@@ -109,15 +109,20 @@ def epoch_rate(iterable, batch_size: int, epochs: int = 2) -> float:
 
 
 def ferry_vs_dataloader(loader: RemoteLoader, dl: DataLoader, producers: int, sizes: Sizes,
-                        warm_epochs: int) -> dict[str, Figure]:
-    """Warm both alike, then alternate epoch-rate measurements; closes the loader."""
+                        warm_epochs: int, others: dict[str, RemoteLoader] | None = None) -> dict[str, Figure]:
+    """Warm all alike, then alternate epoch-rate measurements; closes the loaders. ``others`` are more
+    Ferry variants, measured in the same rotation."""
+    loaders = {"ferry": loader, **(others or {})}
     try:
-        wait_producers(loader, producers)
-        epoch_rate(loader, 32, warm_epochs), epoch_rate(dl, 32, warm_epochs)
-        return alternate({"ferry": lambda: epoch_rate(loader, 32), "dataloader": lambda: epoch_rate(dl, 32)},
-                         sizes.repeats)
+        for each in loaders.values():
+            wait_producers(each, producers)
+            epoch_rate(each, 32, warm_epochs)
+        epoch_rate(dl, 32, warm_epochs)
+        systems = {name: (lambda l=each: epoch_rate(l, 32)) for name, each in loaders.items()}
+        return alternate({**systems, "dataloader": lambda: epoch_rate(dl, 32)}, sizes.repeats)
     finally:
-        loader.close()
+        for each in loaders.values():
+            each.close()
 
 
 def make_npy(root: str, n: int, shape: tuple[int, ...], dtype: str) -> None:
@@ -148,22 +153,30 @@ def seed_workload(report: Report, sizes: Sizes, transport_gbps: float | None) ->
             dataset = NpyFolderDataset(root)
             sample_mb = np.prod(sizes.seed_shape) * np.dtype(dtype).itemsize / 1e6
             for p in (1, 2):
-                loader = RemoteLoader(dataset="npy-folder", dataset_args={"root": root}, local_producers=p,
-                                      batch_size=32, shuffle=True, timeout=120)
+                # local producers hand batches over in shared memory (the default); at P=2 the same run
+                # also measures them over the ipc socket, as producers on other machines send
+                def local(shared: bool) -> RemoteLoader:
+                    return RemoteLoader(dataset="npy-folder", dataset_args={"root": root}, local_producers=p,
+                                        batch_size=32, shuffle=True, timeout=120, shared_memory=shared)
+
                 dl = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=p, persistent_workers=True)
+                others = {"ferry socket": local(False)} if p == 2 else None
                 # steady state is what a long training run sees; Ferry's pools fill over the first epochs
-                figs = ferry_vs_dataloader(loader, dl, p, sizes, WARM_EPOCHS)
+                figs = ferry_vs_dataloader(local(True), dl, p, sizes, WARM_EPOCHS, others)
                 del dl
                 r = ratio(figs["ferry"], figs["dataloader"])
                 load = load_only_rate(dataset, min(64, sizes.seed_samples))
                 bound = f"load (1 thread) {load:.0f} samples/s"
                 if transport_gbps:
-                    bound += f"; ipc transport ceiling {transport_gbps * 1e3 / sample_mb:.0f} samples/s"
+                    bound += f"; ipc socket ceiling {transport_gbps * 1e3 / sample_mb:.0f} samples/s"
+                shown = {"ferry samples/s": figs["ferry"].text(), "dataloader samples/s": figs["dataloader"].text(),
+                         "ferry MB/s": f"{figs['ferry'].median * sample_mb:.0f}"}
+                if "ferry socket" in figs:
+                    shown["ferry over the socket samples/s"] = figs["ferry socket"].text()
+                    bound += f"; socket / DataLoader = {ratio(figs['ferry socket'], figs['dataloader']):.2f}"
                 report.add(Row("1 seed workload", f"{dtype} {sample_mb:.3g} MB/sample, P={p}, warm cache",
-                               {"ferry samples/s": figs["ferry"].text(), "dataloader samples/s": figs["dataloader"].text(),
-                                "ferry MB/s": f"{figs['ferry'].median * sample_mb:.0f}"},
-                               ratio=r, target="≥ 1.5 at P=2" if p == 2 else "", met=(r >= 1.5) if p == 2 else None,
-                               note=bound, raw={k: v.values for k, v in figs.items()}))
+                               shown, ratio=r, target="≥ 1.5 at P=2" if p == 2 else "",
+                               met=(r >= 1.5) if p == 2 else None, note=bound, raw={k: v.values for k, v in figs.items()}))
             if dtype == "float32" or sizes is SIZES["full"]:
                 packed_vs_files(report, sizes, dataset, root, dtype)
         finally:
@@ -303,9 +316,11 @@ def ingest(report: Report, sizes: Sizes) -> float | None:
     transport = None
     for mib in sizes.ingest_mib:
         count = max(6, int(sizes.ingest_total_mib / mib))
-        # enough in flight that the producer never waits for a task: this measures the consumer's ceiling
+        # enough in flight that the producer never waits for a task: this measures the consumer's ceiling.
+        # Over the socket, as from another machine: in shared memory a Blank batch would cost no copy at all
         with RemoteLoader(dataset="benchmarks.datasets:Blank", dataset_args={"length": 100_000, "mib": mib},
-                          local_producers=1, producer_slots=4, batch_size=1, buffer_batches=8, timeout=120) as loader:
+                          local_producers=1, producer_slots=4, batch_size=1, buffer_batches=8, timeout=120,
+                          shared_memory=False) as loader:
             wait_producers(loader, 1)
 
             def ferry() -> float:

@@ -19,6 +19,7 @@ producers write batches into (see :mod:`common.shm`), and closes it last.
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import shutil
@@ -32,6 +33,7 @@ from common import shm
 from common.constants import JOIN_TIMEOUT_S
 from common.errors import ProducerStartupError
 
+log = logging.getLogger("ferry.consumer")
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -86,7 +88,10 @@ class LocalProducers:
         self.slab: shm.Slab | None = None
         try:
             if shared_memory is not None and shm.available():
-                self.slab = shm.Slab(*shared_memory)
+                try:
+                    self.slab = shm.Slab(*shared_memory)
+                except OSError as exc:  # e.g. a seccomp profile without memfd_create: the socket still works
+                    log.warning("no shared memory for local producers (%s); batches go over the socket", exc)
             if isinstance(dataset, str):
                 for _ in range(count):
                     self.children.append(_Child(self._spawn_cli(dataset, dataset_args or {}, threads, slots,
