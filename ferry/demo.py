@@ -143,7 +143,9 @@ def run(args: argparse.Namespace) -> int:
                       f"loss {loss_sum / samples:.4f}, accuracy {correct / samples:.2%}", flush=True)
             stats = loader.stats()
             print(f"ferry demo: done. {stats['batches']} batches from {stats['producers_seen']} producer(s), "
-                  f"re-issued {stats['reissued']}, invalid messages {stats['invalid_messages']}", flush=True)
+                  f"re-issued {stats['reissued']}, invalid messages {stats['invalid_messages']}"
+                  + (f", {stats['shared_batches']} handed over in shared memory" if stats["shared_batches"] else ""),
+                  flush=True)
         return 0
     except KeyboardInterrupt:
         print("ferry demo: stopped", flush=True)
