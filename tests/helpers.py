@@ -34,6 +34,24 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
         time.sleep(interval)
 
 
+def dealer(ctx: Any, endpoint: str) -> Any:
+    """A raw DEALER connected to ``endpoint``: a hand-made peer that speaks the protocol itself."""
+    import zmq
+
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    return sock
+
+
+def hello(name: str, *, slots: int, length: int, fingerprint: str) -> bytes:
+    """The HELLO of a hand-made producer ``name`` serving a dataset of ``length`` samples."""
+    from common import protocol
+
+    return protocol.pack(protocol.HELLO, producer=name, nonce=1, host="h", pid=1, slots=slots,
+                         dataset={"spec": "x", "len": length, "fingerprint": fingerprint})
+
+
 def producer_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)

@@ -11,7 +11,7 @@ from common import protocol
 from common.errors import ConfigError, NoProducersError
 from consumer import RemoteLoader
 
-from .helpers import wait_for
+from .helpers import dealer, wait_for
 
 
 def test_no_producers_names_the_endpoint_and_the_count_seen(endpoint):
@@ -65,9 +65,7 @@ def test_fingerprint_mismatch_between_producers_is_rejected(endpoint, spawn, cap
 def test_protocol_version_mismatch_gets_a_reason(endpoint, caplog):
     with RemoteLoader(endpoint=endpoint, batch_size=2, timeout=5) as loader:
         ctx = zmq.Context()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(endpoint)
+        sock = dealer(ctx, endpoint)
         try:
             sock.send(msgpack.packb({"v": 99, "type": "HELLO", "producer": "x"}))
             assert sock.poll(10_000), "no answer to a HELLO of another protocol version"

@@ -19,7 +19,7 @@ from consumer import RemoteLoader
 from tests.datasets import PairDataset
 
 from .fuzzing import bad_tree, hostile_frames, mutate, pack
-from .helpers import assert_tree_equal, free_port, reference_batches, wait_for
+from .helpers import assert_tree_equal, dealer, free_port, hello, reference_batches, wait_for
 
 MESSAGES = 10_000
 RSS_BOUND_MB = 64  # what the consumer process may grow by while it is fuzzed (about 8 MB measured)
@@ -69,18 +69,13 @@ def fuzz_consumer(endpoint: str, seed: int, count: int, length: int, stop: threa
     socks = []
     try:
         for _ in range(4):  # the last one alone sends frames over the size limit (libzmq drops its link)
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
+            sock = dealer(ctx, endpoint)
             sock.setsockopt(zmq.SNDTIMEO, 2000)
-            sock.connect(endpoint)
             socks.append(sock)
         # an insider: registers with the right fingerprint, then answers every task with garbage
-        insider = ctx.socket(zmq.DEALER)
-        insider.setsockopt(zmq.LINGER, 0)
-        insider.connect(endpoint)
+        insider = dealer(ctx, endpoint)
         socks.append(insider)
-        insider.send(protocol.pack(protocol.HELLO, producer="insider", nonce=9, host="fuzz", pid=2, slots=2,
-                                   dataset={"spec": "x", "len": length, "fingerprint": fingerprint_len_print(length)}))
+        insider.send(hello("insider", slots=2, length=length, fingerprint=fingerprint_len_print(length)))
         for i in range(count):
             if stop.is_set():
                 break
@@ -274,13 +269,9 @@ def test_task_timeout_drops_a_producer_that_never_answers(endpoint, spawn):
     """A live peer that takes tasks and never answers cannot stall the epoch."""
     with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, timeout=30, task_timeout=1.0) as loader:
         ctx = zmq.Context()
-        silent = ctx.socket(zmq.DEALER)
-        silent.setsockopt(zmq.LINGER, 0)
-        silent.connect(endpoint)
+        silent = dealer(ctx, endpoint)
         try:
-            silent.send(protocol.pack(protocol.HELLO, producer="silent", nonce=1, host="h", pid=1, slots=4,
-                                      dataset={"spec": "x", "len": 40,
-                                               "fingerprint": dataset_fingerprint(PairDataset(40))}))
+            silent.send(hello("silent", slots=4, length=40, fingerprint=dataset_fingerprint(PairDataset(40))))
             wait_for(lambda: loader.stats()["producers"] == 1, 10, "the silent peer to register")
             it = iter(loader)
             wait_for(lambda: loader.stats()["in_flight"] > 0, 10, "tasks to go to the silent peer")
@@ -329,9 +320,7 @@ def test_insider_with_well_formed_but_wrong_batches_never_reaches_the_loop(endpo
         it = iter(loader)
         first = next(it)  # the structure of this dataset is now known
         ctx = zmq.Context()
-        insider = ctx.socket(zmq.DEALER)
-        insider.setsockopt(zmq.LINGER, 0)
-        insider.connect(endpoint)
+        insider = dealer(ctx, endpoint)
         answered, rejections = 0, []
         stop = threading.Event()
 
@@ -351,9 +340,7 @@ def test_insider_with_well_formed_but_wrong_batches_never_reaches_the_loop(endpo
                                         *frames])
                 answered += 1
 
-        insider.send(protocol.pack(protocol.HELLO, producer="insider", nonce=1, host="h", pid=1, slots=4,
-                                   dataset={"spec": "x", "len": length,
-                                            "fingerprint": dataset_fingerprint(PairDataset(length))}))
+        insider.send(hello("insider", slots=4, length=length, fingerprint=dataset_fingerprint(PairDataset(length))))
         worker = threading.Thread(target=serve)
         worker.start()
         try:

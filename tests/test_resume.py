@@ -9,7 +9,7 @@ import torch
 from consumer import RemoteLoader
 from tests.datasets import PairDataset
 
-from .helpers import REPO, producer_env, reference_batches, wait_for
+from .helpers import REPO, dealer, hello, producer_env, reference_batches, wait_for
 
 
 def start_worker(endpoint, state_file, mode):
@@ -87,12 +87,9 @@ def test_batches_tagged_with_an_old_session_are_dropped(endpoint):
 
     with RemoteLoader(endpoint=endpoint, batch_size=2, dataset_len=10, timeout=5, heartbeat=0.2) as loader:
         ctx = zmq.Context()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(endpoint)
+        sock = dealer(ctx, endpoint)
         try:
-            sock.send(protocol.pack(protocol.HELLO, producer="fake", nonce=1, host="h", pid=1, slots=1,
-                                    dataset={"spec": "s", "len": 10, "fingerprint": "f"}))
+            sock.send(hello("fake", slots=1, length=10, fingerprint="f"))
             assert sock.poll(10_000)
             welcome = protocol.parse_header(sock.recv())
             sock.send(protocol.pack(protocol.BATCH, session=welcome["session"] ^ 1, task=1, epoch=0, seq=0,
