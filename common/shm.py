@@ -25,17 +25,13 @@ never have one, and nothing changes for them.
 from __future__ import annotations
 
 import ctypes
-import logging
 import mmap
 import os
 import secrets
 import threading
 import weakref
-from typing import Any
 
 import numpy as np
-
-log = logging.getLogger("ferry.shm")
 
 #: Leaves placed in a slot start at multiples of this. [Unit: byte]
 SLOT_ALIGN = 64
@@ -89,7 +85,7 @@ class _Lease:
 
 
 class Slab:
-    """The consumer's side: owns the memfd and the slots. ``take``/``mark_lost`` run on the io thread;
+    """The consumer's side: owns the memfd and the slots. ``take`` runs on the io thread;
     ``_release`` runs on whatever thread drops a batch's last view, so the free list has a lock."""
 
     def __init__(self, slots: int, slot_bytes: int) -> None:
@@ -107,7 +103,6 @@ class Slab:
         self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
         self._lock = threading.Lock()
         self._free = list(range(self.slots - 1, -1, -1))
-        self.lost = 0  # slots given up with a lost producer
 
     def take(self) -> tuple[int, int] | None:
         """A free slot as ``(offset, nbytes)``, or None."""
@@ -119,9 +114,6 @@ class Slab:
     def give_back(self, slot: tuple[int, int]) -> None:
         """The producer answered without using the slot's contents (FAIL, or a batch we drop)."""
         self._release(slot[0] // self.slot_bytes)
-
-    def mark_lost(self, count: int = 1) -> None:
-        self.lost += count
 
     def region(self, slot: tuple[int, int]) -> np.ndarray:
         """A uint8 array over ``slot``: decode the batch's leaves as views of it. The slot is free again once

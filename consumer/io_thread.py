@@ -18,7 +18,6 @@ terminate the context.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import random
 import threading
@@ -377,13 +376,18 @@ class IoThread:
             self.counters.duplicates += 1
             held = self._slot_of.get(header["task"])
             if held is not None and held[1] == info.identity:  # it has finished with the slot
-                del self._slot_of[header["task"]]
-                self.slab.give_back(held[0])
+                self._give_back_slot(header["task"])
         return task
 
     def _take_slot(self, task_id: int) -> tuple[int, int] | None:
         held = self._slot_of.pop(task_id, None)
         return None if held is None else held[0]
+
+    def _give_back_slot(self, task_id: int) -> None:
+        """The task's slot (if it had one) is not in use: free it now."""
+        slot = self._take_slot(task_id)
+        if slot is not None:
+            self.slab.give_back(slot)
 
     def _batch(self, info: ProducerInfo, header: dict[str, Any], data: list[Any]) -> None:
         task = self._claim(info, header)
@@ -441,9 +445,7 @@ class IoThread:
         task = self._claim(info, header)
         if task is None:
             return
-        slot = self._take_slot(task.task)
-        if slot is not None:
-            self.slab.give_back(slot)
+        self._give_back_slot(task.task)
         if self.config.on_error == "skip":
             self._count_skips(info, header["errors"])
             self.buffer.put(Delivery(run=task.run, seq=task.seq, producer=info.name, skipped=True))
@@ -520,9 +522,7 @@ class IoThread:
                 indices=indices, on_error=self.config.on_error, **extra,
             )])
             if not ok:
-                slot = self._take_slot(task.task)
-                if slot is not None:  # never reached the producer
-                    self.slab.give_back(slot)
+                self._give_back_slot(task.task)  # the TASK never reached the producer
                 self._lose(task.peer, "unreachable")
 
     def _send(self, peer: bytes, frames: list[Any]) -> bool:

@@ -132,10 +132,9 @@ class Batcher:
         shape, dtype = self._layout
         batch_shape = (len(job.indices), *shape)
         room = job.slot.reserve(int(np.prod(batch_shape)) * np.dtype(dtype).itemsize) if job.slot else None
-        if room is not None:  # straight into the consumer's shared memory
-            buffer, from_pool = room.view(dtype).reshape(batch_shape), False
-        else:
-            buffer, from_pool = self.pool.acquire(batch_shape, dtype), True
+        # straight into the consumer's shared memory if there is a slot, else a pooled buffer. release() below
+        # ignores what the pool did not hand out, so a slot view needs no special case there
+        buffer = room.view(dtype).reshape(batch_shape) if room is not None else self.pool.acquire(batch_shape, dtype)
         futures = [self._samples.submit(self._dataset.read_into, i, buffer[row]) for row, i in enumerate(job.indices)]
         labels, good, errors = [], [], []
         for row, (index, future) in enumerate(zip(job.indices, futures)):
@@ -145,15 +144,13 @@ class Batcher:
             except Exception as exc:
                 errors.append(_error_record(index, exc))
         if errors and (job.on_error == "raise" or not good):
-            if from_pool:
-                self.pool.release(buffer)
+            self.pool.release(buffer)
             return self._fail(job, errors)
         if errors:  # skip: a rare path, so a compacting copy is fine
             array, pooled = buffer[good], None
-            if from_pool:
-                self.pool.release(buffer)
+            self.pool.release(buffer)
         else:
-            array, pooled = buffer, (buffer if from_pool else None)
+            array, pooled = buffer, (buffer if room is None else None)
         spec, array_frames = encode_tree([array, np.asarray(labels, dtype=np.int64)], chunk_bytes=FRAME_CHUNK_BYTES,
                                          slot=job.slot)
         header = protocol.pack(
