@@ -21,9 +21,9 @@ import time
 import numpy as np
 import torch
 
-from consumer import RemoteLoader
-from consumer.buffer import Delivery
-from consumer.staging import CpuStager, CudaStager
+from ferry import RemoteLoader
+from ferry.consumer.buffer import Delivery
+from ferry.consumer.staging import CpuStager, CudaStager
 
 
 def raw_h2d_gbps(nbytes: int, reps: int, device: torch.device) -> float:

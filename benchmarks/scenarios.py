@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader
 
-from common.datasets import NpyFolderDataset, SyntheticDataset, read_npy_into
-from consumer import RemoteLoader
+from ferry.common.datasets import NpyFolderDataset, SyntheticDataset, read_npy_into
+from ferry import RemoteLoader
 
 from .harness import Figure, Report, Row, alternate, ratio
 
@@ -54,7 +54,7 @@ def env() -> dict[str, str]:
 
 
 class Producers:
-    """Remote producers started by hand (``python -m producer``), as users run them."""
+    """Remote producers started by hand (``python -m ferry.producer``), as users run them."""
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
@@ -64,7 +64,7 @@ class Producers:
         import json
 
         for _ in range(count):
-            cmd = [sys.executable, "-m", "producer", "--connect", self.endpoint, "--dataset", spec,
+            cmd = [sys.executable, "-m", "ferry.producer", "--connect", self.endpoint, "--dataset", spec,
                    "--threads", str(threads), "--slots", str(slots), "--heartbeat", "0.2", "--log-level", "WARNING"]
             for k, v in args.items():
                 cmd += ["--dataset-arg", f"{k}={json.dumps(v)}"]
@@ -185,7 +185,7 @@ def seed_workload(report: Report, sizes: Sizes, transport_gbps: float | None) ->
 
 def packed_vs_files(report: Report, sizes: Sizes, dataset: NpyFolderDataset, root: str, dtype: str) -> None:
     """Ferry on packed shards against Ferry on per-file .npy, P=2."""
-    from common.packed import pack
+    from ferry.common.packed import pack
 
     packed_root = root + "-packed"
     try:

@@ -10,7 +10,7 @@ Tree spec grammar (what msgpack carries):
 * ``{"t": "a", "d": "<f4", "s": [2, 3], "f": 0}`` -- an array leaf: dtype, shape, frame number;
   a large leaf adds ``"n": k``: its bytes are the k consecutive frames from ``f`` (see FRAME_CHUNK_BYTES);
 * ``{"t": "a", "d": "<f4", "s": [2, 3], "m": 4096}`` -- an array leaf in the task's shared-memory slot, at
-  that byte offset (local producers only; see :mod:`common.shm`);
+  that byte offset (local producers only; see :mod:`ferry.common.shm`);
 * ``{"t": "d", "k": [keys], "v": [specs]}`` -- a dict (keys are str or int);
 * ``{"t": "l", "v": [specs]}`` / ``{"t": "t", "v": [specs]}`` -- a list / a tuple.
 
@@ -25,8 +25,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .constants import MAX_FRAMES, MAX_NDIM, MAX_TREE_DEPTH, MAX_TREE_LEAVES
-from .errors import ProtocolError
+from ferry.common.constants import MAX_FRAMES, MAX_NDIM, MAX_TREE_DEPTH, MAX_TREE_LEAVES
+from ferry.common.errors import ProtocolError
 
 __all__ = ["encode_tree", "decode_tree", "ALLOWED_DTYPES", "tree_nbytes", "tree_signature", "Chunked"]
 
@@ -73,7 +73,7 @@ def encode_tree(tree: Any, chunk_bytes: int | None = None, slot: Any = None) -> 
     """Encode a batch tree. Returns ``(spec, frames)``; frames are zero-copy views of the arrays.
 
     With ``chunk_bytes``, an array larger than that travels as consecutive frames of that size.
-    With ``slot`` (a :class:`common.shm.SlotWriter`), arrays go into the shared-memory slot while they fit
+    With ``slot`` (a :class:`ferry.common.shm.SlotWriter`), arrays go into the shared-memory slot while they fit
     (an array already written there is only referenced), and travel as frames after that.
     """
     encoder = _Encoder(chunk_bytes, slot)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .errors import DatasetSpecError
+from ferry.common.errors import DatasetSpecError
 
 __all__ = [
     "BUILTINS",
@@ -120,7 +120,7 @@ class SyntheticDataset:
     def sample_array(self, index: int) -> np.ndarray:
         return ((self._base + index) % 251).astype(self.dtype)
 
-    # --- the batch fast path (see producer.batcher): write a sample into its row of a reused buffer ---
+    # --- the batch fast path (see ferry.producer.batcher): write a sample into its row of a reused buffer ---
     def array_layout(self) -> tuple[tuple[int, ...], np.dtype]:
         return self.shape, self.dtype
 
@@ -179,7 +179,7 @@ class NpyFolderDataset:
             raise SampleLoadError(f"cannot load sample {index} from {path}: {type(exc).__name__}: {exc}") from exc
         return array, label
 
-    # --- the batch fast path (see producer.batcher): header parse, then readinto the batch row ---
+    # --- the batch fast path (see ferry.producer.batcher): header parse, then readinto the batch row ---
     def array_layout(self) -> tuple[tuple[int, ...], np.dtype] | None:
         """Shape and dtype of sample 0, if the fast path can serve this folder (else None)."""
         if not self.samples:
@@ -201,13 +201,13 @@ class NpyFolderDataset:
 
 
 def _image_folder(root: str) -> Any:
-    from .images import ImageFolderDataset
+    from ferry.common.images import ImageFolderDataset
 
     return ImageFolderDataset(root)
 
 
 def _packed(root: str) -> Any:
-    from .packed import PackedDataset
+    from ferry.common.packed import PackedDataset
 
     return PackedDataset(root)
 

@@ -53,7 +53,7 @@ class ImageFolderDataset:
         self.root = os.path.abspath(os.fspath(root))
         if not os.path.isdir(self.root):
             raise FileNotFoundError(f"image-folder root {self.root!r} is not a directory")
-        from .datasets import scan_class_folders
+        from ferry.common.datasets import scan_class_folders
 
         self.classes, self.samples, self.fingerprint = scan_class_folders(self.root, tuple(EXTENSIONS), "image-folder")
         if not self.samples:
@@ -78,6 +78,6 @@ class ImageFolderDataset:
         except MissingExtraError:
             raise
         except Exception as exc:
-            from .datasets import SampleLoadError
+            from ferry.common.datasets import SampleLoadError
 
             raise SampleLoadError(f"cannot load sample {index} from {path}: {type(exc).__name__}: {exc}") from exc

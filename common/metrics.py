@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .errors import ConfigError
+from ferry.common.errors import ConfigError
 
 __all__ = ["MetricsServer"]
 

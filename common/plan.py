@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
+from ferry.common.errors import ConfigError
 
 __all__ = ["EpochPlan", "distributed_indices", "build_plan", "plan_length"]
 

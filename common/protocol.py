@@ -2,17 +2,17 @@
 
 Every message is multipart. Frame 0 is a msgpack map holding ``v`` (the protocol version), ``type`` and
 the fields listed in :data:`SCHEMAS`. A BATCH carries its array leaves as further raw frames (see
-:mod:`common.codec`). Nothing is pickled.
+:mod:`ferry.common.codec`). Nothing is pickled.
 
 ``parse_header`` is the single gate for frame 0: it rejects anything that is not a map of the known type
-with the required fields of the right types, and raises :class:`~common.errors.ProtocolError` with the
+with the required fields of the right types, and raises :class:`~ferry.common.errors.ProtocolError` with the
 reason. Callers count and drop; they never let it escape a loop.
 
 Fields beyond DESIGN's table: TASK carries ``task`` (a unique id of this issuance, so that a re-issued
 batch and its late twin are told apart without guessing) and ``on_error``; BATCH and FAIL echo ``task``;
 HELLO carries ``nonce``, which changes whenever the producer drops its state for this consumer.
 Optional: HELLO ``shm`` (the token of the consumer's shared-memory slab the producer mapped) and TASK
-``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written; see :mod:`common.shm`).
+``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written; see :mod:`ferry.common.shm`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 import msgpack
 
-from .constants import MAX_DATASET_LEN, MAX_HEADER_BYTES, MAX_SLOTS, MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION
-from .errors import ProtocolError, VersionMismatch
+from ferry.common.constants import MAX_DATASET_LEN, MAX_HEADER_BYTES, MAX_SLOTS, MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION
+from ferry.common.errors import ProtocolError, VersionMismatch
 
 __all__ = [
     "HELLO", "WELCOME", "REJECT", "TASK", "BATCH", "FAIL", "PING", "BYE",

@@ -20,7 +20,7 @@ from typing import Any
 import zmq
 import zmq.auth
 
-from .errors import ConfigError
+from ferry.common.errors import ConfigError
 
 __all__ = ["CurveServer", "CurveClient", "AuthorizedKeys", "generate_keys"]
 

@@ -10,7 +10,7 @@ the consumer maps too: one copy in all, and the training loop's tensors are view
   memory only once written, and keeps it for reuse (no page faults after the first pass).
 * Each TASK to a producer that mapped the slab may carry a free slot as ``slot=[offset, nbytes]``. The
   producer writes the batch's arrays there and names them in the tree spec by offset (``"m"``, see
-  :mod:`common.codec`); whatever does not fit travels as frames, as before.
+  :mod:`ferry.common.codec`); whatever does not fit travels as frames, as before.
 * The consumer decodes the leaves as views of the slot. The slot stays taken until every one of those
   views is garbage-collected (the training loop dropped the batch): the views' base is a per-batch
   :class:`_Lease` object whose finalizer gives the slot back. Until then a TASK simply carries no slot.

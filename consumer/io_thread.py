@@ -1,13 +1,13 @@
 """The consumer's io thread (DESIGN §6.1): the only code that touches the ROUTER socket.
 
-It runs one poll loop over the ROUTER and a :class:`~common.waker.Waker`. Each turn it
+It runs one poll loop over the ROUTER and a :class:`~ferry.common.waker.Waker`. Each turn it
 1. runs the commands the training thread queued (start a run, close),
 2. receives a bounded burst of messages, validating each one; an invalid message is counted, logged
    once per peer, and dropped (it never raises out of the loop),
 3. sends heartbeats, declares silent producers lost (their tasks go back to the front of the queue),
-4. issues tasks while credits allow (:class:`~consumer.dispatcher.Dispatcher`).
+4. issues tasks while credits allow (:class:`~ferry.consumer.dispatcher.Dispatcher`).
 
-Decoded batches go into the :class:`~consumer.buffer.ReorderBuffer`; decoding there is ``np.frombuffer``
+Decoded batches go into the :class:`~ferry.consumer.buffer.ReorderBuffer`; decoding there is ``np.frombuffer``
 over the received frames, no copy. An unexpected exception ends the loop and is kept in ``failure`` for
 the training thread to re-raise.
 
@@ -28,15 +28,15 @@ from typing import Any
 
 import zmq
 
-from common import protocol
-from common.codec import decode_tree, tree_nbytes, tree_signature
-from common.constants import MAX_TRACKED_PEERS, SOCKET_HWM
-from common.errors import ConfigError, ProtocolError, RemoteSampleError, VersionMismatch
-from common.waker import Waker
+from ferry.common import protocol
+from ferry.common.codec import decode_tree, tree_nbytes, tree_signature
+from ferry.common.constants import MAX_TRACKED_PEERS, SOCKET_HWM
+from ferry.common.errors import ConfigError, ProtocolError, RemoteSampleError, VersionMismatch
+from ferry.common.waker import Waker
 
-from .buffer import Delivery, ReorderBuffer
-from .dispatcher import Dispatcher, ProducerInfo
-from .stats import Counters
+from ferry.consumer.buffer import Delivery, ReorderBuffer
+from ferry.consumer.dispatcher import Dispatcher, ProducerInfo
+from ferry.consumer.stats import Counters
 
 log = logging.getLogger("ferry.consumer")
 
@@ -57,7 +57,7 @@ class IoConfig:
     dataset_len: int | None
     fingerprint: str | None
     curve: Any = None
-    slab: Any = None  # common.shm.Slab shared with local producers, owned by LocalProducers
+    slab: Any = None  # ferry.common.shm.Slab shared with local producers, owned by LocalProducers
 
 
 @dataclass(frozen=True)

@@ -30,20 +30,20 @@ from typing import Any, Callable
 
 import torch
 
-from common.constants import (
+from ferry.common.constants import (
     DEFAULT_BUFFER_BATCHES, DEFAULT_ENDPOINT, DEFAULT_MAX_BATCH_BYTES, DEFAULT_SLOTS, DEFAULT_THREADS,
     DEFAULT_TASK_TIMEOUT_S, DEFAULT_TIMEOUT_S, HEARTBEAT_S, JOIN_TIMEOUT_S, LIVENESS, POLL_SLICE_S, STAGED_BATCHES,
 )
-from common.datasets import dataset_fingerprint
-from common.errors import ConfigError, NoProducersError
-from common.plan import build_plan, plan_length
-from common.waker import Waker
+from ferry.common.datasets import dataset_fingerprint
+from ferry.common.errors import ConfigError, NoProducersError
+from ferry.common.plan import build_plan, plan_length
+from ferry.common.waker import Waker
 
-from .buffer import Delivery, ReorderBuffer, is_eof
-from .io_thread import IoConfig, IoThread, StartRun
-from .local import LocalProducers
-from .staging import iter_tensors, make_stager, staging_loop
-from .stats import Counters, stall_fraction
+from ferry.consumer.buffer import Delivery, ReorderBuffer, is_eof
+from ferry.consumer.io_thread import IoConfig, IoThread, StartRun
+from ferry.consumer.local import LocalProducers
+from ferry.consumer.staging import iter_tensors, make_stager, staging_loop
+from ferry.consumer.stats import Counters, stall_fraction
 
 __all__ = ["RemoteLoader"]
 
@@ -95,7 +95,7 @@ class RemoteLoader:
         pin_memory: stage through page-locked memory. Default: True on CUDA, False otherwise.
         device_transform: a callable applied to each batch on the device, in the training thread.
         local_producers: start this many producer processes here (local mode). Needs ``dataset``.
-        dataset: for local mode, a dataset object or a spec string (see ``common.datasets``).
+        dataset: for local mode, a dataset object or a spec string (see ``ferry.common.datasets``).
         dataset_args: keyword arguments of a dataset spec.
         producer_threads, producer_slots: for local producers.
         shared_memory: local producers write batches straight into shared memory that this process maps
@@ -194,7 +194,7 @@ class RemoteLoader:
             pin_memory = False
         curve = None
         if curve_secret_key or curve_authorized_keys:
-            from common.security import CurveServer
+            from ferry.common.security import CurveServer
 
             if not (curve_secret_key and curve_authorized_keys):
                 raise ConfigError("CURVE needs both curve_secret_key and curve_authorized_keys")
@@ -287,7 +287,7 @@ class RemoteLoader:
             raise
         self._metrics = None
         if metrics_port:
-            from common.metrics import MetricsServer
+            from ferry.common.metrics import MetricsServer
 
             try:
                 self._metrics = MetricsServer(metrics_port, _StatsView(self), "ferry_consumer")
@@ -387,7 +387,7 @@ class RemoteLoader:
         return NoProducersError(
             f"no producer alive for {waited:.1f} s (timeout={self.timeout:g} s); the consumer is bound to "
             f"{', '.join(self.endpoints)} and has seen {seen} producer(s) in all. Start one with: "
-            f"python -m producer --connect tcp://<this-host>:<port> --dataset <spec>"
+            f"python -m ferry.producer --connect tcp://<this-host>:<port> --dataset <spec>"
         )
 
     def _note_wait(self) -> None:
@@ -407,8 +407,8 @@ class RemoteLoader:
 
     def diagnosis(self) -> str:
         """What bounds the current (or last) epoch: the producers, the window, or the transport/consumer,
-        and about how many producers would remove the stall. See :mod:`consumer.diagnosis`."""
-        from .diagnosis import EpochFigures, diagnose
+        and about how many producers would remove the stall. See :mod:`ferry.consumer.diagnosis`."""
+        from ferry.consumer.diagnosis import EpochFigures, diagnose
 
         c = self._counters
         snap = self._io.snapshot()

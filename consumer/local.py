@@ -3,17 +3,17 @@
 They connect over ``ipc://`` to a socket in a private temporary folder. Two ways to start one, both
 through the producer's one public entry point:
 
-* a dataset *spec* (a string): ``python -m producer …`` as a subprocess. Nothing of the training
+* a dataset *spec* (a string): ``python -m ferry.producer …`` as a subprocess. Nothing of the training
   script is re-imported or pickled.
-* a dataset *object*: a ``multiprocessing`` process running :func:`producer.serve` with the object
+* a dataset *object*: a ``multiprocessing`` process running :func:`ferry.producer.serve` with the object
   (``fork`` by default on Linux, as DataLoader does; pass ``mp_context="spawn"`` for objects that must
   not be forked). The object travels by pickle between our own processes, never on the wire.
 
 Each producer dies with its parent (``PR_SET_PDEATHSIG``). ``close()`` sends SIGTERM (the producer says
 BYE and exits 0), waits, then SIGKILLs stragglers and removes the folder.
 
-With ``shared_memory=(slots, slot_bytes)`` this object also owns the :class:`common.shm.Slab` that its
-producers write batches into (see :mod:`common.shm`), and closes it last.
+With ``shared_memory=(slots, slot_bytes)`` this object also owns the :class:`ferry.common.shm.Slab` that its
+producers write batches into (see :mod:`ferry.common.shm`), and closes it last.
 """
 
 from __future__ import annotations
@@ -29,12 +29,11 @@ import tempfile
 import time
 from typing import Any
 
-from common import shm
-from common.constants import JOIN_TIMEOUT_S
-from common.errors import ProducerStartupError
+from ferry.common import shm
+from ferry.common.constants import JOIN_TIMEOUT_S
+from ferry.common.errors import ProducerStartupError
 
 log = logging.getLogger("ferry.consumer")
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class _Child:
@@ -97,7 +96,7 @@ class LocalProducers:
                     self.children.append(_Child(self._spawn_cli(dataset, dataset_args or {}, threads, slots,
                                                                 heartbeat, liveness)))
             else:
-                from producer import ProducerConfig, serve
+                from ferry.producer import ProducerConfig, serve
 
                 config = ProducerConfig(
                     endpoints=(self.endpoint,), dataset=type(dataset).__qualname__, threads=threads, slots=slots,
@@ -116,12 +115,11 @@ class LocalProducers:
     def _spawn_cli(self, spec: str, args: dict[str, Any], threads: int, slots: int, heartbeat: float,
                    liveness: int) -> subprocess.Popen:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
         env["FERRY_EXIT_WITH_PARENT"] = "1"
         env["FERRY_DATASET_ARGS"] = json.dumps(args)
         if self.slab is not None:
             env["FERRY_SHARED_MEMORY"] = f"{self.slab.token}:{self.slab.path}"
-        command = [sys.executable, "-m", "producer", "--connect", self.endpoint, "--dataset", spec,
+        command = [sys.executable, "-m", "ferry.producer", "--connect", self.endpoint, "--dataset", spec,
                    "--threads", str(threads), "--slots", str(slots), "--heartbeat", str(heartbeat),
                    "--liveness", str(liveness), "--log-level", os.environ.get("FERRY_LOG_LEVEL", "WARNING")]
         if self.transform:

@@ -2,7 +2,7 @@
 
 * CPU (``device=None`` or ``"cpu"``): every array leaf becomes a tensor over the received frame
   (``torch.from_numpy``), no copy. A large leaf that arrived in several frames (see
-  ``common.constants.FRAME_CHUNK_BYTES``) is assembled into a reused host buffer from :class:`HostPool`:
+  ``ferry.common.constants.FRAME_CHUNK_BYTES``) is assembled into a reused host buffer from :class:`HostPool`:
   the tensor owns that buffer until the training loop drops it, and a finalizer returns it to the pool.
   With ``pin_memory=True`` (and CUDA present) leaves are copied into page-locked memory instead, as
   ``DataLoader(pin_memory=True)`` does.
@@ -25,10 +25,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from common.codec import Chunked
-from common.constants import POLL_SLICE_S
+from ferry.common.codec import Chunked
+from ferry.common.constants import POLL_SLICE_S
 
-from .buffer import Delivery, ReorderBuffer, is_eof
+from ferry.consumer.buffer import Delivery, ReorderBuffer, is_eof
 
 
 def map_arrays(tree: Any, fn: Callable[[np.ndarray | Chunked], Any]) -> Any:

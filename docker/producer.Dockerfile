@@ -15,4 +15,4 @@ RUN python3 -m pip install --no-cache-dir --break-system-packages ${PIP_OPTIONS}
  && python3 -m pip install --no-cache-dir --break-system-packages ${PIP_OPTIONS} --no-deps .
 ENV PYTHONUNBUFFERED=1
 STOPSIGNAL SIGTERM
-ENTRYPOINT ["python3", "-m", "producer"]
+ENTRYPOINT ["python3", "-m", "ferry.producer"]

@@ -1,5 +1,43 @@
-"""The ``ferry`` command: one entry for the producer, the demo and the tools.
+"""Ferry: distributed data loading for PyTorch.
 
-It belongs to neither side, so it lives in its own small package: ``ferry produce`` must not import
-torch (the consumer does), and ``common`` imports neither side.
+Producers (``python -m ferry.producer``) read and collate batches on any machine and stream them over
+ZeroMQ to :class:`RemoteLoader`, a bounded, staged iterator inside the training script.
+
+The public API is this module: ``from ferry import RemoteLoader`` and the error types below. Importing
+``ferry`` does not import torch (the producer image has none): ``RemoteLoader`` is loaded on first use.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+from ferry.common.errors import (
+    ConfigError,
+    DatasetSpecError,
+    FerryError,
+    NoProducersError,
+    ProducerStartupError,
+    ProtocolError,
+    RemoteSampleError,
+    VersionMismatch,
+)
+
+__all__ = [
+    "RemoteLoader",
+    "FerryError",
+    "ConfigError",
+    "DatasetSpecError",
+    "NoProducersError",
+    "ProducerStartupError",
+    "ProtocolError",
+    "RemoteSampleError",
+    "VersionMismatch",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RemoteLoader":  # lazily: it imports torch
+        from ferry.consumer.loader import RemoteLoader
+
+        return RemoteLoader
+    raise AttributeError(f"module 'ferry' has no attribute {name!r}")

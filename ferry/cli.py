@@ -19,7 +19,7 @@ subcommand examples:
   ferry pack /data/train /data/train-packed     # fixed-size records: one read per sample
 
 In a training script:
-  from consumer import RemoteLoader
+  from ferry import RemoteLoader
   with RemoteLoader(endpoint="tcp://*:5555", batch_size=32, shuffle=True) as loader:
       for x, y in loader: ...
 """
@@ -30,7 +30,7 @@ example:
   ferry keys /etc/ferry/keys --producer host-a --producer host-b
   # trainer:  RemoteLoader(..., curve_secret_key="/etc/ferry/keys/server.key_secret",
   #                        curve_authorized_keys="/etc/ferry/keys/authorized")
-  # host-a:   python -m producer ... --curve-key host-a.key_secret --curve-server-key server.key
+  # host-a:   python -m ferry.producer ... --curve-key host-a.key_secret --curve-server-key server.key
 Copy each producer's .key_secret to its host only; the server's .key (public) goes to every producer.
 To authorize another producer later, drop its .key file into the authorized folder; the trainer reads
 the folder again at the next handshake, no restart needed.
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ferry", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("produce", help="run a producer (the same as python -m producer); see ferry produce --help",
+    sub.add_parser("produce", help="run a producer (the same as python -m ferry.producer); see ferry produce --help",
                    add_help=False)
     keys = sub.add_parser("keys", help="generate CURVE key pairs for a consumer and its producers",
                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=KEYS_EPILOG)
@@ -51,12 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     pack = sub.add_parser("pack", help="convert an npy-folder dataset into packed shards (one read per sample)",
                           formatter_class=argparse.RawDescriptionHelpFormatter,
                           epilog="example:\n  ferry pack /data/train /data/train-packed\n"
-                                 "  python -m producer --connect tcp://trainer:5555 --dataset packed "
+                                 "  python -m ferry.producer --connect tcp://trainer:5555 --dataset packed "
                                  "--dataset-arg root=/data/train-packed")
     pack.add_argument("source", help="the npy-folder root (class subfolders of .npy files)")
     pack.add_argument("out", help="folder for the shards and index.json")
     pack.add_argument("--shard-mib", type=int, default=1024, help="shard size in MiB (default 1024)")
-    from .demo import add_arguments
+    from ferry.demo import add_arguments
 
     demo = sub.add_parser("demo", help="generate a small 13-channel dataset, start 2 local producers and "
                                        "train a small CNN on the CPU; prints throughput and stall %%",
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "produce":  # pass every flag through, untouched
-        from producer.cli import main as produce
+        from ferry.producer.cli import main as produce
 
         return produce(argv[1:], prog="ferry produce")
     parser = build_parser()
@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "pack":
-        from common.datasets import NpyFolderDataset
-        from common.packed import pack as write_packed
+        from ferry.common.datasets import NpyFolderDataset
+        from ferry.common.packed import pack as write_packed
 
         source = NpyFolderDataset(args.source)
         index = write_packed(source, args.out, shard_bytes=args.shard_mib << 20, classes=source.classes,
@@ -93,13 +93,13 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
               f"shard(s) in {args.out}; serve it with --dataset packed --dataset-arg root={args.out}")
         return 0
     if args.command == "keys":
-        from common.security import generate_keys
+        from ferry.common.security import generate_keys
 
         for what, where in generate_keys(args.directory, args.producer or ["producer"]).items():
             print(f"{what}: {where}")
         return 0
     if args.command == "demo":
-        from .demo import run
+        from ferry.demo import run
 
         return run(args)
     parser.print_help()

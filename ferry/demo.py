@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from consumer import RemoteLoader
+    from ferry import RemoteLoader
 
     def stop(signum, frame):  # docker compose down: close the loader (BYE to producers), exit cleanly
         raise KeyboardInterrupt

@@ -1,7 +1,7 @@
 """Ferry's producer: a standalone service that loads samples, collates batches and streams them to
 consumers over ZeroMQ.
 
-Run it as ``python -m producer --connect tcp://trainer:5555 --dataset npy-folder --dataset-arg root=/data``
+Run it as ``python -m ferry.producer --connect tcp://trainer:5555 --dataset npy-folder --dataset-arg root=/data``
 (or ``ferry produce …``). Embed it with :func:`serve`, its one public entry point; the consumer's local
 mode starts producers only through it.
 
@@ -17,7 +17,7 @@ import signal
 import threading
 from typing import Any
 
-from .config import ProducerConfig
+from ferry.producer.config import ProducerConfig
 
 __all__ = ["serve", "ProducerConfig"]
 
@@ -30,16 +30,16 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
     Raises:
         DatasetSpecError: the dataset spec cannot be resolved.
     """
-    from common.datasets import resolve_dataset
+    from ferry.common.datasets import resolve_dataset
 
-    from .service import Producer, install_signal_handlers
+    from ferry.producer.service import Producer, install_signal_handlers
 
     if config.exit_with_parent:
         _die_with_parent()
     if dataset is None:
         dataset = resolve_dataset(config.dataset, config.dataset_args)
     if config.transform:
-        from common.datasets import Transformed, resolve_callable
+        from ferry.common.datasets import Transformed, resolve_callable
 
         dataset = Transformed(dataset, resolve_callable(config.transform), config.transform)
     producer = Producer(config, dataset)

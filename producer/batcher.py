@@ -4,7 +4,7 @@ A dataset that offers the *fast path* (``array_layout()`` and ``read_into(index,
 built-in ``npy-folder`` and ``synthetic`` do) has each sample written straight into its row of a reused
 batch buffer: no per-sample array, no collation copy. Its batches are ``[array, int64 labels]``, exactly
 what default_collate makes of ``(array, int)`` samples. Any other dataset takes the general path:
-``dataset[i]``, then :func:`producer.collate.collate`.
+``dataset[i]``, then :func:`ferry.producer.collate.collate`.
 
 Two thread pools, so that one never waits on itself:
 
@@ -14,7 +14,7 @@ Two thread pools, so that one never waits on itself:
   the header.
 
 A finished message goes into ``done`` (a queue the main loop drains) and the main loop is woken through
-its :class:`~common.waker.Waker`. Only the main loop touches sockets.
+its :class:`~ferry.common.waker.Waker`. Only the main loop touches sockets.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from common import protocol
-from common.codec import encode_tree
-from common.constants import FRAME_CHUNK_BYTES
-from common.waker import Waker
+from ferry.common import protocol
+from ferry.common.codec import encode_tree
+from ferry.common.constants import FRAME_CHUNK_BYTES
+from ferry.common.waker import Waker
 
-from .buffers import BufferPool
-from .collate import collate
+from ferry.producer.buffers import BufferPool
+from ferry.producer.collate import collate
 
 
 @dataclass
@@ -48,7 +48,7 @@ class Job:
     seq: int
     indices: list[int]
     on_error: str
-    slot: Any = None  # a common.shm.SlotWriter: the consumer's shared memory to write this batch into
+    slot: Any = None  # a ferry.common.shm.SlotWriter: the consumer's shared memory to write this batch into
 
 
 @dataclass

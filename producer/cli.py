@@ -1,4 +1,4 @@
-"""Command line of the producer: ``python -m producer`` and ``ferry produce``."""
+"""Command line of the producer: ``python -m ferry.producer`` and ``ferry produce``."""
 
 from __future__ import annotations
 
@@ -7,36 +7,36 @@ import logging
 import os
 import sys
 
-from common.constants import DEFAULT_SLOTS, DEFAULT_THREADS, HEARTBEAT_S, LIVENESS
+from ferry.common.constants import DEFAULT_SLOTS, DEFAULT_THREADS, HEARTBEAT_S, LIVENESS
 
 EXAMPLES = """\
 examples:
   # serve .npy files in class folders to a trainer on another host
-  python -m producer --connect tcp://trainer:5555 --dataset npy-folder --dataset-arg root=/data/train
+  python -m ferry.producer --connect tcp://trainer:5555 --dataset npy-folder --dataset-arg root=/data/train
 
   # serve all 4 ranks of a torchrun job on one host (ports 5555..5558), 8 loader threads
-  python -m producer --connect tcp://trainer:5555-5558 --dataset npy-folder --dataset-arg root=/data --threads 8
+  python -m ferry.producer --connect tcp://trainer:5555-5558 --dataset npy-folder --dataset-arg root=/data --threads 8
 
   # your own dataset: a class or factory, with keyword arguments (JSON values)
-  python -m producer --connect tcp://127.0.0.1:5555 --dataset mypkg.data:TileDataset \\
+  python -m ferry.producer --connect tcp://127.0.0.1:5555 --dataset mypkg.data:TileDataset \\
       --dataset-arg root=/data --dataset-arg 'bands=[1,2,3]'
 
   # a synthetic dataset with 5 ms of latency per sample
-  python -m producer --connect tcp://127.0.0.1:5555 --dataset synthetic \\
+  python -m ferry.producer --connect tcp://127.0.0.1:5555 --dataset synthetic \\
       --dataset-arg length=10000 --dataset-arg 'shape=[13,299,299]' --dataset-arg delay=0.005
 
 Every flag can also come from the environment: FERRY_CONNECT (comma-separated), FERRY_DATASET,
 FERRY_DATASET_ARGS (JSON object), FERRY_THREADS, FERRY_SLOTS, FERRY_CURVE_KEY, FERRY_CURVE_SERVER_KEY.
 
   # CURVE: encrypted, and only producers whose keys the consumer authorized get work
-  python -m producer --connect tcp://trainer:5555 --dataset synthetic \\
+  python -m ferry.producer --connect tcp://trainer:5555 --dataset synthetic \\
       --curve-key keys/producer.key_secret --curve-server-key keys/server.key
 Exit status: 0 after SIGTERM/SIGINT (it says BYE first), 2 on a configuration error,
 3 when every consumer rejected it permanently.
 """
 
 
-def build_parser(prog: str = "python -m producer") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m ferry.producer") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description=(
@@ -81,13 +81,13 @@ def build_parser(prog: str = "python -m producer") -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m producer") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m ferry.producer") -> int:
     import json
 
-    from common.datasets import parse_dataset_args
-    from common.errors import FerryError
+    from ferry.common.datasets import parse_dataset_args
+    from ferry.common.errors import FerryError
 
-    from . import ProducerConfig, serve
+    from ferry.producer import ProducerConfig, serve
 
     parser = build_parser(prog)
     args = parser.parse_args(argv)
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m producer") -> int
         dataset_args.update(parse_dataset_args(args.dataset_arg))
         curve = None
         if args.curve_key or args.curve_server_key:
-            from common.security import CurveClient
+            from ferry.common.security import CurveClient
 
             if not (args.curve_key and args.curve_server_key):
                 raise ValueError("CURVE needs both --curve-key and --curve-server-key")

@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.constants import DEFAULT_SLOTS, DEFAULT_THREADS, HEARTBEAT_S, LIVENESS, MAX_SLOTS
-from common.errors import ConfigError
+from ferry.common.constants import DEFAULT_SLOTS, DEFAULT_THREADS, HEARTBEAT_S, LIVENESS, MAX_SLOTS
+from ferry.common.errors import ConfigError
 
 __all__ = ["ProducerConfig", "expand_endpoints"]
 
@@ -48,8 +48,8 @@ class ProducerConfig:
 
     Args:
         endpoints: consumer endpoints to connect to (port ranges allowed).
-        dataset: dataset spec (see :mod:`common.datasets`); ignored when a dataset object is given to
-            :func:`producer.serve`, except as the label it reports.
+        dataset: dataset spec (see :mod:`ferry.common.datasets`); ignored when a dataset object is given to
+            :func:`ferry.producer.serve`, except as the label it reports.
         dataset_args: keyword arguments of the spec.
         threads: loader threads running ``dataset[i]`` concurrently.
         slots: batches this producer takes at once from each consumer.
@@ -61,7 +61,7 @@ class ProducerConfig:
         transform: ``package.module:callable`` applied to every sample on the producer (disables the
             built-in datasets' read-into-batch fast path, since samples must exist as objects).
         shared_memory: ``(path, token)`` of the shared-memory slab of the consumer that started this
-            producer on its own machine (see :mod:`common.shm`); None over the network.
+            producer on its own machine (see :mod:`ferry.common.shm`); None over the network.
     """
 
     endpoints: tuple[str, ...]

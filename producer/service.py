@@ -13,7 +13,7 @@ welcomed, the endpoint gets a fresh DEALER socket: libzmq does not reconnect aft
 peer would otherwise cut this endpoint off for good. A connection that merely waits (a cut link) keeps its
 socket, and the batches queued on it still arrive late, to be dropped by the consumer as duplicates.
 
-Threads: the main loop (this module), plus the batcher's pools (:mod:`producer.batcher`). Shutdown order,
+Threads: the main loop (this module), plus the batcher's pools (:mod:`ferry.producer.batcher`). Shutdown order,
 on SIGTERM / SIGINT / ``stop()``: the main loop leaves its poll, says BYE on every serving connection,
 stops the batcher (waits for running samples, cancels queued ones), then closes sockets with LINGER=0
 and terminates its own zmq context.
@@ -37,14 +37,14 @@ from typing import Any
 
 import zmq
 
-from common import protocol
-from common.constants import MAX_HEADER_BYTES, MAX_SLOTS, SOCKET_HWM
-from common.datasets import dataset_fingerprint
-from common.errors import ProtocolError
-from common.waker import Waker
+from ferry.common import protocol
+from ferry.common.constants import MAX_HEADER_BYTES, MAX_SLOTS, SOCKET_HWM
+from ferry.common.datasets import dataset_fingerprint
+from ferry.common.errors import ProtocolError
+from ferry.common.waker import Waker
 
-from .batcher import Batcher, Job, Outcome
-from .config import ProducerConfig
+from ferry.producer.batcher import Batcher, Job, Outcome
+from ferry.producer.config import ProducerConfig
 
 log = logging.getLogger("ferry.producer")
 
@@ -114,7 +114,7 @@ class Producer:
                 conn = self._connect(endpoint)
                 self._conns[conn.key] = conn
             if config.metrics_port:
-                from common.metrics import MetricsServer
+                from ferry.common.metrics import MetricsServer
 
                 self._metrics = MetricsServer(config.metrics_port, self.figures, "ferry_producer")
         except BaseException:
@@ -370,7 +370,7 @@ class Producer:
     def _map_slab(shared_memory: tuple[str, str] | None) -> Any:
         if shared_memory is None:
             return None
-        from common.shm import SlabMapping
+        from ferry.common.shm import SlabMapping
 
         try:
             return SlabMapping(shared_memory[0])

@@ -5,6 +5,6 @@ import sys
 sys.modules["PIL"] = None
 sys.modules["tifffile"] = None
 
-from producer.cli import main  # noqa: E402
+from ferry.producer.cli import main  # noqa: E402
 
 sys.exit(main(sys.argv[1:]))

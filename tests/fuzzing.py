@@ -7,7 +7,7 @@ from typing import Any
 
 import msgpack
 
-from common.constants import PROTOCOL_VERSION
+from ferry.common.constants import PROTOCOL_VERSION
 
 BAD_DTYPES = ["|O", ">f4", "<U4", "|V8", "<M8[s]", "x", "", 5, None]
 

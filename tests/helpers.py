@@ -46,13 +46,16 @@ def dealer(ctx: Any, endpoint: str) -> Any:
 
 def hello(name: str, *, slots: int, length: int, fingerprint: str) -> bytes:
     """The HELLO of a hand-made producer ``name`` serving a dataset of ``length`` samples."""
-    from common import protocol
+    from ferry.common import protocol
 
     return protocol.pack(protocol.HELLO, producer=name, nonce=1, host="h", pid=1, slots=slots,
                          dataset={"spec": "x", "len": length, "fingerprint": fingerprint})
 
 
 def producer_env() -> dict[str, str]:
+    """The environment of a test's child processes: the repository on PYTHONPATH so that they can import
+    the tests' own datasets (``tests.datasets:…``), as a user puts their own package there. Ferry itself
+    comes from its installation."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
@@ -60,13 +63,13 @@ def producer_env() -> dict[str, str]:
 
 
 class ProducerProcess:
-    """``python -m producer`` as a real child process; stderr is kept for assertions."""
+    """``python -m ferry.producer`` as a real child process; stderr is kept for assertions."""
 
     def __init__(self, endpoints: str | Iterable[str], dataset: str, args: dict[str, Any] | None = None, *,
                  threads: int = 2, slots: int = 2, heartbeat: float = 0.2, extra: Iterable[str] = (),
                  netns: str | None = None) -> None:
         endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
-        command = [sys.executable, "-m", "producer", "--dataset", dataset, "--threads", str(threads),
+        command = [sys.executable, "-m", "ferry.producer", "--dataset", dataset, "--threads", str(threads),
                    "--slots", str(slots), "--heartbeat", str(heartbeat), *extra]
         for endpoint in endpoints:
             command += ["--connect", endpoint]

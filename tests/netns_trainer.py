@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from consumer import RemoteLoader
+from ferry import RemoteLoader
 
 
 def main() -> None:

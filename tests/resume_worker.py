@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from consumer import RemoteLoader
+from ferry import RemoteLoader
 
 
 def main() -> None:

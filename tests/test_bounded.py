@@ -3,7 +3,7 @@
 import threading
 import time
 
-from consumer import RemoteLoader
+from ferry import RemoteLoader
 
 
 def test_slow_loop_never_exceeds_capacity(endpoint, spawn):

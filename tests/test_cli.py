@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from consumer import RemoteLoader
+from ferry import RemoteLoader
 
 from .helpers import REPO, producer_env, wait_for
 
@@ -17,7 +17,7 @@ def run(*args, timeout=60):
 
 
 def test_producer_help_lists_every_flag_with_examples():
-    out = run("-m", "producer", "--help")
+    out = run("-m", "ferry.producer", "--help")
     assert out.returncode == 0
     for flag in ["--connect", "--dataset", "--dataset-arg", "--threads", "--slots", "--heartbeat", "--liveness",
                  "--log-level", "examples:", "FERRY_CONNECT", "npy-folder", "synthetic", "Exit status"]:
@@ -50,7 +50,7 @@ def test_ferry_help_lists_subcommands_and_produce_passes_through():
     ],
 )
 def test_bad_configuration_is_one_clear_line(args, cause):
-    out = run("-m", "producer", *args)
+    out = run("-m", "ferry.producer", *args)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
@@ -61,7 +61,7 @@ def test_unreachable_consumer_is_named_in_a_warning():
     from .helpers import free_port
 
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    with subprocess.Popen([sys.executable, "-m", "producer", "--connect", endpoint, "--dataset", "synthetic",
+    with subprocess.Popen([sys.executable, "-m", "ferry.producer", "--connect", endpoint, "--dataset", "synthetic",
                            "--heartbeat", "0.1"], env={**producer_env(), "FERRY_UNREACHABLE_WARNING_S": "0.5"},
                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         lines = []

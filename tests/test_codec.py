@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.codec import ALLOWED_DTYPES, decode_tree, encode_tree
-from common.constants import MAX_TREE_DEPTH
-from common.errors import ProtocolError
+from ferry.common.codec import ALLOWED_DTYPES, decode_tree, encode_tree
+from ferry.common.constants import MAX_TREE_DEPTH
+from ferry.common.errors import ProtocolError
 
 
 def roundtrip(tree):
@@ -102,7 +102,7 @@ def test_allow_list_has_no_object_or_big_endian():
 
 
 def test_large_leaves_travel_in_bounded_frames_and_reassemble():
-    from common.codec import Chunked
+    from ferry.common.codec import Chunked
 
     array = np.arange(10_000, dtype=np.float32).reshape(100, 100)
     spec, frames = encode_tree({"x": array, "y": np.arange(3)}, chunk_bytes=4096)
@@ -127,7 +127,7 @@ def test_chunked_sizes_must_add_up():
 
 
 def test_tree_signature_checks_sample_counts_and_ignores_trailing_shapes():
-    from common.codec import tree_signature
+    from ferry.common.codec import tree_signature
 
     a = {"x": np.zeros((4, 3), np.float32), "names": ["a", "b", "c", "d"], "y": [np.zeros(4, np.int64)]}
     b = {"x": np.zeros((4, 7), np.float32), "names": ["e", "f", "g", "h"], "y": [np.ones(4, np.int64)]}

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from consumer import RemoteLoader
+from ferry import RemoteLoader
 from tests.datasets import DictDataset
 
 from .helpers import assert_tree_equal, reference_batches
@@ -50,7 +50,7 @@ def test_pinned_buffers_are_reused_and_device_transform_runs_on_device():
 def test_cuda_request_without_cuda_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("CUDA is available")
-    from common.errors import ConfigError
+    from ferry.common.errors import ConfigError
 
     with pytest.raises(ConfigError, match="CUDA is not available"):
         RemoteLoader(endpoint="tcp://127.0.0.1:1", device="cuda", batch_size=2)

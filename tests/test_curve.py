@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from common.errors import ConfigError
-from consumer import RemoteLoader
+from ferry.common.errors import ConfigError
+from ferry import RemoteLoader
 
 from .helpers import REPO, LeakCheck, producer_env, wait_for
 
@@ -58,7 +58,7 @@ def test_curve_configuration_errors_are_clear(endpoint, keys):
                      curve_authorized_keys=str(k / "authorized"))
     with pytest.raises(ConfigError, match="needs both"):
         RemoteLoader(endpoint=endpoint, batch_size=2, curve_secret_key=str(k / "server.key_secret"))
-    out = subprocess.run([sys.executable, "-m", "producer", "--connect", endpoint, "--dataset", "synthetic",
+    out = subprocess.run([sys.executable, "-m", "ferry.producer", "--connect", endpoint, "--dataset", "synthetic",
                           "--curve-key", str(k / "good.key")], capture_output=True, text=True, env=producer_env(),
                          cwd=REPO, timeout=60)
     assert out.returncode == 2 and "needs both" in out.stderr

@@ -3,8 +3,8 @@
 import logging
 import time
 
-from consumer import RemoteLoader
-from consumer.diagnosis import EpochFigures, diagnose
+from ferry import RemoteLoader
+from ferry.consumer.diagnosis import EpochFigures, diagnose
 
 
 def figures(**kw):

@@ -1,6 +1,6 @@
 """The dispatcher's rules, in isolation: credits, slots, re-issue order, identity of results."""
 
-from consumer.dispatcher import Dispatcher, ProducerInfo
+from ferry.consumer.dispatcher import Dispatcher, ProducerInfo
 
 
 def producer(peer: bytes, slots: int = 2, nonce: int = 1) -> ProducerInfo:

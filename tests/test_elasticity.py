@@ -2,7 +2,7 @@
 
 import pytest
 
-from consumer import RemoteLoader
+from ferry import RemoteLoader
 
 from .helpers import wait_for
 

@@ -7,9 +7,9 @@ import msgpack
 import pytest
 import zmq
 
-from common import protocol
-from common.errors import ConfigError, NoProducersError
-from consumer import RemoteLoader
+from ferry.common import protocol
+from ferry.common.errors import ConfigError, NoProducersError
+from ferry import RemoteLoader
 
 from .helpers import dealer, wait_for
 

@@ -3,7 +3,7 @@
 import os
 import random
 
-from consumer import RemoteLoader
+from ferry import RemoteLoader
 from tests.datasets import PairDataset
 
 from .helpers import assert_tree_equal, reference_batches, wait_for

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import zmq
 
-from common.datasets import NpyFolderDataset
-from common.errors import RemoteSampleError
-from consumer import RemoteLoader
-from producer.buffers import BufferPool
+from ferry.common.datasets import NpyFolderDataset
+from ferry.common.errors import RemoteSampleError
+from ferry import RemoteLoader
+from ferry.producer.buffers import BufferPool
 
 from .helpers import assert_tree_equal, reference_batches
 
@@ -82,7 +82,7 @@ def test_pool_reuses_a_buffer_only_after_its_send_completed():
 def test_chunked_batches_land_in_reused_host_buffers_released_by_the_loop():
     """Batches bigger than a frame chunk (over the socket) are assembled into pooled buffers that return
     as soon as the loop drops them: no garbage collection needed (no reference cycle holds a batch)."""
-    from common.constants import FRAME_CHUNK_BYTES
+    from ferry.common.constants import FRAME_CHUNK_BYTES
 
     mib = 2 * FRAME_CHUNK_BYTES / (1 << 20) + 0.5  # three frames per batch
     with RemoteLoader(dataset="synthetic", dataset_args={"length": 12, "shape": [int(mib * (1 << 20))],

@@ -10,12 +10,12 @@ import pytest
 import zmq
 from hypothesis import given, settings, strategies as st
 
-from common import protocol
-from common.codec import decode_tree
-from common.constants import MAX_HEADER_BYTES, PROTOCOL_VERSION
-from common.datasets import dataset_fingerprint
-from common.errors import ProtocolError
-from consumer import RemoteLoader
+from ferry.common import protocol
+from ferry.common.codec import decode_tree
+from ferry.common.constants import MAX_HEADER_BYTES, PROTOCOL_VERSION
+from ferry.common.datasets import dataset_fingerprint
+from ferry.common.errors import ProtocolError
+from ferry import RemoteLoader
 from tests.datasets import PairDataset
 
 from .fuzzing import bad_tree, hostile_frames, mutate, pack
@@ -311,7 +311,7 @@ def test_insider_with_well_formed_but_wrong_batches_never_reaches_the_loop(endpo
     """A registered peer answers its real tasks with valid-looking batches of the wrong structure. None is
     delivered: the seq is re-issued to a real producer, and the liar is dropped and rejected for good (else,
     holding the most free slots, it would take the same seq back every time and stall the epoch)."""
-    from common.codec import encode_tree
+    from ferry.common.codec import encode_tree
 
     length = 60
     with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, timeout=30) as loader:

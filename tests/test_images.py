@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from consumer import RemoteLoader
+from ferry import RemoteLoader
 
 from .helpers import REPO, producer_env
 
@@ -47,7 +47,7 @@ def test_jpeg_and_13_channel_tiff(tmp_path):
     tifffile.imwrite(tmp_path / "b" / "0.tif", tile)
     rgb = np.random.default_rng(1).integers(0, 255, (8, 6, 3), dtype=np.uint8)
     tifffile.imwrite(tmp_path / "b" / "1.tif", rgb, photometric="rgb")  # interleaved samples: (H, W, S)
-    from common.datasets import resolve_dataset
+    from ferry.common.datasets import resolve_dataset
 
     dataset = resolve_dataset("image-folder", {"root": str(tmp_path)})
     a, la = dataset[0]

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from consumer import RemoteLoader
+from ferry import RemoteLoader
 from tests.datasets import PairDataset
 
 from .helpers import LeakCheck, wait_for

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from common.errors import RemoteSampleError
-from consumer import RemoteLoader
+from ferry.common.errors import RemoteSampleError
+from ferry import RemoteLoader
 from tests.datasets import DictDataset, FailingDataset
 
 from .helpers import assert_tree_equal, reference_batches
@@ -54,7 +54,7 @@ def test_skip_mode_delivers_the_rest_of_the_batch():
 
 
 def test_local_producers_need_a_dataset():
-    from common.errors import ConfigError
+    from ferry.common.errors import ConfigError
 
     with pytest.raises(ConfigError, match="needs a dataset"):
         RemoteLoader(local_producers=2, batch_size=2)

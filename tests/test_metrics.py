@@ -4,7 +4,7 @@ import urllib.request
 
 import pytest
 
-from consumer import RemoteLoader
+from ferry import RemoteLoader
 
 from .helpers import LeakCheck, free_port, wait_for
 

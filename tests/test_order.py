@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from consumer import RemoteLoader
+from ferry import RemoteLoader
 from tests.datasets import DictDataset, PairDataset
 
 from .helpers import ProducerProcess, assert_tree_equal, free_port, reference_batches, wait_for

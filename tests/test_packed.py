@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from common.datasets import NpyFolderDataset, resolve_dataset
-from consumer import RemoteLoader
+from ferry.common.datasets import NpyFolderDataset, resolve_dataset
+from ferry import RemoteLoader
 
 from .helpers import REPO, assert_tree_equal, producer_env, reference_batches
 

@@ -5,7 +5,7 @@ import itertools
 import pytest
 from torch.utils.data import BatchSampler, DistributedSampler, SequentialSampler
 
-from common.plan import build_plan, plan_length
+from ferry.common.plan import build_plan, plan_length
 
 
 @pytest.mark.parametrize("n, world, batch", [(10, 1, 3), (10, 3, 4), (7, 2, 3), (1, 2, 1), (33, 4, 5), (0, 1, 2)])

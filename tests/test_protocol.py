@@ -3,9 +3,9 @@
 import msgpack
 import pytest
 
-from common import protocol
-from common.constants import MAX_HEADER_BYTES, PROTOCOL_VERSION
-from common.errors import ProtocolError
+from ferry.common import protocol
+from ferry.common.constants import MAX_HEADER_BYTES, PROTOCOL_VERSION
+from ferry.common.errors import ProtocolError
 
 
 def packed(**fields):

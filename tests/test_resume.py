@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from consumer import RemoteLoader
+from ferry import RemoteLoader
 from tests.datasets import PairDataset
 
 from .helpers import REPO, dealer, hello, producer_env, reference_batches, wait_for
@@ -71,7 +71,7 @@ def test_state_dict_is_small_and_round_trips_through_json_and_torch(endpoint, sp
 
 
 def test_incompatible_state_is_refused(endpoint):
-    from common.errors import ConfigError
+    from ferry.common.errors import ConfigError
     import pytest
 
     with RemoteLoader(endpoint=endpoint, batch_size=4, seed=1, dataset_len=10, timeout=5) as loader:
@@ -83,7 +83,7 @@ def test_batches_tagged_with_an_old_session_are_dropped(endpoint):
     """A BATCH from a registered producer that names another consumer session is counted as stale."""
     import zmq
 
-    from common import protocol
+    from ferry.common import protocol
 
     with RemoteLoader(endpoint=endpoint, batch_size=2, dataset_len=10, timeout=5, heartbeat=0.2) as loader:
         ctx = zmq.Context()

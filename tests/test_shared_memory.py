@@ -1,4 +1,4 @@
-"""Local producers hand batches over through the consumer's shared-memory slab (common.shm): exact batches,
+"""Local producers hand batches over through the consumer's shared-memory slab (ferry.common.shm): exact batches,
 slots that come back as soon as the loop drops a batch, a socket fallback when every slot is held, and no
 slot lost for good when a producer dies holding one."""
 
@@ -10,12 +10,12 @@ import sys
 import numpy as np
 import pytest
 
-from common import protocol, shm
-from common.codec import decode_tree, encode_tree
-from common.datasets import SyntheticDataset
-from common.errors import ProtocolError
-from consumer import RemoteLoader
-from consumer.io_thread import _process_exists
+from ferry.common import protocol, shm
+from ferry.common.codec import decode_tree, encode_tree
+from ferry.common.datasets import SyntheticDataset
+from ferry.common.errors import ProtocolError
+from ferry import RemoteLoader
+from ferry.consumer.io_thread import _process_exists
 from tests.datasets import DictDataset
 
 from .helpers import LeakCheck, assert_tree_equal, reference_batches, wait_for

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from consumer import RemoteLoader
+from ferry import RemoteLoader
 from tests.datasets import PairDataset
 
 from .helpers import ProducerProcess, reference_batches, wait_for

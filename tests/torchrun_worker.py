@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from consumer import RemoteLoader  # noqa: E402
+from ferry import RemoteLoader  # noqa: E402
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 Start producers first (or after; order does not matter), on this host or any other:
 
-    python -m producer --connect tcp://127.0.0.1:5555 --dataset npy-folder --dataset-arg root=/data/satellite
+    python -m ferry.producer --connect tcp://127.0.0.1:5555 --dataset npy-folder --dataset-arg root=/data/satellite
 
 then train:
 
@@ -23,7 +23,7 @@ import time
 import torch
 from torch import nn
 
-from consumer import RemoteLoader
+from ferry import RemoteLoader
 
 
 def alexnet13(width: float = 1.0) -> nn.Module:
