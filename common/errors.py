@@ -14,6 +14,8 @@ __all__ = [
     "NoProducersError",
     "RemoteSampleError",
     "ProducerStartupError",
+    "FerryThreadError",
+    "LoaderClosedError",
 ]
 
 
@@ -47,6 +49,14 @@ class NoProducersError(FerryError, TimeoutError):
 
 class ProducerStartupError(FerryError, RuntimeError):
     """A local producer process died before it could serve."""
+
+
+class FerryThreadError(FerryError, RuntimeError):
+    """One of the loader's own threads (io or staging) failed; the original exception is the cause."""
+
+
+class LoaderClosedError(FerryError, RuntimeError):
+    """The RemoteLoader was used after ``close()``."""
 
 
 class RemoteSampleError(FerryError):

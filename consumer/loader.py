@@ -35,7 +35,7 @@ from ferry.common.constants import (
     DEFAULT_TASK_TIMEOUT_S, DEFAULT_TIMEOUT_S, HEARTBEAT_S, JOIN_TIMEOUT_S, LIVENESS, POLL_SLICE_S, STAGED_BATCHES,
 )
 from ferry.common.datasets import dataset_fingerprint
-from ferry.common.errors import ConfigError, NoProducersError
+from ferry.common.errors import ConfigError, FerryThreadError, LoaderClosedError, NoProducersError
 from ferry.common.plan import build_plan, plan_length
 from ferry.common.waker import Waker
 
@@ -370,11 +370,11 @@ class RemoteLoader:
         self._check_open()
         io = self._io
         if io.failure is not None:
-            raise RuntimeError("ferry's io thread failed") from io.failure
+            raise FerryThreadError("ferry's io thread failed") from io.failure
         if self._staging_failure:
-            raise RuntimeError("ferry's staging thread failed") from self._staging_failure[0]
+            raise FerryThreadError("ferry's staging thread failed") from self._staging_failure[0]
         if not io.alive:
-            raise RuntimeError("ferry's io thread is not running")
+            raise FerryThreadError("ferry's io thread is not running")
         if not io.dispatcher.producers:
             if self._local is not None:
                 self._local.check()
@@ -519,7 +519,7 @@ class RemoteLoader:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("this RemoteLoader is closed")
+            raise LoaderClosedError("this RemoteLoader is closed")
 
     def close(self) -> None:
         """Stop the staging thread, the io thread (BYE to producers) and local producers. Idempotent."""

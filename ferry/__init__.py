@@ -15,6 +15,8 @@ from ferry.common.errors import (
     ConfigError,
     DatasetSpecError,
     FerryError,
+    FerryThreadError,
+    LoaderClosedError,
     NoProducersError,
     ProducerStartupError,
     ProtocolError,
@@ -25,6 +27,8 @@ from ferry.common.errors import (
 __all__ = [
     "RemoteLoader",
     "FerryError",
+    "FerryThreadError",
+    "LoaderClosedError",
     "ConfigError",
     "DatasetSpecError",
     "NoProducersError",
