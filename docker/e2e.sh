@@ -3,9 +3,72 @@
 # docker-compose build, up --scale producer=3, check that the trainer finished with every batch, tear down.
 # The teardown stops dockerd by its pid and undoes its iptables and bridge changes.
 #   sudo bash docker/e2e.sh            (needs root, docker.io, docker-compose, debootstrap)
+#   bash docker/e2e.sh --print-mirror  (prints the Debian mirror debootstrap would use, then exits; no root)
+# debootstrap's mirror comes from this host's own apt configuration (see apt_mirror below);
+# FERRY_DEBIAN_MIRROR=URL overrides it; FERRY_APT_DIR reads another apt folder than /etc/apt (for checks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BASE=ferry-base:bookworm
+SUITE=bookworm
+BASE=ferry-base:$SUITE
+
+# apt_mirror SUITE [APT_DIR]: the URI of the first enabled `deb` source in the apt configuration under
+# APT_DIR (default /etc/apt) that serves SUITE exactly, read in apt's own order: sources.list, then
+# sources.list.d/*.list and *.sources (one-line and deb822 formats). Prints nothing if there is none.
+apt_mirror() {
+    local suite=$1 dir=${2:-/etc/apt} f
+    local files=()
+    [ -f "$dir/sources.list" ] && files+=("$dir/sources.list")
+    for f in "$dir"/sources.list.d/*; do
+        case "$f" in *.list|*.sources) [ -f "$f" ] && files+=("$f") ;; esac
+    done
+    [ ${#files[@]} -gt 0 ] || return 0
+    awk -v suite="$suite" '
+        function usable(uri) { return uri ~ /^(https?|ftp|file):/ }
+        function found(uri) { sub(/\/+$/, "", uri); print uri; done = 1; exit }
+        function stanza_end(   i, n, t, s, u, typeok, suiteok) {
+            if (!deb822) return
+            typeok = 0; suiteok = 0
+            n = split(f["types"], t, /[ \t]+/); for (i = 1; i <= n; i++) if (t[i] == "deb") typeok = 1
+            n = split(f["suites"], s, /[ \t]+/); for (i = 1; i <= n; i++) if (s[i] == suite) suiteok = 1
+            if (typeok && suiteok && tolower(f["enabled"]) != "no") {
+                n = split(f["uris"], u, /[ \t]+/); for (i = 1; i <= n; i++) if (usable(u[i])) found(u[i])
+            }
+            delete f; key = ""
+        }
+        FNR == 1 { stanza_end(); deb822 = (FILENAME ~ /\.sources$/) }
+        /^[ \t]*#/ { next }
+        deb822 && /^[ \t]*$/ { stanza_end(); next }
+        deb822 && /^[ \t]/ { if (key != "") f[key] = f[key] " " $0; next }   # a continuation line
+        deb822 {                            # Key: value
+            key = tolower(substr($0, 1, index($0, ":") - 1)); v = substr($0, index($0, ":") + 1)
+            gsub(/^[ \t]+|[ \t\r]+$/, "", v); f[key] = v; next
+        }
+        $1 == "deb" {                       # deb [options] URI SUITE COMPONENT...
+            i = 2
+            if ($i ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
+            if ($(i + 1) == suite && usable($i)) found($i)
+        }
+        END { if (!done) stanza_end() }
+    ' "${files[@]}"
+}
+
+# the mirror debootstrap uses: FERRY_DEBIAN_MIRROR, else the host's apt configuration, else a clear error
+debian_mirror() {
+    local mirror=${FERRY_DEBIAN_MIRROR:-}
+    [ -n "$mirror" ] || mirror=$(apt_mirror "$SUITE" "${FERRY_APT_DIR:-/etc/apt}")
+    if [ -z "$mirror" ]; then
+        echo "e2e: no Debian mirror for '$SUITE' in this host's apt configuration (read" \
+             "${FERRY_APT_DIR:-/etc/apt}/sources.list and sources.list.d/*.list, *.sources: no enabled 'deb'" \
+             "source serves suite '$SUITE'); set FERRY_DEBIAN_MIRROR=URL to name one" >&2
+        return 1
+    fi
+    echo "$mirror"
+}
+
+if [ "${1:-}" = "--print-mirror" ]; then
+    debian_mirror
+    exit
+fi
 WORK=${FERRY_E2E_DIR:-/var/tmp/ferry-e2e}
 mkdir -p "$WORK"
 log() { echo "[e2e $(date +%H:%M:%S)] $*"; }
@@ -41,10 +104,11 @@ if ! docker info >/dev/null 2>&1; then
 fi
 
 if ! docker image inspect "$BASE" >/dev/null 2>&1; then
-    log "building $BASE with debootstrap (cached for later runs)"
+    MIRROR=$(debian_mirror)
+    log "building $BASE with debootstrap from $MIRROR (cached for later runs)"
     rm -rf "$WORK/rootfs"
-    debootstrap --variant=minbase --include=python3,python3-pip bookworm "$WORK/rootfs" http://deb.debian.org/debian \
-        > "$WORK/debootstrap.log" 2>&1
+    debootstrap --variant=minbase --include=python3,python3-pip "$SUITE" "$WORK/rootfs" "$MIRROR" \
+        > "$WORK/debootstrap.log" 2>&1 || { tail -30 "$WORK/debootstrap.log"; exit 1; }
     tar -C "$WORK/rootfs" -c . | docker import - "$BASE" >/dev/null
     rm -rf "$WORK/rootfs"
 fi
