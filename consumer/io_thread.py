@@ -1,4 +1,4 @@
-"""The consumer's io thread (DESIGN §6.1): the only code that touches the ROUTER socket.
+"""The consumer's io thread (DESIGN §6.1): the only user of the :class:`~ferry.consumer.router.Router` socket.
 
 It runs one poll loop over the ROUTER and a :class:`~ferry.common.waker.Waker`. Each turn it
 1. runs the commands the training thread queued (start a run, close),
@@ -9,16 +9,13 @@ It runs one poll loop over the ROUTER and a :class:`~ferry.common.waker.Waker`. 
 
 Who is admitted is decided in :mod:`ferry.consumer.peers`, what a result may hold in
 :mod:`ferry.consumer.results`, and which task holds which shared-memory slot in
-:class:`~ferry.common.shm.SlotLedger`. Decoded batches go into the :class:`~ferry.consumer.buffer.ReorderBuffer`;
-decoding there is ``np.frombuffer`` over the received frames, no copy.
+:class:`~ferry.common.shm.SlotLedger`. Decoded batches (views of the received frames, no copy) go into the
+:class:`~ferry.consumer.buffer.ReorderBuffer`.
 
 Other threads read the state through :meth:`IoThread.health` and :meth:`IoThread.snapshot`, under ``_lock``.
 The io thread changes that state under the same lock, deciding there what to do, and does the I/O (sends,
 log lines, freeing slots) after releasing it. An unexpected exception ends the loop and is kept for the
-training thread to re-raise.
-
-Shutdown (``close`` command): BYE to every producer, close the ROUTER (short linger so BYE can leave),
-terminate the context.
+training thread to re-raise. Shutdown (``close`` command): BYE to every producer, then close the socket.
 """
 
 from __future__ import annotations
@@ -34,22 +31,20 @@ from typing import Any, Iterable
 import zmq
 
 from ferry.common import protocol
-from ferry.common.codec import tree_nbytes
-from ferry.common.constants import SOCKET_HWM
-from ferry.common.errors import ConfigError, ProtocolError, VersionMismatch
+from ferry.common.errors import ProtocolError, VersionMismatch
 from ferry.common.shm import SlotLedger
 from ferry.common.waker import Waker
 
 from ferry.consumer.buffer import Delivery, ReorderBuffer
 from ferry.consumer.dispatcher import Dispatcher, ProducerInfo, Task
 from ferry.consumer.peers import BadPeers, Loss, Peers
-from ferry.consumer.results import BatchDecoder, check_fail, count_skips, sample_error
+from ferry.consumer.results import BatchDecoder, check_fail, count_skips, fail_delivery
+from ferry.consumer.router import Router
 from ferry.consumer.stats import Counters
 
 log = logging.getLogger("ferry.consumer")
 
-BYE_LINGER_MS = 200
-_BURST = 256
+_BURST = 256  # messages received per turn of the loop, at most
 
 
 @dataclass(frozen=True)
@@ -111,9 +106,11 @@ class IoThread:
         self._failure: BaseException | None = None
         self.waker = waker  # wakes the poll loop; owned (closed) by this object
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._ctx = zmq.Context()
-        self._auth = config.curve.start_authenticator(self._ctx) if config.curve is not None else None
-        self._sock = self._bind()
+        try:
+            self._router = Router(config.endpoints, max_batch_bytes=config.max_batch_bytes, curve=config.curve)
+        except BaseException:
+            waker.close()
+            raise
         self._plan: Any = None
         self._epoch = 0
         # guards what other threads read (dispatcher, peers, failure, per-producer figures); the io thread
@@ -134,8 +131,8 @@ class IoThread:
             self._commands.put(_Close())
             self.waker.wake()
             self._thread.join(timeout)
-        if not self._thread.is_alive() and not self._ctx.closed:
-            self._teardown()  # never started, or died: release what it owned
+        if not self._thread.is_alive():
+            self._router.close(self.dispatcher.producers)  # never started, or died: release what it owned
         self.waker.close()
 
     @property
@@ -163,11 +160,7 @@ class IoThread:
         with self._lock:
             buffered = self.buffer.held
             in_flight = self.dispatcher.in_flight
-            producers = {
-                p.name: {"batches": p.batches, "bytes": p.bytes, "in_flight": len(p.in_flight), "slots": p.slots,
-                         "joined_s": time.monotonic() - p.joined}
-                for p in self.dispatcher.producers.values()
-            }
+            producers = self._peers.figures(time.monotonic())
             return {
                 "producers": len(producers),
                 "producers_seen": self._peers.seen,
@@ -181,31 +174,9 @@ class IoThread:
             }
 
     # --- the thread ---------------------------------------------------------------------------------
-    def _bind(self) -> zmq.Socket:
-        sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a vanished peer raises instead of vanishing
-        sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
-        sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_batch_bytes)
-        if self.config.curve is not None:
-            self.config.curve.apply_server(sock)
-        for endpoint in self.config.endpoints:
-            try:
-                sock.bind(endpoint)
-            except zmq.ZMQError as exc:
-                sock.close(0)
-                if self._auth is not None:
-                    self._auth.stop()
-                self._ctx.term()
-                self.waker.close()
-                hint = " (is another trainer or rank already bound there?)" if exc.errno == zmq.EADDRINUSE else ""
-                raise ConfigError(f"cannot bind the consumer to {endpoint}: {exc.strerror}{hint}") from None
-        return sock
-
     def _main(self) -> None:
         poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._router.sock, zmq.POLLIN)
         poller.register(self.waker.fileno(), zmq.POLLIN)
         next_beat = time.monotonic()
         try:
@@ -216,7 +187,7 @@ class IoThread:
                     self.waker.drain()
                 if self._run_commands():
                     break
-                if self._sock in events:
+                if self._router.sock in events:
                     self._receive()
                 now = time.monotonic()
                 if now >= next_beat:
@@ -228,17 +199,7 @@ class IoThread:
             with self._lock:
                 self._failure = exc
         finally:
-            self._teardown()
-
-    def _teardown(self) -> None:
-        if self._ctx.closed:
-            return
-        for peer in list(self.dispatcher.producers):
-            self._send(peer, [protocol.pack(protocol.BYE)])
-        self._sock.close(linger=BYE_LINGER_MS if self.dispatcher.producers else 0)
-        if self._auth is not None:
-            self._auth.stop()
-        self._ctx.term()
+            self._router.close(self.dispatcher.producers)  # BYE to every producer
 
     def _run_commands(self) -> bool:
         while True:
@@ -256,9 +217,8 @@ class IoThread:
     # --- receiving ----------------------------------------------------------------------------------
     def _receive(self) -> None:
         for _ in range(_BURST):
-            try:
-                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            frames = self._router.recv()
+            if frames is None:
                 return
             if len(frames) < 2:
                 self.counters.invalid_messages += 1
@@ -270,7 +230,7 @@ class IoThread:
             except VersionMismatch as exc:
                 self._invalid(peer, str(exc))
                 if exc.msg_type == protocol.HELLO:  # tell the producer why it will never be served
-                    self._send(peer, [protocol.pack(protocol.REJECT, reason=str(exc), permanent=True)])
+                    self._router.send(peer, [protocol.pack(protocol.REJECT, reason=str(exc), permanent=True)])
             except ProtocolError as exc:
                 self._invalid(peer, str(exc))
 
@@ -315,21 +275,22 @@ class IoThread:
         if kind == protocol.BYE:
             return
         if self._bad_peers.reject_due(peer, time.monotonic(), self.config.heartbeat):
-            self._send(peer, [protocol.pack(protocol.REJECT, reason="unknown producer: say HELLO", permanent=False)])
+            hint = "unknown producer: say HELLO"
+            self._router.send(peer, [protocol.pack(protocol.REJECT, reason=hint, permanent=False)])
 
     def _hello(self, peer: bytes, header: dict[str, Any]) -> None:
         with self._lock:
             admission = self._peers.admit(peer, header, time.monotonic())
         if admission.reject is not None:
             log.warning("rejected producer %s: %s", admission.name, admission.reject)
-            self._send(peer, [protocol.pack(protocol.REJECT, reason=admission.reject, permanent=True)])
+            self._router.send(peer, [protocol.pack(protocol.REJECT, reason=admission.reject, permanent=True)])
             return
         self._dataset_known.set()
         self._settle(admission.losses)
         if admission.joined is not None:
             log.info("producer %s joined (%d slots); %d live", admission.name, admission.joined.slots, admission.live)
-        self._send(peer, [protocol.pack(protocol.WELCOME, session=self.session, heartbeat=self.config.heartbeat,
-                                        nonce=header["nonce"])])
+        self._router.send(peer, [protocol.pack(protocol.WELCOME, session=self.session,
+                                               heartbeat=self.config.heartbeat, nonce=header["nonce"])])
 
     # --- results ------------------------------------------------------------------------------------
     def _claim(self, info: ProducerInfo, header: dict[str, Any]) -> Task | None:
@@ -349,11 +310,8 @@ class IoThread:
         if task is None:
             return
         try:
-            self._decoder.check_answer(header, task, self._epoch)
-            region = self._ledger.take_region(task.task)  # the slot is free again once the batch is dropped
-            shared = region is not None
-            tree = self._decoder.decode(header, data, task, self._plan.batch(task.seq), region)
-            del region
+            batch = self._decoder.decode(header, data, task, epoch=self._epoch, indices=self._plan.batch(task.seq),
+                                         ledger=self._ledger)
         except ProtocolError as exc:
             # it answered its own task with a batch we cannot use: broken or hostile. Re-issue the seq,
             # and drop and reject the producer, or a peer with many free slots would take the seq back
@@ -361,20 +319,18 @@ class IoThread:
             with self._lock:
                 self.dispatcher.requeue(task)
             self._lose(info.peer, f"sent an unusable batch: {exc}")
-            self._send(info.peer, [protocol.pack(protocol.REJECT, permanent=True,
-                                                 reason=f"rejected: your batch for seq {task.seq} was unusable: {exc}")])
+            reason = f"rejected: your batch for seq {task.seq} was unusable: {exc}"
+            self._router.send(info.peer, [protocol.pack(protocol.REJECT, permanent=True, reason=reason)])
             raise
-        nbytes = tree_nbytes(tree)
-        if shared and nbytes > sum(len(f) for f in data):
-            self.counters.shared_batches += 1
         with self._lock:
             info.batches += 1
-            info.bytes += nbytes
+            info.bytes += batch.nbytes
+        self.counters.shared_batches += batch.shared
         self.counters.received += 1
-        self.counters.bytes += nbytes
+        self.counters.bytes += batch.nbytes
         if header["errors"]:
             count_skips(self.counters, info.name, header["errors"])
-        self.buffer.put(Delivery(run=task.run, seq=task.seq, tree=tree, nbytes=nbytes, frames=data))
+        self.buffer.put(Delivery(run=task.run, seq=task.seq, tree=batch.tree, nbytes=batch.nbytes, frames=data))
 
     def _fail(self, info: ProducerInfo, header: dict[str, Any], data: list[Any]) -> None:
         check_fail(header, data)
@@ -382,12 +338,8 @@ class IoThread:
         if task is None:
             return
         self._ledger.give_back(task.task)
-        if self.config.on_error == "skip":
-            count_skips(self.counters, info.name, header["errors"])
-            self.buffer.put(Delivery(run=task.run, seq=task.seq, skipped=True))
-            return
-        error = sample_error(header, info.name, self._epoch, task.seq)
-        self.buffer.put(Delivery(run=task.run, seq=task.seq, error=error))
+        self.buffer.put(fail_delivery(header, task, info.name, epoch=self._epoch, on_error=self.config.on_error,
+                                      counters=self.counters))
 
     # --- heartbeats, liveness, dispatch -------------------------------------------------------------
     def _heartbeat(self, now: float) -> None:
@@ -397,7 +349,7 @@ class IoThread:
                                                task_timeout=self.config.task_timeout)
         self._settle(losses)
         for peer in alive:
-            self._send(peer, [protocol.pack(protocol.PING, load={})])
+            self._router.send(peer, [protocol.pack(protocol.PING, load={})])
 
     def _lose(self, peer: bytes, why: str) -> None:
         with self._lock:
@@ -423,17 +375,10 @@ class IoThread:
                 slot = self._ledger.lend(task.task, info.identity)
                 if slot is not None:  # none free (the loop holds many batches): this one goes over the socket
                     extra["slot"] = list(slot)
-            ok = self._send(task.peer, [protocol.pack(
+            ok = self._router.send(task.peer, [protocol.pack(
                 protocol.TASK, session=self.session, task=task.task, epoch=self._epoch, seq=task.seq,
                 indices=indices, on_error=self.config.on_error, **extra,
             )])
             if not ok:
                 self._ledger.give_back(task.task)  # the TASK never reached the producer
                 self._lose(task.peer, "unreachable")
-
-    def _send(self, peer: bytes, frames: list[Any]) -> bool:
-        try:
-            self._sock.send_multipart([peer, *frames], flags=zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError:  # EHOSTUNREACH (gone) or EAGAIN (not reading)
-            return False

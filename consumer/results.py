@@ -12,11 +12,14 @@ A breach raises :class:`~ferry.common.errors.ProtocolError`; the io thread decid
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ferry.common.codec import decode_tree, tree_signature
+from ferry.common.codec import decode_tree, tree_nbytes, tree_signature
 from ferry.common.errors import ProtocolError, RemoteSampleError
+from ferry.common.shm import SlotLedger
 
+from ferry.consumer.buffer import Delivery
 from ferry.consumer.dispatcher import Task
 from ferry.consumer.stats import Counters
 
@@ -26,6 +29,13 @@ log = logging.getLogger("ferry.consumer")
 SKIPS_LOGGED = 10
 
 
+@dataclass(frozen=True)
+class Batch:
+    tree: Any  # views of the frames (and of the task's shared-memory slot, if it had one)
+    nbytes: int
+    shared: bool  # some of it came through shared memory
+
+
 class BatchDecoder:
     """Decodes and checks BATCH results. Remembers the structure of the first batch it accepted."""
 
@@ -33,19 +43,20 @@ class BatchDecoder:
         self.max_batch_bytes = max_batch_bytes
         self._signature: Any = None  # structure and dtypes of the first accepted batch
 
-    @staticmethod
-    def check_answer(header: dict[str, Any], task: Task, epoch: int) -> None:
-        """The BATCH names the epoch and seq of the task it answers."""
+    def decode(self, header: dict[str, Any], frames: list[Any], task: Task, *, epoch: int, indices: Sequence[int],
+               ledger: SlotLedger) -> Batch:
+        """The batch answering ``task`` (of ``epoch``, asking for ``indices``). Its slot in ``ledger``, if it
+        has one, is free again once the batch is dropped."""
         if (header["epoch"], header["seq"]) != (epoch, task.seq):
             raise ProtocolError(f"BATCH for task {header['task']} names seq {header['seq']}, expected {task.seq}")
-
-    def decode(self, header: dict[str, Any], frames: list[Any], task: Task, indices: Sequence[int],
-               region: Any = None) -> Any:
-        """The batch's tree, as views of ``frames`` (and of ``region``, its shared-memory slot, if any)."""
+        region = ledger.take_region(task.task)
+        shared = region is not None
         tree = decode_tree(header["tree"], [f.buffer for f in frames], max_bytes=self.max_batch_bytes,
                            region=region)
+        del region
         self._check_structure(task, tree, indices, header["errors"])
-        return tree
+        nbytes = tree_nbytes(tree)
+        return Batch(tree, nbytes, shared and nbytes > sum(len(f) for f in frames))
 
     def _check_structure(self, task: Task, tree: Any, indices: Sequence[int], errors: list[dict[str, Any]]) -> None:
         if errors:
@@ -65,11 +76,17 @@ def check_fail(header: dict[str, Any], frames: list[Any]) -> None:
         raise ProtocolError("FAIL must be one frame naming at least one error")
 
 
-def sample_error(header: dict[str, Any], producer: str, epoch: int, seq: int) -> RemoteSampleError:
-    """The error to raise in the training loop for a FAIL: its first sample error."""
+def fail_delivery(header: dict[str, Any], task: Task, producer: str, *, epoch: int, on_error: str,
+                  counters: Counters) -> Delivery:
+    """What a FAIL hands on: under ``on_error="skip"`` a skipped seq (the samples counted), else its first
+    sample error, to be raised in the training loop."""
+    if on_error == "skip":
+        count_skips(counters, producer, header["errors"])
+        return Delivery(run=task.run, seq=task.seq, skipped=True)
     first = header["errors"][0]
-    return RemoteSampleError(index=first["index"], producer=producer, exc_type=first["exc_type"],
-                             message=first["message"], traceback=first["traceback"], epoch=epoch, seq=seq)
+    error = RemoteSampleError(index=first["index"], producer=producer, exc_type=first["exc_type"],
+                              message=first["message"], traceback=first["traceback"], epoch=epoch, seq=task.seq)
+    return Delivery(run=task.run, seq=task.seq, error=error)
 
 
 def count_skips(counters: Counters, producer: str, errors: list[dict[str, Any]]) -> None:
