@@ -86,7 +86,7 @@ class _Close:
 
 
 class IoThread:
-    """Owns the ROUTER socket and its context; see the module docstring."""
+    """Owns the :class:`~ferry.consumer.router.Router` and the waker; see the module docstring."""
 
     def __init__(self, config: IoConfig, buffer: ReorderBuffer, counters: Counters, waker: Waker) -> None:
         self.config = config
