@@ -197,11 +197,11 @@ class SlotLedger:
     def set_aside(self, task_ids: Iterable[int], pid: int) -> None:
         """The producer process ``pid`` was lost holding ``task_ids``: it may still be writing into their
         slots, so they are reused only once it has exited (:meth:`reclaim`)."""
-        for task_id in task_ids:
-            slot = self._pop(task_id)
-            if slot is not None:
-                with self._lock:
-                    self._lost.append((slot, pid))
+        with self._lock:
+            for task_id in task_ids:
+                held = self._held.pop(task_id, None)
+                if held is not None:
+                    self._lost.append((held[0], pid))
 
     def reclaim(self) -> None:
         """Free the set-aside slots whose process has exited."""
