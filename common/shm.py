@@ -14,8 +14,9 @@ the consumer maps too: one copy in all, and the training loop's tensors are view
 * The consumer decodes the leaves as views of the slot. The slot stays taken until every one of those
   views is garbage-collected (the training loop dropped the batch): the views' base is a per-batch
   :class:`_Lease` object whose finalizer gives the slot back. Until then a TASK simply carries no slot.
-* A slot given to a producer that is lost before answering is never reused (the process may still be
-  writing into it); after enough such losses tasks just go without a slot.
+* The consumer's :class:`SlotLedger` knows which task holds which slot. A slot given to a producer that is
+  lost before answering is not reused while that process exists (it may still be writing into it); once it
+  has exited, the slot is free again. Until then tasks just go without a slot if none is left.
 
 Producers find the slab through ``/proc/<consumer pid>/fd/<fd>``, which works for subprocesses and for
 ``fork``/``spawn`` children alike, and prove it with a random *token* in HELLO. Producers on other machines
@@ -30,6 +31,7 @@ import os
 import secrets
 import threading
 import weakref
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -140,6 +142,95 @@ class Slab:
             os.close(self._fd)
             self._fd = -1
         self._mapping = None
+
+
+Slot = tuple[int, int]  # (offset, nbytes), as a TASK names it
+
+
+def process_exists(pid: int) -> bool:
+    """True while ``pid`` can still run (a zombie cannot write to memory any more)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+class SlotLedger:
+    """The consumer's record of which task holds which slot of a :class:`Slab`, and of the slots held by lost
+    producers, which come back only once their process has exited.
+
+    Changed by the io thread only; ``lost`` may be read from any thread. Without a slab it lends nothing,
+    and every other call is a no-op. ``process_exists`` is the liveness check (replaceable in tests)."""
+
+    def __init__(self, slab: Slab | None, process_exists: Callable[[int], bool] = process_exists) -> None:
+        self.slab = slab
+        self._process_exists = process_exists
+        self._lock = threading.Lock()  # for readers of `lost` on other threads
+        self._held: dict[int, tuple[Slot, Any]] = {}  # task id -> (slot, the identity of the producer it went to)
+        self._lost: list[tuple[Slot, int]] = []  # (slot, pid) given up with a lost producer
+
+    def lend(self, task_id: int, holder: Any) -> Slot | None:
+        """A free slot for ``task_id``, sent to ``holder``; None when the slab has none free (or there is no slab)."""
+        slot = self.slab.take() if self.slab is not None else None
+        if slot is not None:
+            with self._lock:
+                self._held[task_id] = (slot, holder)
+        return slot
+
+    def take_region(self, task_id: int) -> np.ndarray | None:
+        """``task_id`` answered with a batch: the region of its slot (None if it had none), no longer tracked.
+        The slot is free again once that region and every view of it are gone."""
+        slot = self._pop(task_id)
+        return None if slot is None else self.slab.region(slot)
+
+    def give_back(self, task_id: int, holder: Any = None) -> None:
+        """The slot of ``task_id`` (if it has one, and ``holder`` holds it when given) is not in use: free it now."""
+        with self._lock:
+            held = self._held.get(task_id)
+            if held is None or (holder is not None and held[1] != holder):
+                return
+            del self._held[task_id]
+        self.slab.give_back(held[0])
+
+    def set_aside(self, task_ids: Iterable[int], pid: int) -> None:
+        """The producer process ``pid`` was lost holding ``task_ids``: it may still be writing into their
+        slots, so they are reused only once it has exited (:meth:`reclaim`)."""
+        with self._lock:
+            for task_id in task_ids:
+                held = self._held.pop(task_id, None)
+                if held is not None:
+                    self._lost.append((held[0], pid))
+
+    def reclaim(self) -> None:
+        """Free the set-aside slots whose process has exited."""
+        with self._lock:
+            lost = list(self._lost)
+        gone = [entry for entry in lost if not self._process_exists(entry[1])]
+        if not gone:
+            return
+        with self._lock:
+            self._lost = [entry for entry in self._lost if entry not in gone]
+        for slot, _ in gone:
+            self.slab.give_back(slot)
+
+    @property
+    def lost(self) -> int:
+        """Slots set aside with lost producers that are still running."""
+        with self._lock:
+            return len(self._lost)
+
+    @property
+    def held(self) -> int:
+        """Slots lent to tasks not yet answered."""
+        with self._lock:
+            return len(self._held)
+
+    def _pop(self, task_id: int) -> Slot | None:
+        with self._lock:
+            held = self._held.pop(task_id, None)
+        return None if held is None else held[0]
 
 
 class SlabMapping:

@@ -38,7 +38,6 @@ class Delivery:
     seq: int
     tree: Any = None
     nbytes: int = 0
-    producer: str = ""
     error: BaseException | None = None
     skipped: bool = False  # every sample failed under on_error="skip": nothing to yield
     frames: list[Any] = field(default_factory=list)  # keeps zero-copy frames alive with the tree

@@ -248,7 +248,6 @@ class RemoteLoader:
         self._resume_from = 0  # seqs of that epoch already delivered (from load_state_dict)
         self._run = 0
         self._active: _EpochIterator | None = None
-        self._lock = threading.Lock()
         try:
             if local_producers:
                 self._local = LocalProducers(
@@ -336,13 +335,12 @@ class RemoteLoader:
                           sampler=self.sampler, batch_sampler=self.batch_sampler)
 
     def _dataset_len(self) -> int:
-        io = self._io
         deadline = time.monotonic() + self.timeout
-        while not io.dataset_known.wait(POLL_SLICE_S):
+        while (dataset_len := self._io.wait_dataset_len(POLL_SLICE_S)) is None:
             self._check_health()
             if time.monotonic() > deadline:
                 raise self._no_producers_error(waited=self.timeout)
-        return io.dataset_len
+        return dataset_len
 
     # --- waiting for a batch (training thread) -------------------------------------------------------
     def _next_delivery(self, run: int) -> Delivery | None:
@@ -368,14 +366,14 @@ class RemoteLoader:
 
     def _check_health(self) -> None:
         self._check_open()
-        io = self._io
+        io = self._io.health()
         if io.failure is not None:
             raise FerryThreadError("ferry's io thread failed") from io.failure
         if self._staging_failure:
             raise FerryThreadError("ferry's staging thread failed") from self._staging_failure[0]
         if not io.alive:
             raise FerryThreadError("ferry's io thread is not running")
-        if not io.dispatcher.producers:
+        if not io.live_producers:
             if self._local is not None:
                 self._local.check()
             silent = time.monotonic() - io.no_producer_since
@@ -383,7 +381,7 @@ class RemoteLoader:
                 raise self._no_producers_error(waited=silent)
 
     def _no_producers_error(self, waited: float) -> NoProducersError:
-        seen = self._io.producers_seen
+        seen = self._io.health().producers_seen
         return NoProducersError(
             f"no producer alive for {waited:.1f} s (timeout={self.timeout:g} s); the consumer is bound to "
             f"{', '.join(self.endpoints)} and has seen {seen} producer(s) in all. Start one with: "

@@ -15,7 +15,6 @@ from ferry.common.codec import decode_tree, encode_tree
 from ferry.common.datasets import SyntheticDataset
 from ferry.common.errors import ProtocolError
 from ferry import RemoteLoader
-from ferry.consumer.io_thread import _process_exists
 from tests.datasets import DictDataset
 
 from .helpers import LeakCheck, assert_tree_equal, reference_batches, wait_for
@@ -107,11 +106,11 @@ def test_a_producer_killed_while_writing_into_a_slot_loses_no_batch_and_no_slot(
 
 
 def test_process_exists_tells_a_zombie_from_a_live_process():
-    assert _process_exists(os.getpid())
+    assert shm.process_exists(os.getpid())
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    wait_for(lambda: not _process_exists(child.pid), 10, "the child to exit (a zombie until reaped)")
+    wait_for(lambda: not shm.process_exists(child.pid), 10, "the child to exit (a zombie until reaped)")
     child.wait(10)
-    assert not _process_exists(child.pid)
+    assert not shm.process_exists(child.pid)
 
 
 # --- units: the slab, the slot writer, the codec's "m" leaves, the protocol fields ---------------------

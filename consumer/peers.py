@@ -1,0 +1,196 @@
+"""Who may feed this consumer: admission of producers, their registry and liveness. No sockets here.
+
+:class:`Peers` decides, over the :class:`~ferry.consumer.dispatcher.Dispatcher`'s registry of producers, and
+returns what the io thread must then do (answer WELCOME or REJECT, log, set a lost producer's slots aside).
+The io thread calls it under its lock and acts after releasing it. A HELLO is admitted when
+* its dataset is the one this consumer serves: the length and fingerprint it was given, or else those of the
+  first producer admitted. Otherwise: a permanent REJECT saying why.
+* Then, by the producer's identity ``(producer id, nonce)``:
+  - the same identity on the same routing id: a repeated HELLO, which changes nothing;
+  - the same identity on another routing id: the producer reconnected, and keeps the tasks it holds;
+  - a new identity: a new registration. An earlier one on this routing id, or of the same producer id, has
+    restarted its work: it is lost, and its tasks go back to the front of the queue.
+
+A producer is lost when it says BYE, holds a task longer than ``task_timeout``, or is silent for ``liveness``
+heartbeats (:meth:`Peers.expire`).
+
+:class:`BadPeers` remembers peers that sent invalid messages or talked without a HELLO, so that each is
+logged once and told to say HELLO at most once per heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ferry.common.constants import MAX_TRACKED_PEERS
+
+from ferry.consumer.dispatcher import Dispatcher, ProducerInfo
+
+log = logging.getLogger("ferry.consumer")
+
+INVALID_LOG_BURST = 10  # invalid-message log lines per minute, over all peers
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A producer that was dropped from the registry, and what it held."""
+
+    name: str
+    pid: int
+    tasks: tuple[int, ...]  # ids of the tasks it held: it may still be writing into their slots
+    why: str
+    live: int  # producers left registered
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The answer to one HELLO."""
+
+    name: str  # host:pid
+    reject: str | None = None  # not admitted, for good, for this reason
+    joined: ProducerInfo | None = None  # a new registration (None: a repeated HELLO or a reconnection)
+    losses: tuple[Loss, ...] = ()  # registrations it replaced
+    live: int = 0  # producers registered after it
+
+
+class Peers:
+    def __init__(self, dispatcher: Dispatcher, *, dataset_len: int | None, fingerprint: str | None,
+                 shm_token: str | None, now: float) -> None:
+        self.dispatcher = dispatcher
+        self.dataset_len = dataset_len
+        self.fingerprint = fingerprint
+        self._first_name: str | None = None  # the producer whose dataset was adopted
+        self._shm_token = shm_token  # of this consumer's shared-memory slab, if it has one
+        self.seen = 0  # producers registered, in all
+        self.none_since = now  # when the last live producer was lost (or when this began)
+
+    @property
+    def dataset_known(self) -> bool:
+        return self.dataset_len is not None and self.fingerprint is not None
+
+    def admit(self, peer: bytes, hello: dict[str, Any], now: float) -> Admission:
+        """Decide on a HELLO from ``peer`` and apply it to the registry."""
+        name = f"{hello['host']}:{hello['pid']}"
+        reason = self._check_dataset(hello["dataset"], name)
+        if reason is not None:
+            return Admission(name, reject=reason)
+        identity = (hello["producer"], hello["nonce"])
+        current = self.dispatcher.producers.get(peer)
+        if current is not None and current.identity == identity:
+            return Admission(name, live=len(self.dispatcher.producers))  # repeated: answer again, change nothing
+        losses: list[Loss | None] = []
+        moved = self.dispatcher.find_identity(identity)
+        joined = None
+        if moved is not None:  # reconnected under a new routing id, same work in hand
+            if current is not None:
+                losses.append(self.lose(peer, "replaced by a reconnection", now))
+            self.dispatcher.move(moved.peer, peer)
+        else:
+            if current is not None:
+                losses.append(self.lose(peer, "restarted its work (new HELLO)", now))
+            for other in list(self.dispatcher.producers.values()):
+                if other.producer_id == hello["producer"]:
+                    losses.append(self.lose(other.peer, "restarted its work (new HELLO)", now))
+            joined = ProducerInfo(
+                peer=peer, producer_id=hello["producer"], nonce=hello["nonce"], name=name, slots=hello["slots"],
+                last_heard=now, joined=now, shared=self._shm_token is not None and hello.get("shm") == self._shm_token,
+                pid=hello["pid"],
+            )
+            self.dispatcher.add(joined)
+            self.seen += 1
+        return Admission(name, joined=joined, losses=tuple(loss for loss in losses if loss is not None),
+                         live=len(self.dispatcher.producers))
+
+    def _check_dataset(self, dataset: dict[str, Any], name: str) -> str | None:
+        """Why ``dataset`` is not the one served here, or None (the first one known becomes the one)."""
+        first = self._first_name
+        if self.dataset_len is not None and dataset["len"] != self.dataset_len:
+            return (f"dataset length {dataset['len']} (spec {dataset['spec']!r}) differs from this consumer's "
+                    f"{self.dataset_len}" + (f" (first producer {first})" if first else ""))
+        if self.fingerprint is not None and dataset["fingerprint"] != self.fingerprint:
+            return (f"dataset fingerprint {dataset['fingerprint']!r} (spec {dataset['spec']!r}) differs from "
+                    f"{self.fingerprint!r}" + (f" of the first producer {first}" if first else ""))
+        if not self.dataset_known:
+            self.dataset_len, self.fingerprint, self._first_name = dataset["len"], dataset["fingerprint"], name
+        return None
+
+    def lose(self, peer: bytes, why: str, now: float) -> Loss | None:
+        """Drop ``peer``'s registration; its tasks go back to the front of the queue. None if not registered."""
+        held = self.dispatcher.producers.get(peer)
+        tasks = tuple(held.in_flight) if held is not None else ()
+        info = self.dispatcher.lose(peer)
+        if info is None:
+            return None
+        if not self.dispatcher.producers:
+            self.none_since = now
+        return Loss(info.name, info.pid, tasks, why, len(self.dispatcher.producers))
+
+    def expire(self, now: float, *, heartbeat: float, liveness: int,
+               task_timeout: float) -> tuple[list[Loss], list[bytes]]:
+        """Lose the producers that held a task too long or fell silent. Returns those losses and the peers
+        still registered, to be pinged."""
+        losses = [self.lose(peer, f"held a task for more than task_timeout={task_timeout:g} s", now)
+                  for peer in self.dispatcher.overdue(now - task_timeout)]
+        deadline = now - liveness * heartbeat
+        ping = []
+        for info in list(self.dispatcher.producers.values()):
+            if info.last_heard < deadline:
+                losses.append(self.lose(info.peer, f"silent for {now - info.last_heard:.1f} s", now))
+            else:
+                ping.append(info.peer)
+        return [loss for loss in losses if loss is not None], ping
+
+    def figures(self, now: float) -> dict[str, dict[str, Any]]:
+        """Per producer (by name): batches and bytes received, tasks in flight, slots, seconds since it joined."""
+        return {p.name: {"batches": p.batches, "bytes": p.bytes, "in_flight": len(p.in_flight), "slots": p.slots,
+                         "joined_s": now - p.joined}
+                for p in self.dispatcher.producers.values()}
+
+    def describe(self, peer: bytes) -> str:
+        info = self.dispatcher.producers.get(peer)
+        return f"producer {info.name}" if info else f"peer {peer.hex()}"
+
+
+class BadPeers:
+    """Peers that sent an invalid message or talked without a HELLO (the newest MAX_TRACKED_PEERS of them)."""
+
+    def __init__(self, describe: Callable[[bytes], str]) -> None:
+        self._describe = describe
+        self._peers: OrderedDict[bytes, float] = OrderedDict()  # peer -> when it was last sent a REJECT
+        self._log_window, self._log_lines, self._log_suppressed = time.monotonic(), 0, 0
+
+    def invalid(self, peer: bytes, reason: str) -> None:
+        """Log once per peer, and at most INVALID_LOG_BURST lines a minute in all (a broken peer that keeps
+        reconnecting gets a new routing id each time)."""
+        if peer in self._peers:
+            return
+        self._remember(peer, 0.0)
+        now = time.monotonic()
+        if now - self._log_window >= 60.0:
+            if self._log_suppressed:
+                log.warning("%d more invalid messages from other peers were dropped without a log line",
+                            self._log_suppressed)
+            self._log_window, self._log_lines, self._log_suppressed = now, 0, 0
+        if self._log_lines < INVALID_LOG_BURST:
+            self._log_lines += 1
+            log.warning("invalid message from %s dropped: %s (further ones from this peer are only counted)",
+                        self._describe(peer), reason)
+        else:
+            self._log_suppressed += 1
+
+    def reject_due(self, peer: bytes, now: float, interval: float) -> bool:
+        """Whether to tell an unregistered ``peer`` to say HELLO: at most once per ``interval``."""
+        if now - self._peers.get(peer, -1e9) < interval:
+            return False
+        self._remember(peer, now)
+        return True
+
+    def _remember(self, peer: bytes, when: float) -> None:
+        self._peers[peer] = when
+        self._peers.move_to_end(peer)
+        while len(self._peers) > MAX_TRACKED_PEERS:
+            self._peers.popitem(last=False)

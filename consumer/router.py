@@ -1,0 +1,81 @@
+"""The consumer's ROUTER socket with its context and CURVE authenticator. Only the io thread uses it.
+
+Sends never block: a peer that is gone (``ROUTER_MANDATORY``) or not reading makes :meth:`Router.send` return
+False. No message is larger than ``max_batch_bytes`` (``MAXMSGSIZE``: libzmq drops the connection instead).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import zmq
+
+from ferry.common import protocol
+from ferry.common.constants import SOCKET_HWM
+from ferry.common.errors import ConfigError
+
+BYE_LINGER_MS = 200  # how long close() lets the BYEs leave
+
+
+class Router:
+    def __init__(self, endpoints: Iterable[str], *, max_batch_bytes: int, curve: Any = None) -> None:
+        ctx = zmq.Context()
+        auth = sock = None
+        try:
+            auth = curve.start_authenticator(ctx) if curve is not None else None
+            sock = ctx.socket(zmq.ROUTER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a vanished peer raises instead of vanishing
+            sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
+            sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
+            sock.setsockopt(zmq.MAXMSGSIZE, max_batch_bytes)
+            if curve is not None:
+                curve.apply_server(sock)
+            for endpoint in endpoints:
+                _bind(sock, endpoint)
+        except BaseException:
+            if sock is not None:
+                sock.close(0)
+            if auth is not None:
+                auth.stop()
+            ctx.term()
+            raise
+        self._ctx, self._auth, self.sock = ctx, auth, sock
+
+    def recv(self) -> list[Any] | None:
+        """The next message's frames (zero-copy), or None if none is waiting."""
+        try:
+            return self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+
+    def send(self, peer: bytes, frames: list[Any]) -> bool:
+        try:
+            self.sock.send_multipart([peer, *frames], flags=zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:  # EHOSTUNREACH (gone) or EAGAIN (not reading)
+            return False
+
+    @property
+    def closed(self) -> bool:
+        return self._ctx.closed
+
+    def close(self, goodbye: Iterable[bytes] = ()) -> None:
+        """Say BYE to the peers ``goodbye``, then close the socket (letting the BYEs leave) and the context."""
+        if self._ctx.closed:
+            return
+        peers = list(goodbye)
+        for peer in peers:
+            self.send(peer, [protocol.pack(protocol.BYE)])
+        self.sock.close(linger=BYE_LINGER_MS if peers else 0)
+        if self._auth is not None:
+            self._auth.stop()
+        self._ctx.term()
+
+
+def _bind(sock: zmq.Socket, endpoint: str) -> None:
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        hint = " (is another trainer or rank already bound there?)" if exc.errno == zmq.EADDRINUSE else ""
+        raise ConfigError(f"cannot bind the consumer to {endpoint}: {exc.strerror}{hint}") from None
