@@ -26,6 +26,8 @@ BYE_LINGER_MS = 500
 #: A producer's DEALER reconnects after this long, backing off up to the maximum. [Unit: millisecond]
 RECONNECT_IVL_MS = 100
 RECONNECT_IVL_MAX_MS = 2000
+#: Most ports one ``tcp://HOST:LO-HI`` endpoint range may name.
+MAX_PORT_RANGE = 256
 #: Messages a producer reads from one socket before its loop turns to the others.
 RECEIVE_BURST = 256
 
