@@ -28,6 +28,16 @@ RECONNECT_IVL_MS = 100
 RECONNECT_IVL_MAX_MS = 2000
 #: Most ports one ``tcp://HOST:LO-HI`` endpoint range may name.
 MAX_PORT_RANGE = 256
+#: A producer polls its sockets at least this often: a quarter heartbeat, never under POLL_MIN_MS.
+POLL_HEARTBEAT_FRACTION = 0.25
+POLL_MIN_MS = 10
+#: How long a batch worker waits for a free pooled batch buffer before it allocates. [Unit: second]
+BUFFER_ACQUIRE_TIMEOUT_S = 10.0
+#: A sample error's message and traceback are cut to these many characters (both below MAX_TEXT).
+REMOTE_MESSAGE_CHARS = 4096
+REMOTE_TRACEBACK_CHARS = 16384
+#: ``ferry pack`` starts a new shard file past this size. [Unit: byte]
+DEFAULT_SHARD_BYTES = 1 << 30
 #: Messages a producer reads from one socket before its loop turns to the others.
 RECEIVE_BURST = 256
 
@@ -83,5 +93,6 @@ POLL_SLICE_S = 0.05
 JOIN_TIMEOUT_S = 5.0
 #: Batches the staging thread may hold ready for the training loop (part of C, not extra).
 STAGED_BATCHES = 2
-#: Peers whose first invalid message we remember (to log once per peer); bounded for hostile input.
+#: Peers (or CURVE keys) whose first invalid message or denied handshake we remember, to log once per peer;
+#: bounded for hostile input.
 MAX_TRACKED_PEERS = 1024

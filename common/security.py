@@ -20,6 +20,7 @@ from typing import Any
 import zmq
 import zmq.auth
 
+from ferry.common.constants import MAX_TRACKED_PEERS
 from ferry.common.errors import ConfigError
 
 __all__ = ["CurveServer", "CurveClient", "AuthorizedKeys", "generate_keys"]
@@ -89,7 +90,7 @@ class AuthorizedKeys:
             self._keys = set(zmq.auth.load_certificates(self.folder))
         if key in self._keys:
             return True
-        if key not in self._denied and len(self._denied) < 1024:
+        if key not in self._denied and len(self._denied) < MAX_TRACKED_PEERS:
             self._denied.add(key)
             log.warning("CURVE handshake DENIED for producer key %s: not in %s", key.decode(), self.folder)
         return False

@@ -18,7 +18,6 @@ import itertools
 import logging
 import os
 import queue
-import signal
 import socket as pysocket
 import threading
 import time
@@ -30,7 +29,8 @@ import zmq
 
 from ferry.common import protocol
 from ferry.common.constants import (
-    BYE_LINGER_MS, MAX_HEADER_BYTES, RECEIVE_BURST, RECONNECT_IVL_MAX_MS, RECONNECT_IVL_MS, SOCKET_HWM,
+    BYE_LINGER_MS, MAX_HEADER_BYTES, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST, RECONNECT_IVL_MAX_MS,
+    RECONNECT_IVL_MS, SOCKET_HWM,
 )
 from ferry.common.datasets import dataset_fingerprint
 from ferry.common.errors import ConfigError, ProtocolError
@@ -38,6 +38,7 @@ from ferry.common.ratelimit import RateLimitedLog
 from ferry.common.waker import Waker
 
 from ferry.producer.batcher import Batcher, Job, Outcome
+from ferry.producer.buffers import tracked
 from ferry.producer.config import ProducerConfig
 from ferry.producer.connection import (
     EXIT_OK, Action, Connection, Log, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale, exit_code,
@@ -264,13 +265,7 @@ class Producer:
             link.conn.task_finished()
             frames, tracker = outcome.frames, None
             if outcome.buffer is not None:
-                # track the pooled buffer's own frames: send_multipart(track=True) would only track the
-                # last part, a small label frame that pyzmq copies, so its tracker says nothing
-                k = outcome.buffer_frames
-                own = [zmq.Frame(f, copy=False, track=True) for f in frames[1 : 1 + k]]
-                tracker = zmq.MessageTracker(*[f.tracker for f in own])
-                frames = [frames[0], *own, *frames[1 + k :]]
-                del own  # a tracker completes only once no Python Frame refers to its message
+                frames, tracker = tracked(frames, outcome.buffer_frames)
             sent = self._send(link, frames)
             del frames
             self._release(outcome, tracker if sent else None)
@@ -312,14 +307,5 @@ class Producer:
 
     def _poll_timeout_ms(self) -> int:
         beat = min((link.conn.heartbeat for link in self._links.values()), default=1.0)
-        return max(10, int(beat * 250))
+        return max(POLL_MIN_MS, int(beat * POLL_HEARTBEAT_FRACTION * 1000))
 
-
-def install_signal_handlers(producer: Producer) -> None:
-    """SIGTERM and SIGINT stop the producer cleanly (BYE, exit 0). Main thread only."""
-
-    def handler(signum: int, frame: Any) -> None:
-        producer.stop()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ferry.common.datasets.folders import scan_class_folders
-from ferry.common.errors import MissingExtraError, SampleLoadError
+from ferry.common.errors import DatasetError, MissingExtraError, SampleLoadError
 
 EXTENSIONS = {".png": "pillow", ".jpg": "pillow", ".jpeg": "pillow", ".tif": "tifffile", ".tiff": "tifffile"}
 EXTRA_HINT = "install the images extra: pip install 'ferry[images]' (Pillow and tifffile)"
@@ -41,7 +41,7 @@ def _chw(array: np.ndarray, channels_last: bool) -> np.ndarray:
     if array.ndim == 2:
         return array[None]
     if array.ndim != 3:
-        raise ValueError(f"image has {array.ndim} dimensions, expected 2 or 3")
+        raise DatasetError(f"image has {array.ndim} dimensions, expected 2 or 3")
     return np.ascontiguousarray(array.transpose(2, 0, 1) if channels_last else array)
 
 

@@ -19,6 +19,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ferry.common.constants import DEFAULT_SHARD_BYTES
 from ferry.common.errors import DatasetError
 
 __all__ = ["PackedDataset", "pack"]
@@ -100,7 +101,7 @@ class PackedDataset:
                 pass
 
 
-def pack(dataset: Any, out: str, *, shard_bytes: int = 1 << 30, classes: Iterable[str] = (),
+def pack(dataset: Any, out: str, *, shard_bytes: int = DEFAULT_SHARD_BYTES, classes: Iterable[str] = (),
          progress: Any = None) -> dict[str, Any]:
     """Write ``dataset`` (samples ``(array, label)`` of one shape and dtype) as a packed folder."""
     n = len(dataset)
