@@ -29,8 +29,8 @@ import zmq
 
 from ferry.common import protocol
 from ferry.common.constants import (
-    BYE_LINGER_MS, MAX_HEADER_BYTES, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST, RECONNECT_IVL_MAX_MS,
-    RECONNECT_IVL_MS, SOCKET_HWM,
+    BYE_LINGER_MS, HEARTBEAT_S, MAX_HEADER_BYTES, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST,
+    RECONNECT_IVL_MAX_MS, RECONNECT_IVL_MS, SOCKET_HWM,
 )
 from ferry.common.datasets import dataset_fingerprint
 from ferry.common.errors import ConfigError, ProtocolError
@@ -306,6 +306,6 @@ class Producer:
             return None
 
     def _poll_timeout_ms(self) -> int:
-        beat = min((link.conn.heartbeat for link in self._links.values()), default=1.0)
+        beat = min((link.conn.heartbeat for link in self._links.values()), default=HEARTBEAT_S)
         return max(POLL_MIN_MS, int(beat * POLL_HEARTBEAT_FRACTION * 1000))
 
