@@ -86,7 +86,7 @@ class Producer:
         self.shared_batches = 0  # batches written into the consumer's shared-memory slab
         self.invalid_messages = 0
         self.stale_messages = 0
-        self._invalid_log = RateLimitedLog(log)
+        self._invalid_log = RateLimitedLog(log, suppressed="%d more invalid messages were dropped without a log line")
         self._keys = itertools.count()
         self._poller = zmq.Poller()
         self._metrics = None
