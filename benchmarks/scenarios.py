@@ -185,7 +185,7 @@ def seed_workload(report: Report, sizes: Sizes, transport_gbps: float | None) ->
 
 def packed_vs_files(report: Report, sizes: Sizes, dataset: NpyFolderDataset, root: str, dtype: str) -> None:
     """Ferry on packed shards against Ferry on per-file .npy, P=2."""
-    from ferry.common.packed import pack
+    from ferry.common.datasets.packed import pack
 
     packed_root = root + "-packed"
     try:

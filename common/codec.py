@@ -27,6 +27,7 @@ import numpy as np
 
 from ferry.common.constants import MAX_FRAMES, MAX_NDIM, MAX_TREE_DEPTH, MAX_TREE_LEAVES
 from ferry.common.errors import ProtocolError
+from ferry.common.tree import fold_tree, path_text
 
 __all__ = ["encode_tree", "decode_tree", "ALLOWED_DTYPES", "tree_nbytes", "tree_signature", "Chunked"]
 
@@ -77,38 +78,36 @@ def encode_tree(tree: Any, chunk_bytes: int | None = None, slot: Any = None) -> 
     (an array already written there is only referenced), and travel as frames after that.
     """
     encoder = _Encoder(chunk_bytes, slot)
-    spec = encoder.node(tree, 0)
+    spec = fold_tree(tree, encoder.leaf, encoder.container, max_depth=MAX_TREE_DEPTH)
     if len(encoder.frames) > MAX_FRAMES:
         raise ProtocolError(f"batch has {len(encoder.frames)} arrays, more than {MAX_FRAMES}")
     return spec, encoder.frames
 
 
-# The walkers are classes, not recursive closures: a closure that calls itself is a reference cycle, and
-# it would keep a batch's buffers (and shared-memory slot) alive until the garbage collector ran.
+# The walker of a batch is ferry.common.tree's fold; the decoder walks the wire's tree spec instead. Neither
+# is a recursive closure: a closure that calls itself is a reference cycle, and it would keep a batch's
+# buffers (and shared-memory slot) alive until the garbage collector ran.
 class _Encoder:
     def __init__(self, chunk_bytes: int | None, slot: Any) -> None:
         self.chunk_bytes, self.slot = chunk_bytes, slot
         self.frames: list[memoryview] = []
 
-    def node(self, node: Any, depth: int) -> Any:
-        if depth > MAX_TREE_DEPTH:
-            raise ProtocolError(f"batch nests deeper than {MAX_TREE_DEPTH} levels")
+    def leaf(self, node: Any, path: None) -> Any:
         array = _as_array(node)
         if array is not None:
             return self.array(array)
         if isinstance(node, _SCALARS):
             return node
-        if isinstance(node, dict):
-            keys = list(node.keys())
-            for key in keys:
-                if not isinstance(key, (str, int)) or isinstance(key, bool):
-                    raise ProtocolError(f"dict key {key!r} is not a str or int")
-            return {"t": "d", "k": keys, "v": [self.node(node[k], depth + 1) for k in keys]}
-        if isinstance(node, tuple):
-            return {"t": "t", "v": [self.node(v, depth + 1) for v in node]}
-        if isinstance(node, list):
-            return {"t": "l", "v": [self.node(v, depth + 1) for v in node]}
         raise ProtocolError(f"cannot encode a leaf of type {type(node).__name__}")
+
+    @staticmethod
+    def container(kind: str, keys: list | None, values: list, path: None) -> dict[str, Any]:
+        if keys is None:
+            return {"t": kind, "v": values}
+        for key in keys:
+            if not isinstance(key, (str, int)) or isinstance(key, bool):
+                raise ProtocolError(f"dict key {key!r} is not a str or int")
+        return {"t": kind, "k": keys, "v": values}
 
     def array(self, array: np.ndarray) -> dict[str, Any]:
         if array.dtype.str not in ALLOWED_DTYPES:
@@ -247,28 +246,37 @@ def tree_signature(tree: Any, count: int, path: str = "batch") -> Any:
     Raises:
         ProtocolError: an array's leading dimension, or a list of strings' length, is not ``count``.
     """
-    if isinstance(tree, (np.ndarray, Chunked)):
-        if len(tree.shape) == 0 or tree.shape[0] != count:
-            raise ProtocolError(f"{path} holds {tree.shape[0] if tree.shape else 'no'} samples, the task {count}")
-        return ("a", tree.dtype.str)
-    if isinstance(tree, dict):
-        return ("d", tuple((k, tree_signature(v, count, f"{path}[{k!r}]")) for k, v in tree.items()))
-    if isinstance(tree, (list, tuple)):
-        if tree and all(isinstance(v, (str, bytes)) for v in tree):  # collated strings: one per sample
-            if len(tree) != count:
-                raise ProtocolError(f"{path} holds {len(tree)} strings, the task {count} samples")
-            return ("s", type(tree[0]).__name__)
-        kind = "l" if isinstance(tree, list) else "t"
-        return (kind, tuple(tree_signature(v, count, f"{path}[{i}]") for i, v in enumerate(tree)))
-    return ("x", type(tree).__name__)
+
+    def leaf(node: Any, where: Any) -> Any:
+        if isinstance(node, (np.ndarray, Chunked)):
+            if len(node.shape) == 0 or node.shape[0] != count:
+                raise ProtocolError(f"{path_text(where)} holds {node.shape[0] if node.shape else 'no'} samples, "
+                                    f"the task {count}")
+            return ("a", node.dtype.str)
+        if isinstance(node, (list, tuple)):  # collated strings: one per sample
+            if len(node) != count:
+                raise ProtocolError(f"{path_text(where)} holds {len(node)} strings, the task {count} samples")
+            return ("s", type(node[0]).__name__)
+        return ("x", type(node).__name__)
+
+    def container(kind: str, keys: list | None, values: list, where: Any) -> Any:
+        return ("d", tuple(zip(keys, values))) if keys is not None else (kind, tuple(values))
+
+    return fold_tree(tree, leaf, container, path, is_leaf=_is_strings)
+
+
+def _is_strings(node: Any) -> bool:
+    return isinstance(node, (list, tuple)) and bool(node) and all(isinstance(v, (str, bytes)) for v in node)
+
+
+def _array_nbytes(node: Any, path: None) -> int:
+    return node.nbytes if isinstance(node, (np.ndarray, Chunked)) else 0
+
+
+def _sum(kind: str, keys: list | None, values: list, path: None) -> int:
+    return sum(values)
 
 
 def tree_nbytes(tree: Any) -> int:
     """Total bytes of the array leaves of a decoded tree."""
-    if isinstance(tree, (np.ndarray, Chunked)):
-        return tree.nbytes
-    if isinstance(tree, dict):
-        return sum(tree_nbytes(v) for v in tree.values())
-    if isinstance(tree, (list, tuple)):
-        return sum(tree_nbytes(v) for v in tree)
-    return 0
+    return fold_tree(tree, _array_nbytes, _sum, is_leaf=_is_strings)

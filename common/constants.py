@@ -13,10 +13,39 @@ DEFAULT_ENDPOINT = "tcp://*:5555"
 HEARTBEAT_S = 1.0
 #: A peer silent for LIVENESS heartbeats is lost.
 LIVENESS = 5
+#: Bounds on the heartbeat a consumer's WELCOME may set on a producer. [Unit: second]
+MIN_WELCOME_HEARTBEAT_S = 0.05
+MAX_WELCOME_HEARTBEAT_S = 60.0
 
 #: A producer that holds one task longer than this is dropped like a silent one, and its tasks are
 #: re-issued: it guards against a hung dataset and against a live peer that never answers. [Unit: second]
 DEFAULT_TASK_TIMEOUT_S = 120.0
+
+#: How long a producer lets a BYE leave its socket on shutdown. [Unit: millisecond]
+BYE_LINGER_MS = 500
+#: A producer's DEALER reconnects after this long, backing off up to the maximum. [Unit: millisecond]
+RECONNECT_IVL_MS = 100
+RECONNECT_IVL_MAX_MS = 2000
+#: Most ports one ``tcp://HOST:LO-HI`` endpoint range may name.
+MAX_PORT_RANGE = 256
+#: A producer polls its sockets at least this often: a quarter heartbeat, never under POLL_MIN_MS.
+POLL_HEARTBEAT_FRACTION = 0.25
+POLL_MIN_MS = 10
+#: How long a batch worker waits for a free pooled batch buffer before it allocates. [Unit: second]
+BUFFER_ACQUIRE_TIMEOUT_S = 10.0
+#: A sample error's message and traceback are cut to these many characters (both below MAX_TEXT).
+REMOTE_MESSAGE_CHARS = 4096
+REMOTE_TRACEBACK_CHARS = 16384
+#: ``ferry pack`` starts a new shard file past this size. [Unit: byte]
+DEFAULT_SHARD_BYTES = 1 << 30
+#: Messages a producer reads from one socket before its loop turns to the others.
+RECEIVE_BURST = 256
+
+# --- logging --------------------------------------------------------------------------------------------
+#: A warning a peer can repeat is logged at most this many times per window (see ferry.common.ratelimit).
+LOG_LINES_PER_WINDOW = 10
+#: [Unit: second]
+LOG_WINDOW_S = 60.0
 
 # --- flow control -----------------------------------------------------------------------------------
 #: Capacity C of the consumer: batches buffered + tasks in flight <= C, always.
@@ -46,6 +75,8 @@ MAX_TREE_DEPTH = 16
 MAX_TREE_LEAVES = 4096
 MAX_FRAMES = 1024
 MAX_NDIM = 16
+#: Tasks a producer holds for one consumer session at most; a consumer asking for more is broken.
+MAX_PENDING_TASKS = 2 * MAX_SLOTS
 #: Largest number of sample indices in one TASK.
 MAX_TASK_INDICES = 1 << 16
 #: Largest dataset length a HELLO may announce.
@@ -62,5 +93,6 @@ POLL_SLICE_S = 0.05
 JOIN_TIMEOUT_S = 5.0
 #: Batches the staging thread may hold ready for the training loop (part of C, not extra).
 STAGED_BATCHES = 2
-#: Peers whose first invalid message we remember (to log once per peer); bounded for hostile input.
+#: Peers (or CURVE keys) whose first invalid message or denied handshake we remember, to log once per peer;
+#: bounded for hostile input.
 MAX_TRACKED_PEERS = 1024

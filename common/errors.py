@@ -9,6 +9,9 @@ __all__ = [
     "FerryError",
     "ConfigError",
     "DatasetSpecError",
+    "DatasetError",
+    "SampleLoadError",
+    "MissingExtraError",
     "ProtocolError",
     "VersionMismatch",
     "NoProducersError",
@@ -29,6 +32,18 @@ class ConfigError(FerryError, ValueError):
 
 class DatasetSpecError(FerryError, ValueError):
     """A dataset spec cannot be resolved into a dataset."""
+
+
+class DatasetError(FerryError, ValueError):
+    """A dataset's files or samples break its format (a packed index, a record of the wrong size)."""
+
+
+class SampleLoadError(FerryError):
+    """A built-in dataset could not load one sample; the message names the file."""
+
+
+class MissingExtraError(FerryError, ImportError):
+    """An optional dependency of a dataset format is not installed; the message says which extra to install."""
 
 
 class ProtocolError(FerryError):

@@ -20,7 +20,9 @@ from typing import Any
 import zmq
 import zmq.auth
 
+from ferry.common.constants import MAX_TRACKED_PEERS
 from ferry.common.errors import ConfigError
+from ferry.common.ratelimit import RateLimitedLog
 
 __all__ = ["CurveServer", "CurveClient", "AuthorizedKeys", "generate_keys"]
 
@@ -73,7 +75,8 @@ class AuthorizedKeys:
     """ZAP credentials provider: a key is allowed when its ``.key`` file lies in the folder.
 
     The folder is read again whenever its modification time changes, so a producer authorized later is
-    let in without restarting the trainer. A denied key is logged once, at WARNING, with its public key.
+    let in without restarting the trainer. A denied key is logged once, at WARNING, with its public key, and
+    at most LOG_LINES_PER_WINDOW such lines a minute (a hostile peer can make up keys).
     """
 
     def __init__(self, folder: str) -> None:
@@ -81,6 +84,8 @@ class AuthorizedKeys:
         self._mtime: float | None = None
         self._keys: set[bytes] = set()
         self._denied: set[bytes] = set()
+        self._denied_log = RateLimitedLog(
+            log, suppressed="%d more CURVE handshakes of unknown keys were denied without a log line")
 
     def callback(self, domain: str, key: bytes) -> bool:
         mtime = os.stat(self.folder).st_mtime
@@ -89,9 +94,10 @@ class AuthorizedKeys:
             self._keys = set(zmq.auth.load_certificates(self.folder))
         if key in self._keys:
             return True
-        if key not in self._denied and len(self._denied) < 1024:
+        if key not in self._denied and len(self._denied) < MAX_TRACKED_PEERS:
             self._denied.add(key)
-            log.warning("CURVE handshake DENIED for producer key %s: not in %s", key.decode(), self.folder)
+            self._denied_log.warning("CURVE handshake DENIED for producer key %s: not in %s", key.decode(),
+                                     self.folder)
         return False
 
 

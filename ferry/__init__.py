@@ -13,14 +13,17 @@ from typing import Any
 
 from ferry.common.errors import (
     ConfigError,
+    DatasetError,
     DatasetSpecError,
     FerryError,
     FerryThreadError,
     LoaderClosedError,
+    MissingExtraError,
     NoProducersError,
     ProducerStartupError,
     ProtocolError,
     RemoteSampleError,
+    SampleLoadError,
     VersionMismatch,
 )
 
@@ -31,6 +34,9 @@ __all__ = [
     "LoaderClosedError",
     "ConfigError",
     "DatasetSpecError",
+    "DatasetError",
+    "SampleLoadError",
+    "MissingExtraError",
     "NoProducersError",
     "ProducerStartupError",
     "ProtocolError",

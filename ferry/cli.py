@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "pack":
         from ferry.common.datasets import NpyFolderDataset
-        from ferry.common.packed import pack as write_packed
+        from ferry.common.datasets.packed import pack as write_packed
 
         source = NpyFolderDataset(args.source)
         index = write_packed(source, args.out, shard_bytes=args.shard_mib << 20, classes=source.classes,

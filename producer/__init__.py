@@ -32,7 +32,7 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
     """
     from ferry.common.datasets import resolve_dataset
 
-    from ferry.producer.service import Producer, install_signal_handlers
+    from ferry.producer.service import Producer
 
     if config.exit_with_parent:
         _die_with_parent()
@@ -46,6 +46,16 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
     if threading.current_thread() is threading.main_thread():
         install_signal_handlers(producer)
     return producer.run()
+
+
+def install_signal_handlers(producer: Any) -> None:
+    """SIGTERM and SIGINT stop the producer cleanly (BYE, exit 0). Main thread only."""
+
+    def handler(signum: int, frame: Any) -> None:
+        producer.stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
 
 
 def _die_with_parent() -> None:

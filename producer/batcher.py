@@ -30,7 +30,7 @@ import numpy as np
 
 from ferry.common import protocol
 from ferry.common.codec import encode_tree
-from ferry.common.constants import FRAME_CHUNK_BYTES
+from ferry.common.constants import FRAME_CHUNK_BYTES, REMOTE_MESSAGE_CHARS, REMOTE_TRACEBACK_CHARS
 from ferry.common.waker import Waker
 
 from ferry.producer.buffers import BufferPool
@@ -70,8 +70,8 @@ def _error_record(index: int, exc: BaseException) -> dict[str, Any]:
     return {
         "index": index,
         "exc_type": type(exc).__name__,
-        "message": str(exc)[:4096],
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-16384:],
+        "message": str(exc)[:REMOTE_MESSAGE_CHARS],
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-REMOTE_TRACEBACK_CHARS:],
     }
 
 

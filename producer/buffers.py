@@ -14,6 +14,23 @@ import threading
 from typing import Any
 
 import numpy as np
+import zmq
+
+from ferry.common.constants import BUFFER_ACQUIRE_TIMEOUT_S
+
+
+def tracked(frames: list[Any], count: int) -> tuple[list[Any], zmq.MessageTracker]:
+    """``frames`` ready to send, with a tracker of the ``count`` frames after the header (the views of a
+    pooled buffer): it completes once ZeroMQ no longer reads any of them.
+
+    send_multipart(track=True) would only track the last part, a small label frame that pyzmq copies, so
+    its tracker would say nothing.
+    """
+    own = [zmq.Frame(f, copy=False, track=True) for f in frames[1 : 1 + count]]
+    tracker = zmq.MessageTracker(*[f.tracker for f in own])
+    out = [frames[0], *own, *frames[1 + count :]]
+    del own  # a tracker completes only once no Python Frame refers to its message
+    return out, tracker
 
 
 class BufferPool:
@@ -25,7 +42,7 @@ class BufferPool:
         self._count: dict[tuple, int] = {}
         self._owned: set[int] = set()  # ids of pooled buffers; they stay alive while pooled, so ids hold
 
-    def acquire(self, shape: tuple[int, ...], dtype: np.dtype, timeout: float = 10.0) -> np.ndarray:
+    def acquire(self, shape: tuple[int, ...], dtype: np.dtype, timeout: float = BUFFER_ACQUIRE_TIMEOUT_S) -> np.ndarray:
         key = (tuple(shape), np.dtype(dtype).str)
         with self._lock:
             self._reclaim()

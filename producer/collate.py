@@ -16,10 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from ferry.common.errors import FerryError
+
 __all__ = ["collate", "CollateError"]
 
 
-class CollateError(TypeError):
+class CollateError(FerryError, TypeError):
     """The samples of a batch cannot be collated; the message says where in the sample and why."""
 
 

@@ -3,43 +3,14 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ferry.common.constants import DEFAULT_SLOTS, DEFAULT_THREADS, HEARTBEAT_S, LIVENESS, MAX_SLOTS
+from ferry.common.endpoints import expand_endpoints
 from ferry.common.errors import ConfigError
 
 __all__ = ["ProducerConfig", "expand_endpoints"]
-
-_TCP = re.compile(r"^tcp://(?P<host>\[[^\]]+\]|[^:/\s]+):(?P<lo>\d+)(?:-(?P<hi>\d+))?$")
-_MAX_RANGE = 256
-
-
-def expand_endpoints(endpoints: list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """Validate endpoints and expand port ranges: ``tcp://host:5555-5557`` -> three endpoints.
-
-    Raises:
-        ConfigError: an endpoint is malformed; the message names it.
-    """
-    out: list[str] = []
-    for endpoint in endpoints:
-        if endpoint.startswith("ipc://") and len(endpoint) > len("ipc://"):
-            out.append(endpoint)
-            continue
-        match = _TCP.match(endpoint)
-        if not match:
-            raise ConfigError(f"endpoint {endpoint!r} must look like tcp://HOST:PORT, tcp://HOST:PORT-PORT or ipc://PATH")
-        lo = int(match["lo"])
-        hi = int(match["hi"]) if match["hi"] else lo
-        if not (0 < lo <= hi < 65536) or hi - lo >= _MAX_RANGE:
-            raise ConfigError(f"endpoint {endpoint!r} has an invalid port or port range")
-        out.extend(f"tcp://{match['host']}:{port}" for port in range(lo, hi + 1))
-    if not out:
-        raise ConfigError("at least one consumer endpoint (--connect) is required")
-    if len(set(out)) != len(out):
-        raise ConfigError(f"duplicate endpoints in {list(endpoints)}")
-    return tuple(out)
 
 
 @dataclass(frozen=True)

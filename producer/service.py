@@ -1,81 +1,61 @@
-"""The producer service: one main loop that owns every DEALER socket.
+"""The producer service: one poll loop that owns every DEALER socket and applies what the connections decide.
 
-Lifecycle of each consumer connection (one DEALER per ``--connect`` endpoint)::
-
-    GREETING --WELCOME--> SERVING --(consumer silent LIVENESS x heartbeat, BYE, or REJECT)--> GREETING
-        \\--REJECT(permanent)--> CLOSED
-
-While GREETING, the producer says HELLO every heartbeat. While SERVING it runs TASKs and PINGs. Leaving
-SERVING drops that consumer's pending work (its results are discarded, not sent) and draws a new
-``nonce``, so the consumer can tell a fresh HELLO from a repeated one. If, while GREETING, no HELLO can
-even be queued (no connection: IMMEDIATE is set) for LIVENESS heartbeats on a socket that had been
-welcomed, the endpoint gets a fresh DEALER socket: libzmq does not reconnect after a protocol error (an oversized frame, say), so a broken or hostile
-peer would otherwise cut this endpoint off for good. A connection that merely waits (a cut link) keeps its
-socket, and the batches queued on it still arrive late, to be dropped by the consumer as duplicates.
+Each ``--connect`` endpoint is a :class:`Link`: one DEALER socket and one
+:class:`~ferry.producer.connection.Connection`, the pure state machine of that consumer connection (its
+lifecycle is drawn there). The loop reads the clock, feeds the machine its events (messages, ticks, the
+fate of a send, stop) and carries out the actions it returns: send HELLO / PING / BYE, run a TASK, rebuild
+the socket, log.
 
 Threads: the main loop (this module), plus the batcher's pools (:mod:`ferry.producer.batcher`). Shutdown order,
 on SIGTERM / SIGINT / ``stop()``: the main loop leaves its poll, says BYE on every serving connection,
 stops the batcher (waits for running samples, cancels queued ones), then closes sockets with LINGER=0
-and terminates its own zmq context.
+(BYE_LINGER_MS where a BYE was queued) and terminates its own zmq context.
 """
 
 from __future__ import annotations
 
-import enum
 import itertools
 import logging
 import os
 import queue
-import random
-import signal
 import socket as pysocket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
 from ferry.common import protocol
-from ferry.common.constants import MAX_HEADER_BYTES, MAX_SLOTS, SOCKET_HWM
+from ferry.common.constants import (
+    BYE_LINGER_MS, HEARTBEAT_S, MAX_HEADER_BYTES, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST,
+    RECONNECT_IVL_MAX_MS, RECONNECT_IVL_MS, SOCKET_HWM,
+)
 from ferry.common.datasets import dataset_fingerprint
-from ferry.common.errors import ProtocolError
+from ferry.common.errors import ConfigError, ProtocolError
+from ferry.common.ratelimit import RateLimitedLog
 from ferry.common.waker import Waker
 
 from ferry.producer.batcher import Batcher, Job, Outcome
+from ferry.producer.buffers import tracked
 from ferry.producer.config import ProducerConfig
+from ferry.producer.connection import (
+    EXIT_OK, Action, Connection, Log, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale, exit_code,
+)
 
 log = logging.getLogger("ferry.producer")
 
-BYE_LINGER_MS = 500
-EXIT_OK = 0
-EXIT_REJECTED = 3
-
-
-class ConnState(enum.IntEnum):
-    GREETING = 1
-    SERVING = 2
-    CLOSED = 3
-
 
 @dataclass
-class Connection:
+class Link:
+    """One consumer endpoint: the socket (owned by the loop) and the state machine of its connection."""
+
     key: int
     endpoint: str
     sock: zmq.Socket
-    state: ConnState = ConnState.GREETING
-    session: int | None = None
-    nonce: int = field(default_factory=lambda: random.getrandbits(62))
-    heartbeat: float = 1.0
-    last_heard: float = 0.0
-    last_sent: float = 0.0
-    started: float = field(default_factory=time.monotonic)
-    warned_unreachable: bool = False
-    pending: int = 0  # tasks of the current session not yet answered
+    conn: Connection
     said_bye: bool = False
-    unsendable_since: float | None = None  # GREETING, and no connection to queue a HELLO on, since when
-    welcomed_here: bool = False  # a consumer welcomed us on this socket (so a connection existed)
 
 
 class Producer:
@@ -92,7 +72,7 @@ class Producer:
         self._waker = Waker()
         self._done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._ctx = zmq.Context()
-        self._conns: dict[int, Connection] = {}
+        self._links: dict[int, Link] = {}
         self._slab = self._map_slab(config.shared_memory)
         self._batcher = Batcher(
             dataset,
@@ -106,13 +86,14 @@ class Producer:
         self.shared_batches = 0  # batches written into the consumer's shared-memory slab
         self.invalid_messages = 0
         self.stale_messages = 0
+        self._invalid_log = RateLimitedLog(log, suppressed="%d more invalid messages were dropped without a log line")
         self._keys = itertools.count()
         self._poller = zmq.Poller()
         self._metrics = None
         try:
             for endpoint in config.endpoints:
-                conn = self._connect(endpoint)
-                self._conns[conn.key] = conn
+                link = self._connect(endpoint)
+                self._links[link.key] = link
             if config.metrics_port:
                 from ferry.common.metrics import MetricsServer
 
@@ -137,35 +118,72 @@ class Producer:
         )
         poller = self._poller
         poller.register(self._waker.fileno(), zmq.POLLIN)
-        for conn in self._conns.values():
-            poller.register(conn.sock, zmq.POLLIN)
+        for link in self._links.values():
+            poller.register(link.sock, zmq.POLLIN)
         code = EXIT_OK
         try:
             while not self._stop.is_set():
-                if all(c.state is ConnState.CLOSED for c in self._conns.values()):
+                rejected = exit_code(link.conn for link in self._links.values())
+                if rejected is not None:
                     log.error("every consumer rejected this producer permanently; exiting")
-                    code = EXIT_REJECTED
+                    code = rejected
                     break
                 events = dict(poller.poll(timeout=self._poll_timeout_ms()))
                 if self._waker.fileno() in events:
                     self._waker.drain()
-                for conn in self._conns.values():
-                    if conn.sock in events:
-                        self._receive(conn)
+                for link in self._links.values():
+                    if link.sock in events:
+                        self._receive(link)
                 self._send_outcomes()
-                self._tick(time.monotonic())
-            for conn in self._conns.values():
-                if conn.state is ConnState.SERVING:
-                    conn.said_bye = self._send(conn, [protocol.pack(protocol.BYE)])
+                now = time.monotonic()
+                for link in self._links.values():
+                    self._apply(link, link.conn.tick(now))
+            for link in self._links.values():
+                self._apply(link, link.conn.stop())
         finally:
             self._close()
         log.info("ferry producer %s stopped after %d batches", self.name, self.batches_sent)
         return code
 
+    # --- applying the connections' decisions ---------------------------------------------------------
+    def _apply(self, link: Link, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, SendHello):
+                if not self._send(link, [self._hello(action.nonce)]):
+                    self._apply(link, link.conn.hello_unsent(time.monotonic()))
+            elif isinstance(action, SendPing):
+                self._send(link, [protocol.pack(protocol.PING,
+                                                load={"pending": action.pending, "sent": self.batches_sent})])
+            elif isinstance(action, RunTask):
+                self._run_task(link, action.header)
+            elif isinstance(action, Stale):
+                self.stale_messages += 1
+            elif isinstance(action, Rebuild):
+                self._rebuild(link)
+            elif isinstance(action, SendBye):
+                link.said_bye = self._send(link, [protocol.pack(protocol.BYE)])
+            elif isinstance(action, Log):
+                log.log(action.level, "%s", action.message)
+
+    def _run_task(self, link: Link, header: dict[str, Any]) -> None:
+        slot = None
+        if "slot" in header and self._slab is not None:  # a consumer without our slab never sends one
+            try:
+                slot = self._slab.writer(tuple(header["slot"]))
+            except ValueError as exc:
+                raise ProtocolError(str(exc)) from None
+        link.conn.task_started()
+        self._batcher.submit(
+            Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
+                header["on_error"], slot)
+        )
+
     # --- sockets ------------------------------------------------------------------------------------
-    def _connect(self, endpoint: str) -> Connection:
-        return Connection(key=next(self._keys), endpoint=endpoint, sock=self._socket(endpoint),
-                          heartbeat=self.config.heartbeat)
+    def _connect(self, endpoint: str) -> Link:
+        cfg = self.config
+        conn = Connection(endpoint, now=time.monotonic(), heartbeat=cfg.heartbeat, liveness=cfg.liveness,
+                          unreachable_warning_s=cfg.unreachable_warning_s, dataset_len=self.dataset_len)
+        return Link(key=next(self._keys), endpoint=endpoint, sock=self._socket(endpoint), conn=conn)
 
     def _socket(self, endpoint: str) -> zmq.Socket:
         sock = self._ctx.socket(zmq.DEALER)
@@ -174,33 +192,30 @@ class Producer:
         sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
         sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES)  # a producer only receives control messages
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
         if self.config.curve is not None:
             self.config.curve.apply_client(sock)
         try:
             sock.connect(endpoint)
         except zmq.ZMQError as exc:
             sock.close(0)
-            raise ValueError(f"cannot connect to {endpoint!r}: {exc}") from None
+            raise ConfigError(f"cannot connect to {endpoint!r}: {exc}") from None
         return sock
 
-    def _reconnect(self, conn: Connection) -> None:
-        """A fresh socket for ``conn``: libzmq never reconnects one that hit a protocol error."""
-        log.warning("no connection to %s for %d heartbeats: rebuilding the socket", conn.endpoint,
-                    self.config.liveness)
-        self._poller.unregister(conn.sock)
-        conn.sock.close(0)
-        conn.sock = self._socket(conn.endpoint)
-        conn.welcomed_here = False  # libzmq connects a fresh socket by itself once a consumer listens
-        self._poller.register(conn.sock, zmq.POLLIN)
+    def _rebuild(self, link: Link) -> None:
+        """A fresh socket for ``link``: libzmq never reconnects one that hit a protocol error."""
+        self._poller.unregister(link.sock)
+        link.sock.close(0)
+        link.sock = self._socket(link.endpoint)
+        self._poller.register(link.sock, zmq.POLLIN)
 
-    def _send(self, conn: Connection, frames: list[Any]) -> bool:
+    def _send(self, link: Link, frames: list[Any]) -> bool:
         try:
-            conn.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            link.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return False  # not connected, or the consumer stopped reading: it will re-issue
-        conn.last_sent = time.monotonic()
+        link.conn.sent(time.monotonic())
         return True
 
     def figures(self) -> dict[str, Any]:
@@ -209,91 +224,32 @@ class Producer:
             "batches_sent": self.batches_sent, "bytes_sent": self.bytes_sent, "shared_batches": self.shared_batches,
             "invalid_messages": self.invalid_messages, "stale_messages": self.stale_messages,
             "pending": self._batcher.pending,
-            "consumers": sum(1 for c in list(self._conns.values()) if c.state is ConnState.SERVING),
+            "consumers": sum(1 for link in list(self._links.values()) if link.conn.serving),
         }
 
     def _close(self) -> None:
         if self._metrics is not None:
             self._metrics.close()
         self._batcher.close()
-        for conn in self._conns.values():
-            conn.sock.close(linger=BYE_LINGER_MS if conn.said_bye else 0)  # let a BYE leave, bounded
+        for link in self._links.values():
+            link.sock.close(linger=BYE_LINGER_MS if link.said_bye else 0)  # let a BYE leave, bounded
         self._ctx.term()
         self._waker.close()
 
     # --- receiving ------------------------------------------------------------------------------------
-    def _receive(self, conn: Connection) -> None:
-        for _ in range(256):  # bounded burst, then let the loop breathe
+    def _receive(self, link: Link) -> None:
+        for _ in range(RECEIVE_BURST):  # bounded burst, then let the loop breathe
             try:
-                frames = conn.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                frames = link.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             try:
                 header = protocol.parse_header(frames[0])
-                self._handle(conn, header, len(frames))
+                self._apply(link, link.conn.receive(header, len(frames), time.monotonic()))
             except ProtocolError as exc:
                 self.invalid_messages += 1
-                if self.invalid_messages <= 10 or self.invalid_messages % 1000 == 0:
-                    log.warning("invalid message #%d from %s dropped: %s", self.invalid_messages, conn.endpoint, exc)
-
-    def _handle(self, conn: Connection, header: dict[str, Any], nframes: int) -> None:
-        kind = header["type"]
-        now = time.monotonic()
-        if kind == protocol.WELCOME:
-            if header["nonce"] != conn.nonce:
-                raise ProtocolError("WELCOME for an earlier HELLO")
-            if conn.state is ConnState.GREETING:
-                conn.state, conn.session = ConnState.SERVING, header["session"]
-                conn.welcomed_here = True
-                conn.heartbeat = min(max(float(header["heartbeat"]), 0.05), 60.0)
-                conn.last_heard, conn.warned_unreachable = now, False
-                log.info("serving consumer at %s (session %x)", conn.endpoint, conn.session)
-            return
-        if kind == protocol.REJECT:
-            if header["permanent"]:
-                log.error("consumer at %s rejected this producer: %s", conn.endpoint, header["reason"])
-                self._reset(conn, ConnState.CLOSED)
-            elif conn.state is ConnState.SERVING:  # while GREETING we are saying HELLO already
-                log.info("consumer at %s asks for a new HELLO: %s", conn.endpoint, header["reason"])
-                self._reset(conn, ConnState.GREETING)
-            return
-        if conn.state is not ConnState.SERVING:
-            if kind not in (protocol.PING, protocol.TASK, protocol.BYE):
-                raise ProtocolError(f"{kind} before WELCOME")
-            # sent before the consumer saw our new HELLO (say, across a link that was down): stale
-            self.stale_messages += 1
-            return
-        conn.last_heard = now
-        if kind == protocol.TASK:
-            self._accept_task(conn, header, nframes)
-        elif kind == protocol.BYE:
-            log.info("consumer at %s said BYE", conn.endpoint)
-            self._reset(conn, ConnState.GREETING)
-        elif kind != protocol.PING:
-            raise ProtocolError(f"unexpected {kind} from a consumer")
-
-    def _accept_task(self, conn: Connection, header: dict[str, Any], nframes: int) -> None:
-        if nframes != 1:
-            raise ProtocolError(f"TASK with {nframes} frames")
-        if header["session"] != conn.session:
-            raise ProtocolError(f"TASK for session {header['session']:x}, serving {conn.session:x}")
-        indices = header["indices"]
-        bad = next((i for i in indices if i >= self.dataset_len), None)
-        if bad is not None:
-            raise ProtocolError(f"TASK index {bad} out of range for {self.dataset_len} samples")
-        if conn.pending >= 2 * MAX_SLOTS:
-            raise ProtocolError(f"TASK beyond {2 * MAX_SLOTS} pending tasks")
-        slot = None
-        if "slot" in header and self._slab is not None:  # a consumer without our slab never sends one
-            try:
-                slot = self._slab.writer(tuple(header["slot"]))
-            except ValueError as exc:
-                raise ProtocolError(str(exc)) from None
-        conn.pending += 1
-        self._batcher.submit(
-            Job(conn.key, conn.session, header["task"], header["epoch"], header["seq"], indices, header["on_error"],
-                slot)
-        )
+                self._invalid_log.warning("invalid message #%d from %s dropped: %s", self.invalid_messages,
+                                          link.endpoint, exc)
 
     # --- sending ------------------------------------------------------------------------------------
     def _send_outcomes(self) -> None:
@@ -302,21 +258,15 @@ class Producer:
                 outcome = self._done.get_nowait()
             except queue.Empty:
                 return
-            conn = self._conns[outcome.job.conn_key]
-            if conn.state is not ConnState.SERVING or conn.session != outcome.job.session:
+            link = self._links[outcome.job.conn_key]
+            if not link.conn.owns(outcome.job.session):
                 self._release(outcome, None)
                 continue  # the session it belonged to is gone
-            conn.pending -= 1
+            link.conn.task_finished()
             frames, tracker = outcome.frames, None
             if outcome.buffer is not None:
-                # track the pooled buffer's own frames: send_multipart(track=True) would only track the
-                # last part, a small label frame that pyzmq copies, so its tracker says nothing
-                k = outcome.buffer_frames
-                own = [zmq.Frame(f, copy=False, track=True) for f in frames[1 : 1 + k]]
-                tracker = zmq.MessageTracker(*[f.tracker for f in own])
-                frames = [frames[0], *own, *frames[1 + k :]]
-                del own  # a tracker completes only once no Python Frame refers to its message
-            sent = self._send(conn, frames)
+                frames, tracker = tracked(frames, outcome.buffer_frames)
+            sent = self._send(link, frames)
             del frames
             self._release(outcome, tracker if sent else None)
             if sent and not outcome.failed:
@@ -330,35 +280,11 @@ class Producer:
         if outcome.buffer is not None:
             self._batcher.pool.release(outcome.buffer, tracker)
 
-    def _tick(self, now: float) -> None:
-        for conn in self._conns.values():
-            if conn.state is ConnState.GREETING and now - conn.last_sent >= conn.heartbeat:
-                if self._send(conn, [self._hello(conn)]):
-                    conn.unsendable_since = None
-                elif conn.unsendable_since is None:
-                    conn.unsendable_since = now
-                elif conn.welcomed_here and now - conn.unsendable_since > self.config.liveness * conn.heartbeat:
-                    self._reconnect(conn)  # libzmq may have given up on this connection for good
-                    conn.unsendable_since = None
-                conn.last_sent = now  # also when the send found no peer: retry next heartbeat
-                waited = now - conn.started
-                if not conn.warned_unreachable and waited > self.config.unreachable_warning_s:
-                    conn.warned_unreachable = True
-                    log.warning("no consumer has answered at %s for %.0f s; still trying", conn.endpoint, waited)
-            elif conn.state is ConnState.SERVING:
-                if now - conn.last_heard > self.config.liveness * conn.heartbeat:
-                    log.warning("consumer at %s silent for %.1f s; dropping its work and saying HELLO again",
-                                conn.endpoint, now - conn.last_heard)
-                    self._reset(conn, ConnState.GREETING)
-                elif now - conn.last_sent >= conn.heartbeat:
-                    load = {"pending": conn.pending, "sent": self.batches_sent}
-                    self._send(conn, [protocol.pack(protocol.PING, load=load)])
-
-    def _hello(self, conn: Connection) -> bytes:
+    def _hello(self, nonce: int) -> bytes:
         return protocol.pack(
             protocol.HELLO,
             producer=self.producer_id,
-            nonce=conn.nonce,
+            nonce=nonce,
             host=pysocket.gethostname(),
             pid=os.getpid(),
             slots=self.config.slots,
@@ -379,22 +305,7 @@ class Producer:
                         shared_memory[0], exc)
             return None
 
-    def _reset(self, conn: Connection, state: ConnState) -> None:
-        conn.state, conn.session, conn.pending = state, None, 0
-        conn.nonce = random.getrandbits(62)
-        conn.started = time.monotonic()
-        conn.last_sent = 0.0  # say HELLO at once
-
     def _poll_timeout_ms(self) -> int:
-        beat = min((c.heartbeat for c in self._conns.values()), default=1.0)
-        return max(10, int(beat * 250))
+        beat = min((link.conn.heartbeat for link in self._links.values()), default=HEARTBEAT_S)
+        return max(POLL_MIN_MS, int(beat * POLL_HEARTBEAT_FRACTION * 1000))
 
-
-def install_signal_handlers(producer: Producer) -> None:
-    """SIGTERM and SIGINT stop the producer cleanly (BYE, exit 0). Main thread only."""
-
-    def handler(signum: int, frame: Any) -> None:
-        producer.stop()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)

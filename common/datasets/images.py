@@ -16,12 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from ferry.common.datasets.folders import scan_class_folders
+from ferry.common.errors import DatasetError, MissingExtraError, SampleLoadError
+
 EXTENSIONS = {".png": "pillow", ".jpg": "pillow", ".jpeg": "pillow", ".tif": "tifffile", ".tiff": "tifffile"}
 EXTRA_HINT = "install the images extra: pip install 'ferry[images]' (Pillow and tifffile)"
-
-
-class MissingExtraError(ImportError):
-    """An optional dependency of a dataset format is not installed."""
 
 
 def _import(name: str) -> Any:
@@ -42,7 +41,7 @@ def _chw(array: np.ndarray, channels_last: bool) -> np.ndarray:
     if array.ndim == 2:
         return array[None]
     if array.ndim != 3:
-        raise ValueError(f"image has {array.ndim} dimensions, expected 2 or 3")
+        raise DatasetError(f"image has {array.ndim} dimensions, expected 2 or 3")
     return np.ascontiguousarray(array.transpose(2, 0, 1) if channels_last else array)
 
 
@@ -53,8 +52,6 @@ class ImageFolderDataset:
         self.root = os.path.abspath(os.fspath(root))
         if not os.path.isdir(self.root):
             raise FileNotFoundError(f"image-folder root {self.root!r} is not a directory")
-        from ferry.common.datasets import scan_class_folders
-
         self.classes, self.samples, self.fingerprint = scan_class_folders(self.root, tuple(EXTENSIONS), "image-folder")
         if not self.samples:
             raise FileNotFoundError(f"image-folder root {self.root!r} holds no {sorted(EXTENSIONS)} files "
@@ -78,6 +75,4 @@ class ImageFolderDataset:
         except MissingExtraError:
             raise
         except Exception as exc:
-            from ferry.common.datasets import SampleLoadError
-
             raise SampleLoadError(f"cannot load sample {index} from {path}: {type(exc).__name__}: {exc}") from exc

@@ -19,6 +19,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ferry.common.constants import DEFAULT_SHARD_BYTES
+from ferry.common.errors import DatasetError
+
 __all__ = ["PackedDataset", "pack"]
 
 INDEX = "index.json"
@@ -37,18 +40,18 @@ class PackedDataset:
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.root!r} is not a packed dataset (no {INDEX}; make one with ferry pack)")
         if index.get("format") != FORMAT or index.get("version") != 1:
-            raise ValueError(f"{path}: not a version-1 {FORMAT} index")
+            raise DatasetError(f"{path}: not a version-1 {FORMAT} index")
         self.dtype = np.dtype(index["dtype"])
         self.shape = tuple(index["shape"])
         self.record_bytes = int(index["record_bytes"])
         if self.record_bytes != self.dtype.itemsize * int(np.prod(self.shape)):
-            raise ValueError(f"{path}: record_bytes does not match dtype and shape")
+            raise DatasetError(f"{path}: record_bytes does not match dtype and shape")
         self.classes = list(index.get("classes", []))
         self.labels = np.load(os.path.join(self.root, "labels.npy"), allow_pickle=False)
         self.shards = [(os.path.join(self.root, s["file"]), int(s["count"])) for s in index["shards"]]
         self.starts = np.cumsum([0] + [count for _, count in self.shards])
         if self.starts[-1] != len(self.labels):
-            raise ValueError(f"{path}: shards hold {self.starts[-1]} records, labels.npy {len(self.labels)}")
+            raise DatasetError(f"{path}: shards hold {self.starts[-1]} records, labels.npy {len(self.labels)}")
         self.fingerprint = f"packed:{len(self.labels)}:{index.get('source_fingerprint', '')}"
         self._fds: dict[int, int] = {}
         self._pid = os.getpid()
@@ -98,12 +101,12 @@ class PackedDataset:
                 pass
 
 
-def pack(dataset: Any, out: str, *, shard_bytes: int = 1 << 30, classes: Iterable[str] = (),
+def pack(dataset: Any, out: str, *, shard_bytes: int = DEFAULT_SHARD_BYTES, classes: Iterable[str] = (),
          progress: Any = None) -> dict[str, Any]:
     """Write ``dataset`` (samples ``(array, label)`` of one shape and dtype) as a packed folder."""
     n = len(dataset)
     if n == 0:
-        raise ValueError("cannot pack an empty dataset")
+        raise DatasetError("cannot pack an empty dataset")
     first, _ = dataset[0]
     first = np.ascontiguousarray(first)
     shape, dtype = first.shape, first.dtype
@@ -124,7 +127,7 @@ def pack(dataset: Any, out: str, *, shard_bytes: int = 1 << 30, classes: Iterabl
         array = np.ascontiguousarray(array)
         if array.shape != shape or array.dtype != dtype:
             handle.close()
-            raise ValueError(f"sample {i} is {array.dtype}{list(array.shape)}; packed records must all be "
+            raise DatasetError(f"sample {i} is {array.dtype}{list(array.shape)}; packed records must all be "
                              f"{dtype}{list(shape)}")
         handle.write(memoryview(array.reshape(-1).view(np.uint8)))
         labels[i] = int(label)

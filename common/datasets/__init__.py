@@ -1,0 +1,140 @@
+"""Dataset specs and the built-in datasets (one module each: :mod:`.synthetic`, :mod:`.npy`, :mod:`.images`,
+:mod:`.packed`; what they share is in :mod:`.base`).
+
+A *spec* names a map-style dataset (``__len__`` + ``__getitem__``) that a producer builds for itself:
+
+* a built-in name: ``synthetic``, ``npy-folder``, ``image-folder`` or ``packed`` (see :data:`BUILTINS`);
+* ``package.module:callable``: a class or factory, called with the spec's keyword arguments.
+
+``--dataset-arg key=value`` values are parsed as JSON when they parse, else taken as strings.
+
+Every dataset has a *fingerprint*: a short string that two producers of the same data agree on. A
+dataset may define ``fingerprint`` (a str attribute or a method); otherwise it is the class's qualified
+name and the length. The consumer rejects a producer whose fingerprint differs from the first one's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from typing import Any, Callable, Iterable
+
+from ferry.common.datasets.folders import scan_class_folders
+from ferry.common.datasets.images import ImageFolderDataset
+from ferry.common.datasets.npy import NpyFolderDataset, read_npy_header, read_npy_into
+from ferry.common.datasets.packed import PackedDataset
+from ferry.common.datasets.synthetic import SyntheticDataset
+from ferry.common.errors import DatasetSpecError, MissingExtraError, SampleLoadError
+
+__all__ = [
+    "BUILTINS",
+    "SyntheticDataset",
+    "NpyFolderDataset",
+    "SampleLoadError",
+    "ImageFolderDataset",
+    "PackedDataset",
+    "MissingExtraError",
+    "Transformed",
+    "resolve_dataset",
+    "resolve_callable",
+    "parse_dataset_args",
+    "dataset_fingerprint",
+    "read_npy_header",
+    "read_npy_into",
+    "scan_class_folders",
+]
+
+
+#: Built-in dataset names and their factories.
+BUILTINS: dict[str, Callable[..., Any]] = {
+    "synthetic": SyntheticDataset,
+    "npy-folder": NpyFolderDataset,
+    "packed": PackedDataset,
+    "image-folder": ImageFolderDataset,
+}
+
+
+def resolve_dataset(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
+    """Build the dataset a spec names.
+
+    Raises:
+        DatasetSpecError: the spec is malformed, its module or attribute is missing, the factory raised,
+            or what it returned is not a map-style dataset. The message names the spec and the cause.
+    """
+    kwargs = dict(kwargs or {})
+    if not isinstance(spec, str) or not spec:
+        raise DatasetSpecError(f"dataset spec must be a non-empty string, got {spec!r}")
+    if spec in BUILTINS:
+        factory = BUILTINS[spec]
+    elif ":" in spec:
+        factory = resolve_callable(spec, "dataset spec")
+    else:
+        raise DatasetSpecError(
+            f"dataset spec {spec!r} is neither a built-in ({', '.join(sorted(BUILTINS))}) "
+            "nor 'package.module:callable'"
+        )
+    try:
+        dataset = factory(**kwargs)
+    except Exception as exc:
+        raise DatasetSpecError(f"dataset spec {spec!r} with {kwargs!r} failed: {type(exc).__name__}: {exc}") from exc
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        raise DatasetSpecError(f"dataset spec {spec!r} returned {type(dataset).__name__}, not a map-style dataset")
+    return dataset
+
+
+class Transformed:
+    """A dataset whose samples pass through ``transform`` (a producer-side, per-sample hook)."""
+
+    def __init__(self, dataset: Any, transform: Any, spec: str) -> None:
+        self.dataset, self.transform, self.spec = dataset, transform, spec
+        self.fingerprint = f"{dataset_fingerprint(dataset)}|transform={spec}"
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.transform(self.dataset[index])
+
+
+def resolve_callable(spec: str, what: str = "transform") -> Any:
+    """``package.module:callable`` -> the callable, with errors that name the spec."""
+    module_name, sep, attr_path = spec.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise DatasetSpecError(f"{what} {spec!r} must look like 'package.module:callable'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise DatasetSpecError(f"{what} {spec!r}: cannot import module {module_name!r}: {exc}") from exc
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise DatasetSpecError(f"{what} {spec!r}: {module_name!r} has no attribute {attr_path!r}") from None
+    if not callable(obj):
+        raise DatasetSpecError(f"{what} {spec!r}: {attr_path!r} is not callable")
+    return obj
+
+
+def parse_dataset_args(pairs: Iterable[str]) -> dict[str, Any]:
+    """Parse ``key=value`` strings; values are JSON when they parse, else plain strings."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise DatasetSpecError(f"dataset argument {pair!r} must look like key=value")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
+def dataset_fingerprint(dataset: Any) -> str:
+    """The dataset's own ``fingerprint`` if it has one, else its class's qualified name and its length."""
+    own = getattr(dataset, "fingerprint", None)
+    if callable(own):
+        own = own()
+    if own is not None:
+        return str(own)
+    cls = type(dataset)
+    return f"{cls.__module__}.{cls.__qualname__}:{len(dataset)}"

@@ -1,0 +1,92 @@
+"""The one walker of batch trees: nests of ``dict`` / ``list`` / ``tuple`` with anything else as leaves.
+
+:func:`fold_tree` is the primitive (post-order: leaves first, then the container that holds them);
+:func:`map_tree` rebuilds a tree with a function applied to its leaves, :func:`iter_leaves` lists them.
+The codec's encoder, ``tree_signature`` and ``tree_nbytes`` (:mod:`ferry.common.codec`) are folds.
+
+Module-level recursion, not recursive closures: a closure that calls itself is a reference cycle, and
+it would keep a batch's buffers (and shared-memory slot) alive until the garbage collector ran.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from ferry.common.errors import ProtocolError
+
+__all__ = ["fold_tree", "map_tree", "iter_leaves", "path_text"]
+
+#: ``leaf(value, path)`` -> the leaf's result.
+Leaf = Callable[[Any, Any], Any]
+#: ``node(kind, keys, results, path)`` -> the container's result; ``kind`` is "d", "l" or "t" (dict, list,
+#: tuple), ``keys`` the dict's keys (None for a list or tuple), ``results`` its children's results in order.
+Node = Callable[[str, "list | None", list, Any], Any]
+
+
+def fold_tree(tree: Any, leaf: Leaf, node: Node, path: str | None = None, max_depth: int | None = None,
+              is_leaf: Callable[[Any], bool] | None = None) -> Any:
+    """Fold ``tree`` bottom-up through ``leaf`` and ``node``.
+
+    ``path`` names the root (say ``"batch"``); each child's path is then passed as a ``(parent, key)`` pair,
+    which :func:`path_text` turns into ``batch['x'][0]``. Without a root every path is None.
+
+    ``is_leaf(container)`` may declare a dict, list or tuple a leaf (say, a list of collated strings).
+
+    Raises:
+        ProtocolError: the tree nests deeper than ``max_depth`` levels.
+    """
+    return _fold(tree, leaf, node, path, max_depth if max_depth is not None else -1, 0, is_leaf)
+
+
+def _fold(tree: Any, leaf: Leaf, node: Node, path: Any, max_depth: int, depth: int,
+          is_leaf: Callable[[Any], bool] | None = None) -> Any:
+    if depth > max_depth >= 0:
+        raise ProtocolError(f"{path_text(path) if path is not None else 'batch'} nests deeper than {max_depth} levels")
+    if is_leaf is not None and isinstance(tree, (dict, list, tuple)) and is_leaf(tree):
+        return leaf(tree, path)
+    if isinstance(tree, dict):
+        keys = list(tree)
+        if path is None:
+            values = [_fold(tree[k], leaf, node, None, max_depth, depth + 1, is_leaf) for k in keys]
+        else:
+            values = [_fold(tree[k], leaf, node, (path, repr(k)), max_depth, depth + 1, is_leaf) for k in keys]
+        return node("d", keys, values, path)
+    if isinstance(tree, (list, tuple)):
+        if path is None:
+            values = [_fold(v, leaf, node, None, max_depth, depth + 1, is_leaf) for v in tree]
+        else:
+            values = [_fold(v, leaf, node, (path, i), max_depth, depth + 1, is_leaf) for i, v in enumerate(tree)]
+        return node("l" if isinstance(tree, list) else "t", None, values, path)
+    return leaf(tree, path)
+
+
+def path_text(path: Any) -> str:
+    """The readable form of a path a fold passed: ``batch['x'][0]``. (A fold passes paths as cheap nested
+    pairs and leaves formatting to the error message that needs one.)"""
+    parts = []
+    while isinstance(path, tuple):
+        path, key = path
+        parts.append(f"[{key}]")
+    return str(path) + "".join(reversed(parts))
+
+
+def _rebuild(kind: str, keys: list | None, values: list, path: str | None) -> Any:
+    if kind == "d":
+        return dict(zip(keys, values))  # type: ignore[arg-type]
+    return values if kind == "l" else tuple(values)
+
+
+def map_tree(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """The same nest of dict / list / tuple, with ``fn(leaf)`` in place of every leaf."""
+    return _fold(tree, lambda value, path: fn(value), _rebuild, None, -1, 0)
+
+
+def iter_leaves(tree: Any) -> Iterator[Any]:
+    """Every leaf of ``tree``, in order (dicts in key order)."""
+    leaves: list[Any] = []
+    _fold(tree, lambda value, path: leaves.append(value), _ignore, None, -1, 0)
+    return iter(leaves)
+
+
+def _ignore(kind: str, keys: list | None, values: list, path: str | None) -> None:
+    return None

@@ -1,0 +1,261 @@
+"""One producer's connection to one consumer, as a pure state machine: events in, actions out.
+
+No sockets, no clock, no randomness of its own: the poll loop (:mod:`ferry.producer.service`) reads the
+clock, passes ``now`` with every event, and applies the actions it gets back. So every transition can be
+tested without a socket (tests/test_connection.py)::
+
+    GREETING --WELCOME--> SERVING --(consumer silent LIVENESS x heartbeat, BYE, or REJECT)--> GREETING
+        \\--REJECT(permanent)--> CLOSED  <--REJECT(permanent)-- SERVING
+
+While GREETING, the producer says HELLO every heartbeat. While SERVING it runs TASKs and PINGs. Leaving
+SERVING drops that consumer's pending work (outcomes of the old session are no longer :meth:`owns`-ed, so
+the loop discards them) and draws a new ``nonce``, so the consumer can tell a fresh HELLO from a repeated
+one. If, while GREETING, no HELLO can even be queued (no connection: the socket has IMMEDIATE set) for
+LIVENESS heartbeats on a socket that had been welcomed, the machine asks for a fresh socket
+(:class:`Rebuild`): libzmq does not reconnect after a protocol error (an oversized frame, say), so a broken
+or hostile peer would otherwise cut this endpoint off for good. A connection that merely waits (a cut
+link, a consumer not started yet) keeps its socket.
+
+Events: :meth:`Connection.receive` (a parsed message), :meth:`~Connection.tick` (time passes),
+:meth:`~Connection.sent` / :meth:`~Connection.hello_unsent` (what became of a send),
+:meth:`~Connection.stop`, and the task ledger :meth:`~Connection.task_started` /
+:meth:`~Connection.task_finished`.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Union
+
+from ferry.common import protocol
+from ferry.common.constants import MAX_PENDING_TASKS, MAX_WELCOME_HEARTBEAT_S, MIN_WELCOME_HEARTBEAT_S
+from ferry.common.errors import ProtocolError
+
+__all__ = [
+    "Phase", "Connection", "SendHello", "SendPing", "SendBye", "RunTask", "Stale", "Rebuild", "Log", "Action",
+    "exit_code", "EXIT_OK", "EXIT_REJECTED",
+]
+
+#: Process exit codes of a producer: stopped (SIGTERM, SIGINT, ``stop()``), or rejected by every consumer.
+EXIT_OK = 0
+EXIT_REJECTED = 3
+
+
+class Phase(enum.Enum):
+    GREETING = "greeting"
+    SERVING = "serving"
+    CLOSED = "closed"
+
+
+# --- actions: what the poll loop must do ---------------------------------------------------------------
+@dataclass(frozen=True)
+class SendHello:
+    """Say HELLO with this nonce; report the result with :meth:`Connection.sent` or ``hello_unsent``."""
+
+    nonce: int
+
+
+@dataclass(frozen=True)
+class SendPing:
+    """Send a PING; ``pending`` is this session's unanswered tasks (the loop adds its own figures)."""
+
+    pending: int
+
+
+@dataclass(frozen=True)
+class SendBye:
+    """Say BYE (the producer stops)."""
+
+
+@dataclass(frozen=True)
+class RunTask:
+    """Start the TASK in ``header`` (the loop maps its slot, submits it, then calls ``task_started``)."""
+
+    header: dict
+
+
+@dataclass(frozen=True)
+class Stale:
+    """A message of a session this connection has left (sent before the consumer saw our new HELLO); count it."""
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    """Close this endpoint's socket and connect a fresh one."""
+
+
+@dataclass(frozen=True)
+class Log:
+    level: int
+    message: str
+
+
+Action = Union[SendHello, SendPing, SendBye, RunTask, Stale, Rebuild, Log]
+
+
+class Connection:
+    """The state of one consumer endpoint, changed only by events.
+
+    Args:
+        endpoint: the consumer's endpoint (for log lines only).
+        now: the clock at creation. [Unit: second]
+        heartbeat: seconds between HELLOs until a WELCOME sets the consumer's own. [Unit: second]
+        liveness: heartbeats of silence after which a consumer is gone.
+        unreachable_warning_s: warn once when no consumer answered for this long. [Unit: second]
+        dataset_len: samples in the dataset; a TASK index beyond it is a protocol error.
+        new_nonce: draws a fresh nonce (the loop's randomness, injected).
+    """
+
+    def __init__(self, endpoint: str, *, now: float, heartbeat: float, liveness: int,
+                 unreachable_warning_s: float, dataset_len: int,
+                 new_nonce: Callable[[], int] = lambda: random.getrandbits(62)) -> None:
+        self.endpoint = endpoint
+        self.heartbeat = heartbeat
+        self.liveness = liveness
+        self.unreachable_warning_s = unreachable_warning_s
+        self.dataset_len = dataset_len
+        self._new_nonce = new_nonce
+        self.phase = Phase.GREETING
+        self.session: int | None = None
+        self.nonce = new_nonce()
+        self.pending = 0  # tasks of the current session not yet answered
+        self.started = now  # when the current GREETING began
+        self.last_heard = 0.0
+        self.last_sent = 0.0  # 0: say HELLO at the first tick
+        self.warned_unreachable = False
+        self.unsendable_since: float | None = None  # GREETING, and no HELLO could be queued, since when
+        self.welcomed_here = False  # a consumer welcomed us on this socket (so a connection existed)
+
+    @property
+    def serving(self) -> bool:
+        return self.phase is Phase.SERVING
+
+    @property
+    def closed(self) -> bool:
+        return self.phase is Phase.CLOSED
+
+    def owns(self, session: int) -> bool:
+        """Whether an outcome of ``session`` may still be sent (else the loop discards it)."""
+        return self.phase is Phase.SERVING and self.session == session
+
+    # --- events -----------------------------------------------------------------------------------------
+    def receive(self, header: dict[str, Any], nframes: int, now: float) -> list[Action]:
+        """A message from the consumer, already validated by :func:`ferry.common.protocol.parse_header`.
+
+        Raises:
+            ProtocolError: the message is not acceptable now (the loop counts and drops it).
+        """
+        kind = header["type"]
+        if kind == protocol.WELCOME:
+            return self._welcome(header, now)
+        if kind == protocol.REJECT:
+            return self._reject(header, now)
+        if self.phase is not Phase.SERVING:
+            if kind not in (protocol.PING, protocol.TASK, protocol.BYE):
+                raise ProtocolError(f"{kind} before WELCOME")
+            return [Stale()]  # sent before the consumer saw our new HELLO (across a link that was down)
+        self.last_heard = now
+        if kind == protocol.TASK:
+            return [self._task(header, nframes)]
+        if kind == protocol.BYE:
+            return self._reset(Phase.GREETING, now, logging.INFO, f"consumer at {self.endpoint} said BYE")
+        if kind != protocol.PING:
+            raise ProtocolError(f"unexpected {kind} from a consumer")
+        return []
+
+    def tick(self, now: float) -> list[Action]:
+        """Time passes: HELLO while greeting, PING or give up on a silent consumer while serving."""
+        if self.phase is Phase.GREETING and now - self.last_sent >= self.heartbeat:
+            self.last_sent = now  # also when the send finds no peer: retry next heartbeat
+            actions: list[Action] = [SendHello(self.nonce)]
+            waited = now - self.started
+            if not self.warned_unreachable and waited > self.unreachable_warning_s:
+                self.warned_unreachable = True
+                actions.append(Log(logging.WARNING,
+                                   f"no consumer has answered at {self.endpoint} for {waited:.0f} s; still trying"))
+            return actions
+        if self.phase is Phase.SERVING:
+            silent = now - self.last_heard
+            if silent > self.liveness * self.heartbeat:
+                return self._reset(Phase.GREETING, now, logging.WARNING,
+                                   f"consumer at {self.endpoint} silent for {silent:.1f} s; "
+                                   "dropping its work and saying HELLO again")
+            if now - self.last_sent >= self.heartbeat:
+                return [SendPing(self.pending)]
+        return []
+
+    def sent(self, now: float) -> None:
+        """A message left on this connection's socket (any message: a batch postpones the next PING)."""
+        self.last_sent = now
+        if self.phase is Phase.GREETING:  # greeting, the only message sent is HELLO
+            self.unsendable_since = None
+
+    def hello_unsent(self, now: float) -> list[Action]:
+        """A HELLO could not even be queued: the socket has no connection."""
+        if self.unsendable_since is None:
+            self.unsendable_since = now
+            return []
+        if self.welcomed_here and now - self.unsendable_since > self.liveness * self.heartbeat:
+            self.unsendable_since = None
+            self.welcomed_here = False  # libzmq connects a fresh socket by itself once a consumer listens
+            return [Log(logging.WARNING, f"no connection to {self.endpoint} for {self.liveness} heartbeats: "
+                                         "rebuilding the socket"), Rebuild()]
+        return []
+
+    def stop(self) -> list[Action]:
+        """The producer stops: say BYE where a consumer is being served."""
+        return [SendBye()] if self.phase is Phase.SERVING else []
+
+    def task_started(self) -> None:
+        self.pending += 1
+
+    def task_finished(self) -> None:
+        self.pending -= 1
+
+    # --- transitions ------------------------------------------------------------------------------------
+    def _welcome(self, header: dict[str, Any], now: float) -> list[Action]:
+        if header["nonce"] != self.nonce:
+            raise ProtocolError("WELCOME for an earlier HELLO")
+        if self.phase is not Phase.GREETING:
+            return []  # a repeated WELCOME (we said HELLO twice before it came)
+        self.phase, self.session = Phase.SERVING, header["session"]
+        self.welcomed_here = True
+        self.heartbeat = min(max(float(header["heartbeat"]), MIN_WELCOME_HEARTBEAT_S), MAX_WELCOME_HEARTBEAT_S)
+        self.last_heard, self.warned_unreachable = now, False
+        return [Log(logging.INFO, f"serving consumer at {self.endpoint} (session {self.session:x})")]
+
+    def _reject(self, header: dict[str, Any], now: float) -> list[Action]:
+        if header["permanent"]:
+            return self._reset(Phase.CLOSED, now, logging.ERROR,
+                               f"consumer at {self.endpoint} rejected this producer: {header['reason']}")
+        if self.phase is Phase.SERVING:  # while GREETING we are saying HELLO already
+            return self._reset(Phase.GREETING, now, logging.INFO,
+                               f"consumer at {self.endpoint} asks for a new HELLO: {header['reason']}")
+        return []
+
+    def _task(self, header: dict[str, Any], nframes: int) -> RunTask:
+        if nframes != 1:
+            raise ProtocolError(f"TASK with {nframes} frames")
+        if header["session"] != self.session:
+            raise ProtocolError(f"TASK for session {header['session']:x}, serving {self.session:x}")
+        bad = next((i for i in header["indices"] if i >= self.dataset_len), None)
+        if bad is not None:
+            raise ProtocolError(f"TASK index {bad} out of range for {self.dataset_len} samples")
+        if self.pending >= MAX_PENDING_TASKS:
+            raise ProtocolError(f"TASK beyond {MAX_PENDING_TASKS} pending tasks")
+        return RunTask(header)
+
+    def _reset(self, phase: Phase, now: float, level: int, why: str) -> list[Action]:
+        self.phase, self.session, self.pending = phase, None, 0
+        self.nonce = self._new_nonce()
+        self.started = now
+        self.last_sent = 0.0  # say HELLO at the next tick
+        return [Log(level, why)]
+
+
+def exit_code(connections: Iterable[Connection]) -> int | None:
+    """The producer's exit code once every consumer rejected it for good; None while one may still serve."""
+    return EXIT_REJECTED if all(c.closed for c in connections) else None
