@@ -12,16 +12,14 @@ Threads and queues::
 
     io thread (ferry-io) --ReorderBuffer--> staging thread (ferry-staging) --Queue(2)--> training thread
 
-Shutdown order (``close``, idempotent): set the stop event; join the staging thread (its waits are bounded
-by POLL_SLICE_S); stop and join the io thread (it says BYE and closes the ROUTER); stop the local
-producers (SIGTERM, then SIGKILL after JOIN_TIMEOUT_S) and remove their folder.
+The threads, the local producers and their start and shutdown order live in consumer/pipeline.py;
+``close`` (idempotent) runs the pipeline's shutdown.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
-import threading
 import time
 import warnings
 import weakref
@@ -29,21 +27,17 @@ from typing import Any, Callable
 
 import torch
 
-from ferry.common.constants import DEFAULT_BUFFER_BATCHES, JOIN_TIMEOUT_S, POLL_SLICE_S, STAGED_BATCHES
-from ferry.common.datasets import dataset_fingerprint
+from ferry.common.constants import DEFAULT_BUFFER_BATCHES, POLL_SLICE_S
 from ferry.common.errors import ConfigError, FerryThreadError, LoaderClosedError, NoProducersError
 from ferry.common.plan import build_plan, plan_length
-from ferry.common.waker import Waker
 
-from ferry.consumer.buffer import Delivery, ReorderBuffer, is_eof
+from ferry.consumer.buffer import Delivery, is_eof
 from ferry.consumer.epoch import EpochHooks, EpochIterator
-from ferry.consumer.io_thread import IoConfig, IoThread, StartRun
-from ferry.consumer.local import LocalProducers
-from ferry.consumer.options import (
-    UNSET, CurveOptions, LoaderOptions, LocalOptions, TransportOptions, resolve_options,
-)
-from ferry.consumer.staging import iter_tensors, make_stager, staging_loop
-from ferry.consumer.stats import STATS, Counters, stats_figures
+from ferry.consumer.io_thread import StartRun
+from ferry.consumer.options import UNSET, CurveOptions, LocalOptions, TransportOptions, resolve_options
+from ferry.consumer.pipeline import Pipeline
+from ferry.consumer.staging import iter_tensors
+from ferry.consumer.stats import Counters, stats_figures
 
 __all__ = ["RemoteLoader"]
 
@@ -158,11 +152,6 @@ class RemoteLoader:
             warnings.warn("pin_memory=True but CUDA is not available; batches stay in pageable memory",
                           stacklevel=2)
             pin_memory = False
-        curve_keys = None
-        if opts.curve is not None:
-            from ferry.common.security import CurveServer
-
-            curve_keys = CurveServer.load(opts.curve.secret_key, opts.curve.authorized_keys)
 
         self.batch_size = opts.batch_size
         self.shuffle = opts.shuffle
@@ -185,20 +174,7 @@ class RemoteLoader:
         self._epoch_start_counts: dict[str, int] = {}
         self._last_diagnosis: str | None = None
 
-        dataset, dataset_len, fingerprint = opts.dataset, opts.dataset_len, None
-        if dataset is not None and not isinstance(dataset, str):
-            dataset_len = len(dataset) if dataset_len is None else dataset_len
-            fingerprint = dataset_fingerprint(dataset)
-        endpoints = list(opts.endpoints)
-        transport, local = opts.transport, opts.local
-
         self._counters = Counters()
-        self._stop = threading.Event()
-        self._staging_failure: list[BaseException] = []
-        self._staged: queue.Queue[Any] = queue.Queue(maxsize=STAGED_BATCHES)
-        self._local: LocalProducers | None = None
-        self._io: IoThread | None = None
-        self._staging: threading.Thread | None = None
         self._epoch = 0  # the epoch the next iteration runs
         self._resume_from = 0  # seqs of that epoch already delivered (from load_state_dict)
         self._run = 0
@@ -207,54 +183,15 @@ class RemoteLoader:
             counters=self._counters, is_current=self._is_current, next_delivery=self._next_delivery,
             deliver=self._deliver, began=self._epoch_started, ended=self._epoch_ended, progress=self._maybe_log,
         )
-        try:
-            if local is not None:
-                self._local = LocalProducers(
-                    local.count, dataset, dataset_args=opts.dataset_args, threads=local.threads,
-                    slots=local.slots, heartbeat=transport.heartbeat, liveness=transport.liveness,
-                    mp_context=local.mp_context, transform=local.transform,
-                    # a slot per batch that can be in flight, buffered, staged or held by the loop at once
-                    shared_memory=(self.buffer_batches + STAGED_BATCHES + 2, transport.max_batch_bytes)
-                    if local.shared_memory else None,
-                )
-                endpoints.append(self._local.endpoint)
-            if not endpoints:
-                raise ConfigError("no endpoint to bind")
-            self.endpoints = tuple(endpoints)
-            waker = Waker()  # owned by the io thread from here on
-            # nothing the threads hold may reference `self`, or the finalizer could never run
-            buffer = ReorderBuffer(in_order=self.in_order, on_release=waker.wake)
-            self._buffer = buffer
-            self._io = IoThread(
-                IoConfig(endpoints=self.endpoints, capacity=self.buffer_batches, heartbeat=transport.heartbeat,
-                         liveness=transport.liveness, on_error=self.on_error,
-                         max_batch_bytes=transport.max_batch_bytes, task_timeout=transport.task_timeout,
-                         dataset_len=dataset_len, fingerprint=fingerprint, curve=curve_keys,
-                         slab=self._local.slab if self._local is not None else None),
-                buffer, self._counters, waker,
-            )
-            self._io.start()
-            self._staging_stager = make_stager(self.device, self.pin_memory, self.buffer_batches + STAGED_BATCHES + 4)
-            self._staging = threading.Thread(
-                target=staging_loop, name="ferry-staging", daemon=True,
-                args=(buffer, self._staged, self._stop, self._staging_stager, self._staging_failure),
-            )
-            self._staging.start()
-        except BaseException:
-            self._shutdown(self._stop, self._staging, self._io, self._local, None)
-            raise
-        self._metrics = None
-        if opts.metrics_port:
-            from ferry.common.metrics import MetricsServer
-
-            try:
-                self._metrics = MetricsServer(opts.metrics_port, _StatsView(self), "ferry_consumer", declared=STATS)
-            except BaseException:
-                self._shutdown(self._stop, self._staging, self._io, self._local, None)
-                raise
+        # starts local producers, the io and staging threads; nothing it holds references `self`
+        pipeline = Pipeline(opts, self._counters, device=self.device, pin_memory=self.pin_memory,
+                            figures=_StatsView(self))
+        self.endpoints = pipeline.endpoints
+        self._local, self._io, self._staging = pipeline.local, pipeline.io, pipeline.staging
+        self._stop, self._staged, self._staging_failure = pipeline.stop, pipeline.staged, pipeline.staging_failure
+        self._buffer, self._staging_stager = pipeline.buffer, pipeline.stager
         self._closed = False
-        self._finalizer = weakref.finalize(self, RemoteLoader._shutdown, self._stop, self._staging, self._io,
-                                           self._local, self._metrics)
+        self._finalizer = weakref.finalize(self, pipeline.shutdown)
         # from here on the options are read-only: assigning one would silently do nothing
         self._read_only = frozenset(name for name in vars(self) if not name.startswith("_"))
 
@@ -482,19 +419,6 @@ class RemoteLoader:
             return
         self._closed = True
         self._finalizer()
-
-    @staticmethod
-    def _shutdown(stop: threading.Event, staging: threading.Thread | None, io: IoThread | None,
-                  local: LocalProducers | None, metrics: Any = None) -> None:
-        if metrics is not None:
-            metrics.close()
-        stop.set()
-        if staging is not None and staging.is_alive():
-            staging.join(JOIN_TIMEOUT_S)
-        if io is not None:
-            io.close(JOIN_TIMEOUT_S)
-        if local is not None:
-            local.close()
 
     def __enter__(self) -> "RemoteLoader":
         return self
