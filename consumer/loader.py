@@ -32,7 +32,7 @@ from ferry.common.errors import ConfigError, FerryThreadError, LoaderClosedError
 from ferry.common.plan import build_plan, plan_length
 
 from ferry.consumer.buffer import Delivery, is_eof
-from ferry.consumer.epoch import EpochHooks, EpochIterator
+from ferry.consumer.epoch import EpochHooks, EpochIterator, WaitTally
 from ferry.consumer.io_thread import StartRun
 from ferry.consumer.options import UNSET, CurveOptions, LocalOptions, TransportOptions, resolve_options
 from ferry.consumer.pipeline import Pipeline
@@ -99,46 +99,23 @@ class RemoteLoader:
     """
 
     def __init__(
-        self,
-        *,
+        self, *,
         endpoint: str | list[str] | None | Any = UNSET,
-        batch_size: int | None = 1,
-        shuffle: bool | None = False,
-        seed: int = 0,
-        drop_last: bool = False,
-        sampler: Any = None,
-        batch_sampler: Any = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        buffer_batches: int = DEFAULT_BUFFER_BATCHES,
-        in_order: bool = True,
-        no_producer_timeout: float | None = UNSET,
-        timeout: float | None = UNSET,
-        dataset_len: int | None = None,
-        device: str | torch.device | None = None,
-        pin_memory: bool | None = None,
+        batch_size: int | None = 1, shuffle: bool | None = False, seed: int = 0, drop_last: bool = False,
+        sampler: Any = None, batch_sampler: Any = None,
+        rank: int | None = None, world_size: int | None = None,
+        buffer_batches: int = DEFAULT_BUFFER_BATCHES, in_order: bool = True,
+        no_producer_timeout: float | None = UNSET, timeout: float | None = UNSET,
+        dataset: Any = None, dataset_args: dict[str, Any] | None = None, dataset_len: int | None = None,
+        device: str | torch.device | None = None, pin_memory: bool | None = None,
         device_transform: Callable[[Any], Any] | None = None,
-        dataset: Any = None,
-        dataset_args: dict[str, Any] | None = None,
-        on_error: str = "raise",
-        log_every: float | None = 60.0,
-        metrics_port: int | None = None,
-        local: LocalOptions | None = None,
-        transport: TransportOptions | None = None,
-        curve: CurveOptions | None = None,
-        # flat shorthand of the groups above
-        local_producers: int = UNSET,
-        producer_threads: int = UNSET,
-        producer_slots: int = UNSET,
-        mp_context: str | None = UNSET,
-        producer_transform: str | None = UNSET,
-        shared_memory: bool = UNSET,
-        heartbeat: float = UNSET,
-        liveness: int = UNSET,
-        task_timeout: float = UNSET,
-        max_batch_bytes: int = UNSET,
-        curve_secret_key: str | None = UNSET,
-        curve_authorized_keys: str | None = UNSET,
+        on_error: str = "raise", log_every: float | None = 60.0, metrics_port: int | None = None,
+        local: LocalOptions | None = None, transport: TransportOptions | None = None, curve: CurveOptions | None = None,
+        # the flat shorthand of the groups above, as accepted before the groups existed
+        local_producers: int = UNSET, producer_threads: int = UNSET, producer_slots: int = UNSET,
+        mp_context: str | None = UNSET, producer_transform: str | None = UNSET, shared_memory: bool = UNSET,
+        heartbeat: float = UNSET, liveness: int = UNSET, task_timeout: float = UNSET, max_batch_bytes: int = UNSET,
+        curve_secret_key: str | None = UNSET, curve_authorized_keys: str | None = UNSET,
     ) -> None:
         given = {name: value for name, value in locals().items() if name != "self"}
         self._closed = True  # until fully built, so that close() on a half-built loader is safe
@@ -170,8 +147,7 @@ class RemoteLoader:
         self.on_error = opts.on_error
         self.log_every = opts.log_every
         self._last_log = time.monotonic()
-        self._epoch_waits = {"waits": 0, "window_full": 0, "idle": 0}
-        self._epoch_start_counts: dict[str, int] = {}
+        self._waits = WaitTally({"per_producer": {}})
         self._last_diagnosis: str | None = None
 
         self._counters = Counters()
@@ -179,10 +155,6 @@ class RemoteLoader:
         self._resume_from = 0  # seqs of that epoch already delivered (from load_state_dict)
         self._run = 0
         self._active: EpochIterator | None = None
-        self._hooks = EpochHooks(
-            counters=self._counters, is_current=self._is_current, next_delivery=self._next_delivery,
-            deliver=self._deliver, began=self._epoch_started, ended=self._epoch_ended, progress=self._maybe_log,
-        )
         # starts local producers, the io and staging threads; nothing it holds references `self`
         pipeline = Pipeline(opts, self._counters, device=self.device, pin_memory=self.pin_memory,
                             figures=_StatsView(self))
@@ -214,7 +186,11 @@ class RemoteLoader:
         self._resume_from = 0
         self._run += 1
         first_seq = order[0] if order else len(plan)
-        self._active = EpochIterator(self._hooks, self._run, self._epoch, first_seq, len(order))
+        hooks = EpochHooks(  # built per iteration: a loader that is never iterated holds no cycle
+            counters=self._counters, is_current=self._is_current, next_delivery=self._next_delivery,
+            deliver=self._deliver, began=self._epoch_started, ended=self._epoch_ended, progress=self._maybe_log,
+        )
+        self._active = EpochIterator(hooks, self._run, self._epoch, first_seq, len(order))
         self._io.start_run(StartRun(run=self._run, epoch=self._epoch, plan=plan, order=order))
         return self._active
 
@@ -312,33 +288,22 @@ class RemoteLoader:
 
     def _note_wait(self) -> None:
         """Called when __next__ finds nothing staged: was the window full, or were producers idle?"""
-        io = self._io.snapshot()
-        self._epoch_waits["waits"] += 1
-        if io["buffered"] + io["in_flight"] >= self.buffer_batches:
-            self._epoch_waits["window_full"] += 1
-        elif any(p["in_flight"] < p["slots"] for p in io["per_producer"].values()) and io["queued"] == 0:
-            pass  # nothing left to issue: the end of the epoch, not idleness
-        elif any(p["in_flight"] < p["slots"] for p in io["per_producer"].values()):
-            self._epoch_waits["idle"] += 1
+        self._waits.note(self._io.snapshot(), self.buffer_batches)
 
     def _epoch_started(self) -> None:
-        self._epoch_waits = {"waits": 0, "window_full": 0, "idle": 0}
-        self._epoch_start_counts = {n: p["batches"] for n, p in self._io.snapshot()["per_producer"].items()}
+        self._waits = WaitTally(self._io.snapshot())
 
     def diagnosis(self) -> str:
         """What bounds the current (or last) epoch: the producers, the window, or the transport/consumer,
         and about how many producers would remove the stall. See :mod:`ferry.consumer.diagnosis`."""
         from ferry.consumer.diagnosis import EpochFigures, diagnose
 
-        c = self._counters
-        snap = self._io.snapshot()
-        by_producer = {n: p["batches"] - self._epoch_start_counts.get(n, 0) for n, p in snap["per_producer"].items()}
+        c, snap, waits = self._counters, self._io.snapshot(), self._waits
         active = self._active
         return diagnose(EpochFigures(
             batches=active.yielded if active is not None else 0, wait_s=c.epoch_wait_s, active_s=c.epoch_active_s,
-            producers=snap["producers"], batches_by_producer=by_producer,
-            window_full_waits=self._epoch_waits["window_full"], idle_waits=self._epoch_waits["idle"],
-            waits=self._epoch_waits["waits"],
+            producers=snap["producers"], batches_by_producer=waits.batches_by_producer(snap),
+            window_full_waits=waits.window_full, idle_waits=waits.idle, waits=waits.waits,
         ))
 
     def _maybe_log(self, now: float, epoch: int, done: int, total: int) -> None:
