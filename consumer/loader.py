@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import queue
 import time
-import warnings
 import weakref
 from typing import Any, Callable
 
@@ -35,9 +34,9 @@ from ferry.consumer.buffer import Delivery, is_eof
 from ferry.consumer.epoch import EpochHooks, EpochIterator, WaitTally
 from ferry.consumer.io_thread import StartRun
 from ferry.consumer.options import UNSET, CurveOptions, LocalOptions, TransportOptions, resolve_options
-from ferry.consumer.pipeline import Pipeline
+from ferry.consumer.pipeline import Pipeline, resolve_device
 from ferry.consumer.staging import iter_tensors
-from ferry.consumer.stats import Counters, stats_figures
+from ferry.consumer.stats import Counters, WeakStats, stats_figures
 
 __all__ = ["RemoteLoader"]
 
@@ -121,14 +120,7 @@ class RemoteLoader:
         self._closed = True  # until fully built, so that close() on a half-built loader is safe
         opts = resolve_options(given)
         self._options = opts
-        self.device = _device(opts.device)
-        pin_memory = opts.pin_memory
-        if pin_memory is None:
-            pin_memory = self.device is not None and self.device.type == "cuda"
-        if pin_memory and not torch.cuda.is_available():
-            warnings.warn("pin_memory=True but CUDA is not available; batches stay in pageable memory",
-                          stacklevel=2)
-            pin_memory = False
+        self.device, pin_memory = resolve_device(opts.device, opts.pin_memory)
 
         self.batch_size = opts.batch_size
         self.shuffle = opts.shuffle
@@ -157,7 +149,7 @@ class RemoteLoader:
         self._active: EpochIterator | None = None
         # starts local producers, the io and staging threads; nothing it holds references `self`
         pipeline = Pipeline(opts, self._counters, device=self.device, pin_memory=self.pin_memory,
-                            figures=_StatsView(self))
+                            figures=WeakStats(self))
         self.endpoints = pipeline.endpoints
         self._local, self._io, self._staging = pipeline.local, pipeline.io, pipeline.staging
         self._stop, self._staged, self._staging_failure = pipeline.stop, pipeline.staged, pipeline.staging_failure
@@ -397,27 +389,3 @@ class RemoteLoader:
         s = self.stats()
         return (f"<RemoteLoader [{s['producers']} producers | buffered {s['buffered']}, in flight "
                 f"{s['in_flight']} of {self.buffer_batches} | {s['batches']} batches] {', '.join(self.endpoints)}>")
-
-
-class _StatsView:
-    """The metrics thread's view of a loader: a weak reference, so that it never keeps the loader alive."""
-
-    def __init__(self, loader: RemoteLoader) -> None:
-        self._loader = weakref.ref(loader)
-
-    def __call__(self) -> dict[str, Any]:
-        loader = self._loader()
-        return loader.stats() if loader is not None and not loader.closed else {}
-
-
-def _device(device: Any) -> torch.device | None:
-    if device is None:
-        return None
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"device must be None, a device string like 'cuda:0' or a torch.device; "
-                          f"got {device!r} ({exc})") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device} requested, but CUDA is not available")
-    return device

@@ -298,9 +298,9 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
         if dataset is None:
             raise ConfigError("local_producers needs a dataset (an object or a spec string)")
     curve = None
-    if given["curve"] is not None or any(given[k] not in (UNSET, None, "")
-                                         for k in ("curve_secret_key", "curve_authorized_keys")):
-        if given["curve"] is None and not (given["curve_secret_key"] and given["curve_authorized_keys"]):
+    keys = [given[k] not in (UNSET, None, "") for k in ("curve_secret_key", "curve_authorized_keys")]
+    if given["curve"] is not None or any(keys):
+        if given["curve"] is None and not all(keys):
             raise ConfigError("CURVE needs both curve_secret_key and curve_authorized_keys")
         curve = CurveOptions.from_flat(given, given["curve"], "curve")
         if local is not None:

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import queue
 import threading
+import warnings
 from typing import Any, Callable
+
+import torch
 
 from ferry.common.constants import JOIN_TIMEOUT_S, STAGED_BATCHES
 from ferry.common.datasets import dataset_fingerprint
@@ -30,7 +33,29 @@ from ferry.consumer.options import LoaderOptions
 from ferry.consumer.staging import make_stager, staging_loop
 from ferry.consumer.stats import STATS, Counters
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "resolve_device"]
+
+
+def resolve_device(device: Any, pin_memory: bool | None) -> tuple[torch.device | None, bool]:
+    """The staging device (None: the CPU, no copy) and whether to pin; checked before anything starts.
+
+    Raises:
+        ConfigError: not a device, or a CUDA device without CUDA.
+    """
+    if device is not None:
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ConfigError(f"device must be None, a device string like 'cuda:0' or a torch.device; "
+                              f"got {device!r} ({exc})") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device {device} requested, but CUDA is not available")
+    if pin_memory is None:
+        pin_memory = device is not None and device.type == "cuda"
+    if pin_memory and not torch.cuda.is_available():
+        warnings.warn("pin_memory=True but CUDA is not available; batches stay in pageable memory", stacklevel=3)
+        pin_memory = False
+    return device, pin_memory
 
 
 class Pipeline:

@@ -7,12 +7,13 @@ long it waited. ``stats()`` reads them all; a read of an int is atomic in CPytho
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 from ferry.common.metrics import COUNTER, GAUGE, Figure
 
-__all__ = ["Counters", "STATS", "stats_figures", "stall_fraction"]
+__all__ = ["Counters", "STATS", "stats_figures", "stall_fraction", "WeakStats"]
 
 
 @dataclass
@@ -102,3 +103,15 @@ def stats_figures(c: Counters, io: dict[str, Any], *, capacity: int, epoch: int)
         "shared_batches": c.shared_batches,
     }
     return {f.name: values[f.name] for f in STATS}  # a KeyError here: a field declared but not computed
+
+
+class WeakStats:
+    """The metrics thread's view of a loader's ``stats()``: a weak reference, so that it never keeps the loader
+    alive ({} once the loader is closed or gone)."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = weakref.ref(loader)
+
+    def __call__(self) -> dict[str, Any]:
+        loader = self._loader()
+        return loader.stats() if loader is not None and not loader.closed else {}
