@@ -290,10 +290,10 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
     drop_last = check.boolean("drop_last", given["drop_last"])
     batch_size = _batching({**given, "shuffle": shuffle, "drop_last": drop_last})
     dataset = _dataset(given["dataset"])
-    local = None
-    if given["local"] is not None or given["local_producers"] not in (UNSET, 0):
-        if given["local"] is None:  # local_producers=0 means no local mode, with the other keywords ignored
-            check.integer("local_producers", given["local_producers"], low=0)
+    local, count = None, given["local_producers"]
+    if count is not UNSET and given["local"] is None:
+        count = check.integer("local_producers", count, low=0)  # 0: no local mode, its other keywords ignored
+    if given["local"] is not None or count not in (UNSET, 0):
         local = LocalOptions.from_flat(given, given["local"], "local")
         if dataset is None:
             raise ConfigError("local_producers needs a dataset (an object or a spec string)")

@@ -58,6 +58,7 @@ BAD = [
     ({"batch_size": True}, TypeError, ["batch_size", "True"]),
     ({"local_producers": "2"}, TypeError, ["local_producers", "'2'", "an int"]),
     ({"local_producers": True}, TypeError, ["local_producers", "True"]),
+    ({"local_producers": False}, TypeError, ["local_producers", "False"]),
     ({"local_producers": -1}, ValueError, ["local_producers", "-1", ">= 0"]),
     ({"buffer_batches": 1.5}, TypeError, ["buffer_batches", "1.5", "an int >= 1"]),
     ({"buffer_batches": 0}, ValueError, ["buffer_batches", "0"]),
