@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import torch
 
+from ferry.common import validate as check
 from ferry.common.constants import DEFAULT_BUFFER_BATCHES, POLL_SLICE_S
 from ferry.common.errors import ConfigError, FerryThreadError, LoaderClosedError, NoProducersError
 from ferry.common.plan import build_plan, plan_length
@@ -208,9 +209,7 @@ class RemoteLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of the next iteration (the shuffle is seeded with ``seed + epoch``)."""
-        if int(epoch) < 0:
-            raise ConfigError(f"epoch must be >= 0, got {epoch}")
-        self._epoch = int(epoch)
+        self._epoch = check.integer("epoch", epoch, low=0)
         self._resume_from = 0
 
     @property

@@ -228,6 +228,8 @@ def test_options_cannot_be_assigned_after_construction(endpoint):
         with pytest.raises(ConfigError, match="batch_size"):
             del loader.batch_size
         assert loader.batch_size == 4 and loader.shuffle is False and loader.timeout == DEFAULT_TIMEOUT_S
+        with pytest.raises(ConfigTypeError, match=r"epoch must be an int >= 0, got '3'"):
+            loader.set_epoch("3")
         loader.set_epoch(3)  # the loader's own state still moves
         assert loader.epoch == 3 and loader.state_dict()["epoch"] == 3
 
