@@ -116,3 +116,10 @@ def _rebuild_remote_sample_error(index, producer, exc_type, message, traceback, 
     return RemoteSampleError(
         index=index, producer=producer, exc_type=exc_type, message=message, traceback=traceback, epoch=epoch, seq=seq
     )
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """An option has the wrong type (``batch_size="8"``, ``seed=None``): a ConfigError that is also a TypeError."""
+
+
+__all__.append("ConfigTypeError")

@@ -3,7 +3,8 @@
 Producers (``python -m ferry.producer``) read and collate batches on any machine and stream them over
 ZeroMQ to :class:`RemoteLoader`, a bounded, staged iterator inside the training script.
 
-The public API is this module: ``from ferry import RemoteLoader`` and the error types below. Importing
+The public API is this module: ``from ferry import RemoteLoader``, its option groups (``LocalOptions``,
+``TransportOptions``, ``CurveOptions``) and the error types below. Importing
 ``ferry`` does not import torch (the producer image has none): ``RemoteLoader`` is loaded on first use.
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 
 from ferry.common.errors import (
     ConfigError,
+    ConfigTypeError,
     DatasetError,
     DatasetSpecError,
     FerryError,
@@ -26,13 +28,18 @@ from ferry.common.errors import (
     SampleLoadError,
     VersionMismatch,
 )
+from ferry.consumer.options import CurveOptions, LocalOptions, TransportOptions
 
 __all__ = [
     "RemoteLoader",
+    "LocalOptions",
+    "TransportOptions",
+    "CurveOptions",
     "FerryError",
     "FerryThreadError",
     "LoaderClosedError",
     "ConfigError",
+    "ConfigTypeError",
     "DatasetSpecError",
     "DatasetError",
     "SampleLoadError",
