@@ -16,6 +16,7 @@ __all__ = [
     "ProducerStartupError",
     "FerryThreadError",
     "LoaderClosedError",
+    "ProducerDiedError",
 ]
 
 
@@ -101,3 +102,10 @@ def _rebuild_remote_sample_error(index, producer, exc_type, message, traceback, 
     return RemoteSampleError(
         index=index, producer=producer, exc_type=exc_type, message=message, traceback=traceback, epoch=epoch, seq=seq
     )
+
+
+class ProducerDiedError(FerryError, RuntimeError):
+    """Every local producer process has died after serving (killed, or crashed mid-run).
+
+    The message names each one's pid, its exit code or signal, and the tail of its error output.
+    """

@@ -375,9 +375,9 @@ class RemoteLoader:
             raise FerryThreadError("ferry's staging thread failed") from self._staging_failure[0]
         if not io.alive:
             raise FerryThreadError("ferry's io thread is not running")
+        if self._local is not None:  # sees a death at once, not after the liveness window
+            self._local.check(served=io.producers_seen > 0)
         if not io.dispatcher.producers:
-            if self._local is not None:
-                self._local.check()
             silent = time.monotonic() - io.no_producer_since
             if silent > self.timeout:
                 raise self._no_producers_error(waited=silent)
