@@ -40,6 +40,7 @@ from ferry.common.plan import build_plan, plan_length
 from ferry.common.waker import Waker
 
 from ferry.consumer.buffer import Delivery, ReorderBuffer, is_eof
+from ferry.consumer.diagnosis import EpochFigures, EpochLog, diagnose
 from ferry.consumer.io_thread import IoConfig, IoThread, StartRun
 from ferry.consumer.local import LocalProducers
 from ferry.consumer.staging import iter_tensors, make_stager, staging_loop
@@ -115,7 +116,8 @@ class RemoteLoader:
             Turns on CURVE: traffic is encrypted and only authorized producers are let in.
         curve_authorized_keys: the folder of authorized producer public keys (``.key`` files).
         log_every: seconds between one-line progress logs (logger ``ferry.consumer``, INFO); None: never.
-            At the end of an epoch with more than 10 % stall, the diagnosis is logged at WARNING. [Unit: second]
+            Each epoch's diagnosis is logged at INFO; at WARNING only when the stall stays above 10 % for two
+            epochs in a row (see :mod:`ferry.consumer.diagnosis`). [Unit: second]
 
     Raises:
         ConfigError: an invalid option, or the endpoint cannot be bound (e.g. the port is in use).
@@ -282,6 +284,7 @@ class RemoteLoader:
                 args=(buffer, self._staged, self._stop, self._staging_stager, self._staging_failure),
             )
             self._staging.start()
+            self._epoch_log = EpochLog((self._io._thread, self._staging))  # their CPU time: the consumer's load
         except BaseException:
             self._shutdown(self._stop, self._staging, self._io, self._local, None)
             raise
@@ -404,22 +407,26 @@ class RemoteLoader:
     def _epoch_started(self) -> None:
         self._epoch_waits = {"waits": 0, "window_full": 0, "idle": 0}
         self._epoch_start_counts = {n: p["batches"] for n, p in self._io.snapshot()["per_producer"].items()}
+        self._epoch_log.start_epoch()
 
     def diagnosis(self) -> str:
-        """What bounds the current (or last) epoch: the producers, the window, or the transport/consumer,
-        and about how many producers would remove the stall. See :mod:`ferry.consumer.diagnosis`."""
-        from ferry.consumer.diagnosis import EpochFigures, diagnose
+        """What bounds the current (or last) epoch: the producers, the window, or the consumer, and about how
+        many producers would remove the stall. See :mod:`ferry.consumer.diagnosis`."""
+        return diagnose(self._epoch_figures())
 
+    def _epoch_figures(self) -> EpochFigures:
         c = self._counters
         snap = self._io.snapshot()
         by_producer = {n: p["batches"] - self._epoch_start_counts.get(n, 0) for n, p in snap["per_producer"].items()}
         active = self._active
-        return diagnose(EpochFigures(
+        return EpochFigures(
             batches=active.yielded if active is not None else 0, wait_s=c.epoch_wait_s, active_s=c.epoch_active_s,
             producers=snap["producers"], batches_by_producer=by_producer,
             window_full_waits=self._epoch_waits["window_full"], idle_waits=self._epoch_waits["idle"],
             waits=self._epoch_waits["waits"],
-        ))
+            startup_s=self._epoch_log.startup_s if active is not None and active.run == 1 else 0.0,
+            consumer_cpu_s=self._epoch_log.consumer_cpu_s(),
+        )
 
     def _maybe_log(self, now: float, epoch: int, done: int, total: int) -> None:
         if self.log_every is None or now - self._last_log < self.log_every:
@@ -604,13 +611,13 @@ class _EpochIterator:
             now = time.monotonic()
             counters.wait_s += now - began
             counters.epoch_wait_s += now - began
+            if self.run == 1 and began == self._started:  # the loader's first batch: start-up, not stall
+                loader._epoch_log.first_wait(now - began)
         if item is None:
             self.finished = True
             loader._epoch = self.epoch + 1
             self._account(now)
-            if counters.epoch_active_s > 0 and counters.epoch_wait_s / counters.epoch_active_s > 0.10:
-                loader._last_diagnosis = loader.diagnosis()
-                log.warning("ferry: epoch %d: %s", self.epoch, loader._last_diagnosis)
+            loader._last_diagnosis = loader._epoch_log.end_epoch(self.epoch, loader._epoch_figures())
             raise StopIteration
         self.yielded += 1  # this position is consumed, even when it raises
         try:
