@@ -67,15 +67,25 @@ def describe_exit(code: int) -> str:
         return f"killed by signal {-code}"
 
 
-def _serve_with_stderr(stderr: Any, config: Any, dataset: Any) -> None:
-    """A forked or spawned producer's entry: its stderr goes into the pipe the parent watches."""
-    os.dup2(stderr.fileno(), 2)
-    stderr.close()
-    from ferry.producer import serve
+_stderr_lock = threading.Lock()  # one redirection of our fd 2 at a time
 
-    code = serve(config, dataset)
-    if code:
-        sys.exit(code)
+
+def _start_with_stderr(process: Any, stderr_fd: int) -> None:
+    """Start a multiprocessing ``process`` with ``stderr_fd`` as its fd 2.
+
+    The child inherits fd 2 as it is when it is forked (or spawned: fds 0-2 pass through exec), so ours points
+    at the pipe for that moment only. This keeps the child's code the producer's own entry point
+    (:func:`ferry.producer.serve`); a wrapper here would make a spawned child import the consumer. Whatever
+    another thread writes to stderr in that moment goes through the pipe, and is still shown.
+    """
+    with _stderr_lock:
+        saved = os.dup(2)
+        try:
+            os.dup2(stderr_fd, 2)
+            process.start()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 class _Child:
@@ -250,22 +260,21 @@ class LocalProducers:
         return _Child(index, process, stderr_fd, pidfd, True, capture)
 
     def _start_process(self, index: int, ctx: Any, config: Any, dataset: Any) -> _Child:
-        reader, writer = ctx.Pipe(duplex=False)  # a Connection travels to a spawned child too (as a dup'ed fd)
+        from ferry.producer import serve
+
+        read_fd, write_fd = os.pipe()
         capture = self._capture(index)
         try:
-            process = ctx.Process(target=_serve_with_stderr, args=(writer, config, dataset), name="ferry-producer",
-                                  daemon=False)
-            process.start()
+            process = ctx.Process(target=serve, args=(config, dataset), name="ferry-producer", daemon=False)
+            _start_with_stderr(process, write_fd)
         except BaseException:
-            reader.close()
+            os.close(read_fd)
             capture.close()
             raise
         finally:
-            writer.close()
-        stderr_fd = os.dup(reader.fileno())
-        reader.close()
-        os.set_blocking(stderr_fd, False)
-        return _Child(index, process, stderr_fd, process.sentinel, False, capture)
+            os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        return _Child(index, process, read_fd, process.sentinel, False, capture)
 
     @property
     def pids(self) -> list[int]:

@@ -21,6 +21,10 @@ def _slow(kind):
     return ("synthetic", SLOW) if kind == "spec" else (PairDataset(length=4000, shape=(2,), delay=0.01), None)
 
 
+def _context(kind):
+    return "spawn" if kind == "spawn" else None
+
+
 @pytest.mark.parametrize("kind", ["spec", "object"])
 def test_sigkill_of_one_of_two_producers_is_logged_at_once_and_the_run_goes_on(kind, caplog):
     dataset, args = _slow(kind)
@@ -44,11 +48,11 @@ def test_sigkill_of_one_of_two_producers_is_logged_at_once_and_the_run_goes_on(k
             next(it)
 
 
-@pytest.mark.parametrize("kind", ["spec", "object"])
+@pytest.mark.parametrize("kind", ["spec", "object", "spawn"])
 def test_sigkill_of_the_last_producer_raises_producer_died_error_within_2_s(kind):
     dataset, args = _slow(kind)
     with RemoteLoader(dataset=dataset, dataset_args=args, local_producers=1, batch_size=4, timeout=30,
-                      buffer_batches=2) as loader:
+                      buffer_batches=2, mp_context=_context(kind)) as loader:
         it = iter(loader)
         next(it)
         victim = loader._local.pids[0]
@@ -74,6 +78,24 @@ def test_a_producer_that_dies_at_start_up_is_a_startup_error_quoting_its_stderr(
     assert "all 2 local producers exited before serving" in text and "exit code" in text, text
     assert text.count("no_such_module_for_ferry") >= 2, text  # each producer's own words, not "see above"
     assert "no_such_module_for_ferry" in capfd.readouterr().err  # and still shown live, as before
+
+
+class BrokenOnArrival(PairDataset):
+    """Fine here; raises when a spawned producer unpickles it (an archive that cannot be reopened there)."""
+
+    def __setstate__(self, state):
+        raise RuntimeError("cannot reopen the archive in the producer")
+
+
+def test_a_spawned_producer_that_dies_at_start_up_is_reported_with_its_traceback(capfd):
+    with RemoteLoader(dataset=BrokenOnArrival(length=8), local_producers=1, mp_context="spawn", batch_size=4,
+                      timeout=30) as loader:
+        it = iter(loader)
+        with pytest.raises(ProducerStartupError) as info:
+            next(it)
+    text = str(info.value)
+    assert "exit code 1" in text and "cannot reopen the archive in the producer" in text, text
+    assert "cannot reopen the archive" in capfd.readouterr().err  # shown live too
 
 
 def test_describe_exit_names_the_signal_or_the_code():
