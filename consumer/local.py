@@ -79,13 +79,19 @@ def _start_with_stderr(process: Any, stderr_fd: int) -> None:
     another thread writes to stderr in that moment goes through the pipe, and is still shown.
     """
     with _stderr_lock:
-        saved = os.dup(2)
+        try:
+            saved: int | None = os.dup(2)
+        except OSError:  # we run with fd 2 closed: close it again afterwards
+            saved = None
         try:
             os.dup2(stderr_fd, 2)
             process.start()
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+            if saved is None:
+                os.close(2)
+            else:
+                os.dup2(saved, 2)
+                os.close(saved)
 
 
 class _Child:

@@ -128,9 +128,9 @@ def _restore_handlers() -> None:
     if threading.current_thread() is not threading.main_thread():
         return  # ours stays and only chains: it has nothing left to remove
     for signum, previous in list(_previous.items()):
-        if signal.getsignal(signum) is _on_signal:  # never undo a handler someone installed after ours
-            signal.signal(signum, previous)
-        del _previous[signum]
+        if signal.getsignal(signum) is _on_signal:  # never undo a handler someone installed after ours: it
+            signal.signal(signum, previous)  # may chain to ours, which then still chains to the one before
+            del _previous[signum]
 
 
 def _remove_all_of_this_process() -> None:
