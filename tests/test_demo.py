@@ -1,7 +1,14 @@
-"""Acceptance 6 (in part): `ferry demo` runs to completion and reports throughput and stall."""
+"""Acceptance 6 (in part): `ferry demo` runs to completion and reports throughput and stall; it never destroys
+(issue 11): a user's folder is refused untouched, and every flag is checked before any data is written."""
 
+import os
 import subprocess
 import sys
+
+import pytest
+
+from ferry.cli import main
+from ferry.demo import COMPLETE_MARKER, OWNER_MARKER
 
 from .helpers import REPO, producer_env
 
@@ -17,14 +24,6 @@ def test_demo_runs_at_small_size():
 
 
 # --- the demo never destroys (issue 11, item 8) ----------------------------------------------------------
-import os  # noqa: E402
-
-import pytest  # noqa: E402
-
-from ferry.cli import main  # noqa: E402
-from ferry.demo import COMPLETE_MARKER, OWNER_MARKER  # noqa: E402
-
-
 def _snapshot(folder):
     """Every entry under ``folder`` with its bytes and modification time."""
     found = {}
