@@ -378,7 +378,8 @@ class RemoteLoader:
             raise FerryThreadError("ferry's staging thread failed") from self._staging_failure[0]
         if not io.alive:
             raise FerryThreadError("ferry's io thread is not running")
-        if self._local is not None:  # sees a death at once, not after the liveness window
+        # local producers' deaths are seen at once; with another endpoint bound, remote ones may still serve
+        if self._local is not None and (len(self.endpoints) == 1 or not io.dispatcher.producers):
             self._local.check(served=io.producers_seen > 0)
         if not io.dispatcher.producers:
             silent = time.monotonic() - io.no_producer_since

@@ -103,3 +103,18 @@ def test_describe_exit_names_the_signal_or_the_code():
     assert describe_exit(-15) == "killed by SIGTERM"
     assert describe_exit(3) == "exit code 3"
     assert describe_exit(-200) == "killed by signal 200"
+
+
+def test_dead_local_producers_are_not_fatal_while_a_remote_producer_serves(endpoint, spawn, caplog):
+    dataset, args = _slow("spec")
+    with RemoteLoader(endpoint=endpoint, dataset=dataset, dataset_args=args, local_producers=1, batch_size=4,
+                      heartbeat=0.2, timeout=30) as loader:
+        spawn(endpoint, "synthetic", SLOW, threads=1, slots=2)
+        it = iter(loader)
+        next(it)
+        wait_for(lambda: loader.stats()["producers"] == 2, 20, "the local and the remote producer to join")
+        victim = loader._local.pids[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: any(f"pid {victim}" in r.getMessage() for r in caplog.records), 2.0, "the death's WARNING")
+        for _ in range(40):  # the remote producer carries the run; nothing raises
+            next(it)
