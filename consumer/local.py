@@ -351,9 +351,10 @@ class LocalProducers:
                 return
             reports = "\n".join(child.report() for child in self.children)
         n = len(self.children)
+        who = "the local producer" if n == 1 else f"all {n} local producers"
         if served:
-            raise ProducerDiedError(f"all {n} local producers died mid-run:\n{reports}")
-        raise ProducerStartupError(f"all {n} local producers exited before serving:\n{reports}")
+            raise ProducerDiedError(f"{who} died mid-run:\n{reports}")
+        raise ProducerStartupError(f"{who} exited before serving:\n{reports}")
 
     def close(self) -> None:
         with self._lock:
