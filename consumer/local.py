@@ -330,7 +330,7 @@ class LocalProducers:
             live = sum(child.exit_code is None for child in self.children)
         for child in dead:
             what = "its tasks go to the others" if live else "none is left"
-            log.warning("ferry: local producer %s\n%d of %d local producers live, %s", child.report(), live,
+            log.warning("ferry: local %s\n%d of %d local producers live, %s", child.report(), live,
                         len(self.children), what)
 
     # --- called from the training thread ------------------------------------------------------------
