@@ -19,6 +19,7 @@ __all__ = [
     "ProducerStartupError",
     "FerryThreadError",
     "LoaderClosedError",
+    "ProducerDiedError",
 ]
 
 
@@ -123,3 +124,10 @@ class ConfigTypeError(ConfigError, TypeError):
 
 
 __all__.append("ConfigTypeError")
+
+
+class ProducerDiedError(FerryError, RuntimeError):
+    """Every local producer process has died after serving (killed, or crashed mid-run).
+
+    The message names each one's pid, its exit code or signal, and the tail of its error output.
+    """

@@ -31,6 +31,7 @@ class EpochHooks:
         began: the first ``__next__`` of an epoch (the per-epoch figures restart).
         ended: the epoch ran out (``epoch`` is done: the next iteration runs ``epoch + 1``).
         progress: called after each batch with ``(now, epoch, done, total)``, for periodic logs.
+        first_wait: the seconds the loader's very first batch took to come: start-up, not stall.
     """
 
     counters: Counters
@@ -40,6 +41,7 @@ class EpochHooks:
     began: Callable[[], None]
     ended: Callable[[int], None]
     progress: Callable[[float, int, int, int], None]
+    first_wait: Callable[[float], None]
 
 
 class EpochIterator:
@@ -84,6 +86,8 @@ class EpochIterator:
             now = time.monotonic()
             counters.wait_s += now - began
             counters.epoch_wait_s += now - began
+            if self.run == 1 and began == self._started:  # the loader's first batch: start-up, not stall
+                hooks.first_wait(now - began)
         if item is None:
             self.finished = True
             self._account(now)

@@ -32,6 +32,7 @@ from ferry.common.errors import ConfigError, FerryThreadError, LoaderClosedError
 from ferry.common.plan import build_plan, plan_length
 
 from ferry.consumer.buffer import Delivery, is_eof
+from ferry.consumer.diagnosis import EpochFigures, EpochLog, diagnose
 from ferry.consumer.epoch import EpochHooks, EpochIterator, WaitTally
 from ferry.consumer.io_thread import StartRun
 from ferry.consumer.options import UNSET, CurveOptions, LocalOptions, TransportOptions, resolve_options
@@ -81,7 +82,8 @@ class RemoteLoader:
         on_error: ``"raise"`` (RemoteSampleError in the loop) or ``"skip"`` (drop the failed samples).
         metrics_port: serve ``stats()`` as Prometheus metrics on this port (needs ``ferry[metrics]``).
         log_every: seconds between one-line progress logs (logger ``ferry.consumer``, INFO); None: never.
-            At the end of an epoch with more than 10 % stall, the diagnosis is logged at WARNING. [Unit: second]
+            Each epoch's diagnosis is logged at INFO; at WARNING only when the stall stays above 10 % for two
+            epochs in a row (see :mod:`ferry.consumer.diagnosis`). [Unit: second]
         local: a :class:`LocalOptions`: start producer processes here (local mode). Needs ``dataset``.
             Flat shorthand: ``local_producers`` (the count; 0: none), ``producer_threads``,
             ``producer_slots``, ``mp_context``, ``producer_transform``, ``shared_memory``.
@@ -155,6 +157,7 @@ class RemoteLoader:
         self._local, self._io, self._staging = pipeline.local, pipeline.io, pipeline.staging
         self._stop, self._staged, self._staging_failure = pipeline.stop, pipeline.staged, pipeline.staging_failure
         self._buffer, self._staging_stager = pipeline.buffer, pipeline.stager
+        self._epoch_log = EpochLog((self._io._thread, self._staging))  # their CPU time: the consumer's load
         self._closed = False
         self._finalizer = weakref.finalize(self, pipeline.shutdown)
         # from here on the options are read-only: assigning one would silently do nothing
@@ -182,6 +185,7 @@ class RemoteLoader:
         hooks = EpochHooks(  # built per iteration: a loader that is never iterated holds no cycle
             counters=self._counters, is_current=self._is_current, next_delivery=self._next_delivery,
             deliver=self._deliver, began=self._epoch_started, ended=self._epoch_ended, progress=self._maybe_log,
+            first_wait=self._epoch_log.first_wait,
         )
         self._active = EpochIterator(hooks, self._run, self._epoch, first_seq, len(order))
         self._io.start_run(StartRun(run=self._run, epoch=self._epoch, plan=plan, order=order))
@@ -193,10 +197,7 @@ class RemoteLoader:
     def _epoch_ended(self, epoch: int) -> None:
         """The iterator of ``epoch`` ran out: the next iteration runs the next epoch; say what bound this one."""
         self._epoch = epoch + 1
-        counters = self._counters
-        if counters.epoch_active_s > 0 and counters.epoch_wait_s / counters.epoch_active_s > 0.10:
-            self._last_diagnosis = self.diagnosis()
-            log.warning("ferry: epoch %d: %s", epoch, self._last_diagnosis)
+        self._last_diagnosis = self._epoch_log.end_epoch(epoch, self._epoch_figures())
 
     def __len__(self) -> int:
         if self.batch_sampler is not None:
@@ -261,9 +262,10 @@ class RemoteLoader:
             raise FerryThreadError("ferry's staging thread failed") from self._staging_failure[0]
         if not io.alive:
             raise FerryThreadError("ferry's io thread is not running")
+        # local producers' deaths are seen at once; with another endpoint bound, remote ones may still serve
+        if self._local is not None and (len(self.endpoints) == 1 or not io.live_producers):
+            self._local.check(served=io.producers_seen > 0)
         if not io.live_producers:
-            if self._local is not None:
-                self._local.check()
             silent = time.monotonic() - io.no_producer_since
             if silent > self.timeout:
                 raise self._no_producers_error(waited=silent)
@@ -282,19 +284,23 @@ class RemoteLoader:
 
     def _epoch_started(self) -> None:
         self._waits = WaitTally(self._io.snapshot())
+        self._epoch_log.start_epoch()
 
     def diagnosis(self) -> str:
-        """What bounds the current (or last) epoch: the producers, the window, or the transport/consumer,
-        and about how many producers would remove the stall. See :mod:`ferry.consumer.diagnosis`."""
-        from ferry.consumer.diagnosis import EpochFigures, diagnose
+        """What bounds the current (or last) epoch: the producers, the window, or the consumer, and about how
+        many producers would remove the stall. See :mod:`ferry.consumer.diagnosis`."""
+        return diagnose(self._epoch_figures())
 
+    def _epoch_figures(self) -> EpochFigures:
         c, snap, waits = self._counters, self._io.snapshot(), self._waits
         active = self._active
-        return diagnose(EpochFigures(
+        return EpochFigures(
             batches=active.yielded if active is not None else 0, wait_s=c.epoch_wait_s, active_s=c.epoch_active_s,
             producers=snap["producers"], batches_by_producer=waits.batches_by_producer(snap),
             window_full_waits=waits.window_full, idle_waits=waits.idle, waits=waits.waits,
-        ))
+            startup_s=self._epoch_log.startup_s if active is not None and active.run == 1 else 0.0,
+            consumer_cpu_s=self._epoch_log.consumer_cpu_s(),
+        )
 
     def _maybe_log(self, now: float, epoch: int, done: int, total: int) -> None:
         if self.log_every is None or now - self._last_log < self.log_every:
