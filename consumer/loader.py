@@ -115,7 +115,8 @@ class RemoteLoader:
         local: LocalOptions | None = None, transport: TransportOptions | None = None, curve: CurveOptions | None = None,
         # the flat shorthand of the groups above, as accepted before the groups existed
         local_producers: int = UNSET, producer_threads: int = UNSET, producer_slots: int = UNSET,
-        mp_context: str | None = UNSET, producer_transform: str | None = UNSET, shared_memory: bool = UNSET,
+        mp_context: str | None = UNSET, producer_transform: Any = UNSET, shared_memory: bool = UNSET,
+        collate_fn: Any = UNSET, producer_init: Any = UNSET,
         heartbeat: float = UNSET, liveness: int = UNSET, task_timeout: float = UNSET, max_batch_bytes: int = UNSET,
         curve_secret_key: str | None = UNSET, curve_authorized_keys: str | None = UNSET,
     ) -> None:

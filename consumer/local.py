@@ -29,6 +29,7 @@ producers write batches into (see :mod:`ferry.common.shm`), and closes it last.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -43,7 +44,7 @@ from typing import Any
 
 from ferry.common import shm
 from ferry.common.constants import JOIN_TIMEOUT_S
-from ferry.common.errors import ProducerDiedError, ProducerStartupError
+from ferry.common.errors import ConfigError, ProducerDiedError, ProducerStartupError
 from ferry.common.waker import Waker
 
 from ferry.consumer import local_folder
@@ -199,9 +200,12 @@ class LocalProducers:
     """N producer processes on this machine; see the module docstring."""
 
     def __init__(self, count: int, dataset: Any, *, dataset_args: dict[str, Any] | None, threads: int, slots: int,
-                 heartbeat: float, liveness: int, mp_context: str | None, transform: str | None = None,
-                 shared_memory: tuple[int, int] | None = None) -> None:
-        self.transform = transform
+                 heartbeat: float, liveness: int, mp_context: str | None, transform: Any = None,
+                 shared_memory: tuple[int, int] | None = None, init: Any = None, collate: Any = None,
+                 base_seed: int | None = None) -> None:
+        # producer-side hooks: callables or 'package.module:fn' specs (a spawned-by-spec producer needs specs)
+        self.transform, self.init, self.collate = transform, init, collate
+        self.base_seed = base_seed  # producer i seeds its random streams with base_seed + i, as DataLoader's workers
         self.folder = local_folder.create()
         self.endpoint = f"ipc://{self.folder}/consumer.sock"
         self.children: list[_Child] = []
@@ -218,8 +222,13 @@ class LocalProducers:
                 except OSError as exc:  # e.g. a seccomp profile without memfd_create: the socket still works
                     log.warning("no shared memory for local producers (%s); batches go over the socket", exc)
             if isinstance(dataset, str):
+                for name, hook in (("producer_transform", transform), ("producer_init", init),
+                                   ("collate_fn", collate)):
+                    if hook is not None and not isinstance(hook, str):
+                        raise ConfigError(f"with a dataset spec, {name} must be a spec too "
+                                          "('package.module:function'): the producers are new interpreters")
                 for index in range(count):
-                    self.children.append(self._spawn_cli(index, dataset, dataset_args or {}, threads, slots,
+                    self.children.append(self._spawn_cli(index, count, dataset, dataset_args or {}, threads, slots,
                                                          heartbeat, liveness))
             else:
                 from ferry.producer import ProducerConfig
@@ -228,10 +237,13 @@ class LocalProducers:
                     endpoints=(self.endpoint,), dataset=type(dataset).__qualname__, threads=threads, slots=slots,
                     heartbeat=heartbeat, liveness=liveness, exit_with_parent=True, transform=transform,
                     shared_memory=(self.slab.path, self.slab.token) if self.slab is not None else None,
+                    num_workers=count, init=init, collate=collate,
                 )
                 ctx = multiprocessing.get_context(mp_context or ("fork" if sys.platform == "linux" else "spawn"))
                 for index in range(count):
-                    self.children.append(self._start_process(index, ctx, config, dataset))
+                    seeded = dataclasses.replace(config, worker_id=index,
+                                                 seed=None if base_seed is None else base_seed + index)
+                    self.children.append(self._start_process(index, ctx, seeded, dataset))
             self._watch.start()
         except BaseException:
             self.close()
@@ -241,18 +253,22 @@ class LocalProducers:
         # appends only (O_APPEND), read back with pread: the watch thread writes while another thread reads
         return open(os.path.join(self.folder, f"producer-{index}.stderr"), "a+b", buffering=0)
 
-    def _spawn_cli(self, index: int, spec: str, args: dict[str, Any], threads: int, slots: int, heartbeat: float,
-                   liveness: int) -> _Child:
+    def _spawn_cli(self, index: int, count: int, spec: str, args: dict[str, Any], threads: int, slots: int,
+                   heartbeat: float, liveness: int) -> _Child:
         env = dict(os.environ)
         env["FERRY_EXIT_WITH_PARENT"] = "1"
         env["FERRY_DATASET_ARGS"] = json.dumps(args)
+        env["FERRY_WORKER"] = f"{index}/{count}"
         if self.slab is not None:
             env["FERRY_SHARED_MEMORY"] = f"{self.slab.token}:{self.slab.path}"
         command = [sys.executable, "-m", "ferry.producer", "--connect", self.endpoint, "--dataset", spec,
                    "--threads", str(threads), "--slots", str(slots), "--heartbeat", str(heartbeat),
                    "--liveness", str(liveness), "--log-level", os.environ.get("FERRY_LOG_LEVEL", "WARNING")]
-        if self.transform:
-            command += ["--transform", self.transform]
+        for flag, hook in (("--transform", self.transform), ("--init", self.init), ("--collate", self.collate)):
+            if hook:
+                command += [flag, hook]
+        if self.base_seed is not None:
+            command += ["--seed", str(self.base_seed + index)]
         capture = self._capture(index)
         try:
             process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)

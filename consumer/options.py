@@ -50,8 +50,14 @@ def _start_method(name: str, value: Any) -> str:
     return check.choice(name, value, multiprocessing.get_all_start_methods())
 
 
-def _transform(name: str, value: Any) -> str:
-    if ":" not in check.text(name, value):
+def _hook(name: str, value: Any) -> Any:
+    """A producer-side hook: a callable (pickled to forked or spawned producers) or a 'package.module:fn' spec."""
+    if callable(value):
+        return value
+    if not isinstance(value, str):
+        raise ConfigTypeError(f"{name} must be a callable or a 'package.module:function' spec, got {value!r} "
+                              f"({type(value).__name__})")
+    if ":" not in value:
         raise ConfigError(f"{name} must look like package.module:callable, got {value!r}")
     return value
 
@@ -96,7 +102,14 @@ class LocalOptions(_Group):
         slots: batches each takes at once (flat: ``producer_slots``).
         mp_context: the multiprocessing start method for a dataset *object* (``"fork"`` on Linux by default,
             ``"spawn"`` for objects that must not be forked).
-        transform: ``package.module:callable`` applied to every sample (flat: ``producer_transform``).
+        transform: applied to every sample on the producer (flat: ``producer_transform``). A callable, or a
+            ``package.module:callable`` spec (required when the dataset is a spec).
+        collate: merges a list of samples into a batch on the producer, in place of ``default_collate``, as
+            DataLoader's ``collate_fn`` (flat: ``collate_fn``), e.g. to pad variable-length sequences. Its
+            output is what travels: any tree of dicts, lists and tuples with array, tensor and scalar leaves.
+            A callable or a spec, as ``transform``. Producers on other hosts take ``--collate`` instead.
+        init: called once in each producer process with its worker id (0..count-1), after its ``random``,
+            numpy and torch generators are seeded: DataLoader's ``worker_init_fn`` (flat: ``producer_init``).
         shared_memory: producers write batches into shared memory that the loader maps, instead of
             sending them over the socket (one copy of the bytes instead of four).
     """
@@ -105,16 +118,20 @@ class LocalOptions(_Group):
     threads: int = DEFAULT_THREADS
     slots: int = DEFAULT_SLOTS
     mp_context: str | None = None
-    transform: str | None = None
+    transform: Any = None
     shared_memory: bool = True
+    collate: Any = None
+    init: Any = None
 
     _CHECKS = {
         "count": ("local_producers", lambda n, v: check.integer(n, v, low=1)),
         "threads": ("producer_threads", lambda n, v: check.integer(n, v, low=1, high=MAX_THREADS)),
         "slots": ("producer_slots", lambda n, v: check.integer(n, v, low=1, high=MAX_SLOTS)),
         "mp_context": ("mp_context", lambda n, v: check.optional(_start_method, n, v)),
-        "transform": ("producer_transform", lambda n, v: check.optional(_transform, n, v)),
+        "transform": ("producer_transform", lambda n, v: check.optional(_hook, n, v)),
         "shared_memory": ("shared_memory", check.boolean),
+        "collate": ("collate_fn", lambda n, v: check.optional(_hook, n, v)),
+        "init": ("producer_init", lambda n, v: check.optional(_hook, n, v)),
     }
 
 
@@ -297,6 +314,11 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
         local = LocalOptions.from_flat(given, given["local"], "local")
         if dataset is None:
             raise ConfigError("local_producers needs a dataset (an object or a spec string)")
+    else:
+        for name, flag in (("collate_fn", "--collate"), ("producer_init", "--init")):
+            if given[name] not in (UNSET, None):
+                raise ConfigError(f"{name} applies to local producers (local_producers=N); producers on other "
+                                  f"hosts take {flag} package.module:function")
     curve = None
     keys = [given[k] not in (UNSET, None, "") for k in ("curve_secret_key", "curve_authorized_keys")]
     if given["curve"] is not None or any(keys):

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from ferry.common.constants import JOIN_TIMEOUT_S, STAGED_BATCHES
-from ferry.common.datasets import dataset_fingerprint
+from ferry.common.datasets import dataset_fingerprint, transformed_fingerprint
 from ferry.common.errors import ConfigError
 from ferry.common.waker import Waker
 
@@ -82,6 +82,8 @@ class Pipeline:
         if dataset is not None and not isinstance(dataset, str):
             dataset_len = len(dataset) if dataset_len is None else dataset_len
             fingerprint = dataset_fingerprint(dataset)
+            if opts.local is not None and opts.local.transform is not None:  # what its producers will announce
+                fingerprint = transformed_fingerprint(fingerprint, opts.local.transform)
         curve = None
         if opts.curve is not None:
             from ferry.common.security import CurveServer
@@ -92,7 +94,10 @@ class Pipeline:
             self.local = LocalProducers(
                 local.count, dataset, dataset_args=opts.dataset_args, threads=local.threads, slots=local.slots,
                 heartbeat=transport.heartbeat, liveness=transport.liveness, mp_context=local.mp_context,
-                transform=local.transform,
+                transform=local.transform, init=local.init, collate=local.collate,
+                # as DataLoader draws its workers' base seed: from torch's RNG, so torch.manual_seed in the
+                # script makes the producers' own random streams reproducible
+                base_seed=int(torch.empty((), dtype=torch.int64).random_().item()),
                 # a slot per batch that can be in flight, buffered, staged or held by the loop at once
                 shared_memory=(opts.buffer_batches + STAGED_BATCHES + 2, transport.max_batch_bytes)
                 if local.shared_memory else None,
@@ -107,7 +112,8 @@ class Pipeline:
             IoConfig(endpoints=self.endpoints, capacity=opts.buffer_batches, heartbeat=transport.heartbeat,
                      liveness=transport.liveness, on_error=opts.on_error, max_batch_bytes=transport.max_batch_bytes,
                      task_timeout=transport.task_timeout, dataset_len=dataset_len, fingerprint=fingerprint,
-                     curve=curve, slab=self.local.slab if self.local is not None else None),
+                     curve=curve, slab=self.local.slab if self.local is not None else None,
+                     seed=opts.seed % (1 << 63)),
             self.buffer, counters, waker,
         )
         self.io.start()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ferry.common.sampleinfo import SampleInfo, sample_info
 from ferry.common.errors import (
     ConfigError,
     ConfigTypeError,
@@ -33,6 +34,8 @@ from ferry.consumer.options import CurveOptions, LocalOptions, TransportOptions
 
 __all__ = [
     "RemoteLoader",
+    "sample_info",
+    "SampleInfo",
     "LocalOptions",
     "TransportOptions",
     "CurveOptions",

@@ -31,6 +31,7 @@ import numpy as np
 from ferry.common import protocol
 from ferry.common.codec import encode_tree
 from ferry.common.constants import FRAME_CHUNK_BYTES, REMOTE_MESSAGE_CHARS, REMOTE_TRACEBACK_CHARS
+from ferry.common.sampleinfo import loading
 from ferry.common.waker import Waker
 
 from ferry.producer.buffers import BufferPool
@@ -49,6 +50,7 @@ class Job:
     indices: list[int]
     on_error: str
     slot: Any = None  # a ferry.common.shm.SlotWriter: the consumer's shared memory to write this batch into
+    seed: int = 0  # the loader's seed: sample_info().seed derives from (seed, epoch, index)
 
 
 @dataclass
@@ -62,8 +64,14 @@ class Outcome:
     buffer_frames: int = 0  # how many frames after the header are views of `buffer`
 
 
-def _load(dataset: Any, index: int) -> Any:
-    return dataset[index]
+def _load(dataset: Any, index: int, job: Job) -> Any:
+    with loading(job.seed, job.epoch, index):
+        return dataset[index]
+
+
+def _read_into(dataset: Any, index: int, row: Any, job: Job) -> Any:
+    with loading(job.seed, job.epoch, index):
+        return dataset.read_into(index, row)
 
 
 def _error_record(index: int, exc: BaseException) -> dict[str, Any]:
@@ -79,10 +87,12 @@ class Batcher:
     """Loads and collates batches on thread pools. ``close()`` waits for running work, bounded."""
 
     def __init__(self, dataset: Any, *, threads: int, batch_workers: int, done: "queue.SimpleQueue[Outcome]",
-                 waker: Waker) -> None:
+                 waker: Waker, collate_fn: Any = None) -> None:
         self._dataset = dataset
+        self._collate = collate_fn or collate
         layout = dataset.array_layout() if callable(getattr(dataset, "array_layout", None)) else None
-        self._layout = layout if callable(getattr(dataset, "read_into", None)) else None
+        # the fast path makes default_collate's [array, labels] itself: not with the user's own collate_fn
+        self._layout = layout if callable(getattr(dataset, "read_into", None)) and collate_fn is None else None
         self.pool = BufferPool(limit=batch_workers + 2)
         self._samples = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ferry-sample")
         self._batches = ThreadPoolExecutor(max_workers=batch_workers, thread_name_prefix="ferry-batch")
@@ -109,7 +119,7 @@ class Batcher:
     def _assemble(self, job: Job) -> Outcome:
         if self._layout is not None:
             return self._assemble_fast(job)
-        futures: list[Future] = [self._samples.submit(_load, self._dataset, i) for i in job.indices]
+        futures: list[Future] = [self._samples.submit(_load, self._dataset, i, job) for i in job.indices]
         samples, errors = [], []
         for index, future in zip(job.indices, futures):
             try:
@@ -119,7 +129,7 @@ class Batcher:
         if errors and (job.on_error == "raise" or not samples):
             return self._fail(job, errors)
         try:
-            tree = collate(samples)
+            tree = self._collate(samples)
             spec, array_frames = encode_tree(tree, chunk_bytes=FRAME_CHUNK_BYTES, slot=job.slot)
         except Exception as exc:
             return self._fail(job, [_error_record(job.indices[0], exc)])
@@ -135,7 +145,8 @@ class Batcher:
         # straight into the consumer's shared memory if there is a slot, else a pooled buffer. release() below
         # ignores what the pool did not hand out, so a slot view needs no special case there
         buffer = room.view(dtype).reshape(batch_shape) if room is not None else self.pool.acquire(batch_shape, dtype)
-        futures = [self._samples.submit(self._dataset.read_into, i, buffer[row]) for row, i in enumerate(job.indices)]
+        futures = [self._samples.submit(_read_into, self._dataset, i, buffer[row], job)
+                   for row, i in enumerate(job.indices)]
         labels, good, errors = [], [], []
         for row, (index, future) in enumerate(zip(job.indices, futures)):
             try:

@@ -67,6 +67,17 @@ def build_parser(prog: str = "python -m ferry.producer", env: Mapping[str, Any] 
     parser.add_argument("--transform", default=env("FERRY_TRANSFORM"), metavar="CALLABLE",
                         help="package.module:callable applied to every sample before collation, e.g. a crop "
                              "or a normalisation [env FERRY_TRANSFORM]")
+    parser.add_argument("--collate", default=env("FERRY_COLLATE"), metavar="CALLABLE",
+                        help="package.module:callable that collates a list of samples into a batch, in place of "
+                             "default_collate, like DataLoader's collate_fn (e.g. to pad sequences) "
+                             "[env FERRY_COLLATE]")
+    parser.add_argument("--init", default=env("FERRY_INIT"), metavar="CALLABLE",
+                        help="package.module:callable called once in this producer process with its worker id, "
+                             "like DataLoader's worker_init_fn [env FERRY_INIT]")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of this process's random, numpy and torch generators (default: drawn from the "
+                             "OS, so no two producers share a stream); for reproducible augmentation use "
+                             "ferry.sample_info().seed in the dataset instead")
     parser.add_argument("--threads", type=int, default=env("FERRY_THREADS", DEFAULT_THREADS),
                         help=f"loader threads; the samples of a batch load concurrently (default {DEFAULT_THREADS})")
     parser.add_argument("--slots", type=int, default=env("FERRY_SLOTS", DEFAULT_SLOTS),
@@ -124,6 +135,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m ferry.producer") 
             exit_with_parent=env.get("FERRY_EXIT_WITH_PARENT", False), curve=curve,
             transform=args.transform, metrics_port=args.metrics_port, shared_memory=env.get("FERRY_SHARED_MEMORY"),
             unreachable_warning_s=env.get("FERRY_UNREACHABLE_WARNING_S", UNREACHABLE_WARNING_S),
+            init=args.init, collate=args.collate, seed=args.seed,
+            worker_id=env.get("FERRY_WORKER", (0, 1))[0], num_workers=env.get("FERRY_WORKER", (0, 1))[1],
         )
         return serve(config)
     except (FerryError, ValueError) as exc:

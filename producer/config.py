@@ -43,10 +43,18 @@ class ProducerConfig:
         unreachable_warning_s: warn once when no consumer answered for this long. [Unit: second]
         exit_with_parent: die with the parent process (local mode).
         curve: CURVE client keys, or None for plaintext.
-        transform: ``package.module:callable`` applied to every sample on the producer (disables the
+        transform: a callable, or its ``package.module:callable`` spec, applied to every sample on the producer (disables the
             built-in datasets' read-into-batch fast path, since samples must exist as objects).
         shared_memory: ``(path, token)`` of the shared-memory slab of the consumer that started this
             producer on its own machine (see :mod:`ferry.common.shm`); None over the network.
+        seed: seed of this process's ``random``, numpy and torch generators; None draws one from the OS.
+        worker_id, num_workers: this producer's place among the local producers of one loader, as
+            ``torch.utils.data.get_worker_info()`` reports it (0 and 1 for a producer started by hand).
+        init: a callable, or a ``package.module:callable`` spec, called once in the producer process with
+            ``worker_id`` after seeding, like DataLoader's ``worker_init_fn``.
+        collate: the batch's collate function (a callable, or a ``package.module:callable`` spec), run on
+            the producer in place of ``default_collate``, like DataLoader's ``collate_fn``. Its output may be
+            any tree of dicts, lists and tuples with array, tensor and scalar leaves.
     """
 
     endpoints: tuple[str, ...]
@@ -60,9 +68,14 @@ class ProducerConfig:
     exit_with_parent: bool = False
     curve: Any = None
     dataset_label: str = ""
-    transform: str | None = None
+    transform: Any = None
     metrics_port: int | None = None
     shared_memory: tuple[str, str] | None = None
+    seed: int | None = None
+    worker_id: int = 0
+    num_workers: int = 1
+    init: Any = None
+    collate: Any = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoints", expand_endpoints(list(self.endpoints)))
@@ -122,6 +135,14 @@ def _token_path(text: str) -> tuple[str, str]:
     return path, token
 
 
+def _worker(text: str) -> tuple[int, int]:
+    """``ID/COUNT``: a local producer's place among its loader's producers (set by the loader)."""
+    worker_id, _, count = text.partition("/")
+    if not (worker_id.isdigit() and count.isdigit() and int(worker_id) < int(count)):
+        raise ValueError(text)
+    return int(worker_id), int(count)
+
+
 #: Every environment variable of the producer's command line, by the flag (or setting) it stands for.
 PRODUCER_ENV: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("FERRY_CONNECT", lambda t: [e.strip() for e in t.split(",") if e.strip()], "comma-separated endpoints"),
@@ -137,6 +158,9 @@ PRODUCER_ENV: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("FERRY_EXIT_WITH_PARENT", _flag, "0 or 1"),
     EnvVar("FERRY_SHARED_MEMORY", _token_path, "TOKEN:PATH"),
     EnvVar("FERRY_UNREACHABLE_WARNING_S", float, "a number of seconds"),
+    EnvVar("FERRY_INIT", str, "package.module:callable"),
+    EnvVar("FERRY_COLLATE", str, "package.module:callable"),
+    EnvVar("FERRY_WORKER", _worker, "ID/COUNT"),
 )}
 
 
