@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -87,3 +88,33 @@ def negate(sample):
     """A producer_transform: the array negated, the label kept."""
     array, label = sample
     return -array, label
+
+
+class Point(NamedTuple):
+    image: Any
+    label: int
+
+
+class Typed:
+    """Sample i in one of the shapes default_collate treats specially (``kind`` picks which)."""
+
+    def __init__(self, kind: str, length: int = 10) -> None:
+        self.kind, self.length = kind, int(length)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int):
+        if self.kind == "namedtuple":
+            return Point(np.full((2, 2), i, dtype=np.float32), i)
+        if self.kind == "tuple-of-strings":
+            return np.float32(i), f"name-{i}", (f"a{i}", b"b")
+        if self.kind == "bfloat16":
+            return torch.full((3,), i / 3, dtype=torch.bfloat16), torch.tensor(i, dtype=torch.bfloat16)
+        if self.kind == "float16":
+            return np.full(3, i / 7, dtype=np.float16), torch.full((2,), i / 7, dtype=torch.float16)
+        if self.kind == "bool":
+            return i % 2 == 0, np.array([i % 3 == 0, True]), torch.tensor(i > 4)
+        if self.kind == "0-d":
+            return np.array(i * 1.5, dtype=np.float64), torch.tensor(i), np.int16(i), 2.5 * i
+        raise ValueError(self.kind)
