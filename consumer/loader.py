@@ -35,7 +35,7 @@ from ferry.consumer.buffer import Delivery, is_eof
 from ferry.consumer.diagnosis import EpochFigures, EpochLog, diagnose
 from ferry.consumer.epoch import EpochHooks, EpochIterator, WaitTally
 from ferry.consumer.io_thread import StartRun
-from ferry.consumer.options import UNSET, CurveOptions, LocalOptions, TransportOptions, resolve_options
+from ferry.consumer.options import UNSET, check_unknown_keywords, CurveOptions, LocalOptions, TransportOptions, resolve_options
 from ferry.consumer.pipeline import Pipeline, resolve_device
 from ferry.consumer.staging import iter_tensors
 from ferry.consumer.stats import Counters, WeakStats, stats_figures
@@ -59,7 +59,9 @@ class RemoteLoader:
             ``LOCAL_RANK`` under torchrun.
         batch_size: samples per batch.
         shuffle: shuffle with DistributedSampler's permutation (seed + epoch).
-        seed: the shuffle seed.
+        seed: the shuffle seed (default 0). ``sample_info().seed`` on the producers derives from it too.
+        generator: a ``torch.Generator`` to draw the shuffle seed (and the local producers' base seed) from,
+            as DataLoader draws its shuffle from one; instead of ``seed``.
         drop_last: drop the tail that does not fill a batch (and the uneven tail across ranks).
         sampler: a torch sampler (or any iterable of indices) instead of the default plan.
         batch_sampler: an iterable of index lists, used as given; excludes batch_size / sampler /
@@ -103,7 +105,8 @@ class RemoteLoader:
     def __init__(
         self, *,
         endpoint: str | list[str] | None | Any = UNSET,
-        batch_size: int | None = 1, shuffle: bool | None = False, seed: int = 0, drop_last: bool = False,
+        batch_size: int | None = 1, shuffle: bool | None = False, seed: int = UNSET, drop_last: bool = False,
+        generator: torch.Generator | None = None,
         sampler: Any = None, batch_sampler: Any = None,
         rank: int | None = None, world_size: int | None = None,
         buffer_batches: int = DEFAULT_BUFFER_BATCHES, in_order: bool = True,
@@ -119,8 +122,10 @@ class RemoteLoader:
         collate_fn: Any = UNSET, producer_init: Any = UNSET,
         heartbeat: float = UNSET, liveness: int = UNSET, task_timeout: float = UNSET, max_batch_bytes: int = UNSET,
         curve_secret_key: str | None = UNSET, curve_authorized_keys: str | None = UNSET,
+        **dataloader_options: Any,
     ) -> None:
-        given = {name: value for name, value in locals().items() if name != "self"}
+        check_unknown_keywords(dataloader_options)
+        given = {name: value for name, value in locals().items() if name not in ("self", "dataloader_options")}
         self._closed = True  # until fully built, so that close() on a half-built loader is safe
         opts = resolve_options(given)
         self._options = opts

@@ -189,6 +189,7 @@ class LoaderOptions:
     shuffle: bool
     seed: int
     drop_last: bool
+    generator: Any  # a torch.Generator: the producers' base seed is drawn from it (else from torch's RNG)
     sampler: Any
     batch_sampler: Any
     rank: int
@@ -289,11 +290,47 @@ def _batching(given: Mapping[str, Any]) -> int | None:
             raise ConfigError("batch_sampler is mutually exclusive with batch_size, shuffle, sampler and drop_last")
         return None
     if batch_size is None:
-        raise ConfigError("batch_size must be an int >= 1, got None (None is only for batch_sampler)")
+        raise ConfigError("batch_size=None (DataLoader's unbatched mode) is not supported: Ferry always sends "
+                          "batches. Use batch_size=1 and take sample [0] of each, or give a batch_sampler")
     batch_size = check.integer("batch_size", batch_size, low=1)
     if sampler is not None and given["shuffle"]:
         raise ConfigError("sampler is mutually exclusive with shuffle")
     return batch_size
+
+
+#: DataLoader's options that Ferry does not take, and what to use instead.
+DATALOADER_ONLY = {
+    "num_workers": "producers do the loading: local_producers=N on this machine, or python -m ferry.producer "
+                   "processes anywhere",
+    "prefetch_factor": "buffer_batches bounds the batches buffered and in flight, over all producers",
+    "persistent_workers": "producers are always persistent: they live as long as the loader (or longer)",
+    "worker_init_fn": "producer_init= (local producers) or --init package.module:fn (producers by hand)",
+    "multiprocessing_context": "mp_context=",
+    "pin_memory_device": "device= (with pin_memory=True)",
+}
+
+
+def check_unknown_keywords(extra: Mapping[str, Any]) -> None:
+    """Keywords RemoteLoader does not take: DataLoader's get a pointer to Ferry's own; others a TypeError."""
+    for name in extra:
+        advice = DATALOADER_ONLY.get(name)
+        if advice:
+            raise ConfigError(f"RemoteLoader does not take DataLoader's {name}=: {advice}")
+        raise ConfigTypeError(f"RemoteLoader() got an unexpected keyword argument {name!r}")
+
+
+def _seed(given: Mapping[str, Any]) -> int:
+    """``seed``, or one drawn from ``generator`` as DataLoader draws its shuffle from it; not both."""
+    generator, seed = given["generator"], given["seed"]
+    if generator is None:
+        return 0 if seed is UNSET else check.integer("seed", seed, low=_MIN_SEED, high=_MAX_SEED)
+    import torch
+
+    if not isinstance(generator, torch.Generator):
+        raise ConfigTypeError(f"generator must be a torch.Generator, got {generator!r} ({type(generator).__name__})")
+    if seed is not UNSET:
+        raise ConfigError("seed= and generator= both given: the shuffle seed comes from one of them")
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
 
 
 def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
@@ -338,7 +375,7 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
     return LoaderOptions(
         endpoints=_endpoints(given["endpoint"], local is not None),
         batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
-        seed=check.integer("seed", given["seed"], low=_MIN_SEED, high=_MAX_SEED),
+        seed=_seed(given), generator=given["generator"],
         sampler=_iterable("sampler", given["sampler"]), batch_sampler=_iterable("batch_sampler", given["batch_sampler"]),
         rank=rank, world_size=world_size,
         buffer_batches=check.integer("buffer_batches", given["buffer_batches"], low=1),

@@ -97,7 +97,7 @@ class Pipeline:
                 transform=local.transform, init=local.init, collate=local.collate,
                 # as DataLoader draws its workers' base seed: from torch's RNG, so torch.manual_seed in the
                 # script makes the producers' own random streams reproducible
-                base_seed=int(torch.empty((), dtype=torch.int64).random_().item()),
+                base_seed=int(torch.empty((), dtype=torch.int64).random_(generator=opts.generator).item()),
                 # a slot per batch that can be in flight, buffered, staged or held by the loop at once
                 shared_memory=(opts.buffer_batches + STAGED_BATCHES + 2, transport.max_batch_bytes)
                 if local.shared_memory else None,
