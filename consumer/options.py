@@ -29,6 +29,7 @@ from ferry.common.constants import (
     MIN_HEARTBEAT_S, MIN_LIVENESS,
 )
 from ferry.common.errors import ConfigError, ConfigTypeError
+from ferry.common.endpoints import shift_port
 
 __all__ = ["LocalOptions", "TransportOptions", "CurveOptions", "LoaderOptions", "resolve_options", "UNSET"]
 
@@ -222,27 +223,17 @@ def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -
         raise ConfigError(f"environment variable {name}={value!r} is not an integer") from None
 
 
-def _shift_port(endpoint: str, offset: int) -> str:
-    """tcp://host:5555 -> tcp://host:(5555 + offset); torchrun ranks on one host each get a port."""
-    if offset == 0 or not endpoint.startswith("tcp://"):
-        return endpoint
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"endpoint {endpoint!r} has no port to shift by LOCAL_RANK={offset}")
-    return f"{host}:{int(port) + offset}"
-
-
 def _endpoints(endpoint: Any, local: bool) -> tuple[str, ...]:
     """What to bind: the default (none in local mode, whose ipc socket is added later), or the given ones."""
     if endpoint is None:
         return ()
     if endpoint is UNSET:
-        return () if local else (_shift_port(DEFAULT_ENDPOINT, env_int("LOCAL_RANK", 0)),)
+        return () if local else (shift_port(DEFAULT_ENDPOINT, env_int("LOCAL_RANK", 0)),)
     given = [endpoint] if isinstance(endpoint, str) else endpoint
     if not isinstance(given, (list, tuple)) or not all(isinstance(e, str) and e for e in given):
         raise ConfigTypeError(f"endpoint must be a string like tcp://*:5555, a list of them, or None; got {endpoint!r}")
     local_rank = env_int("LOCAL_RANK", 0)
-    return tuple(_shift_port(e, local_rank) for e in given)
+    return tuple(shift_port(e, local_rank) for e in given)
 
 
 def _no_producer_timeout(given: Mapping[str, Any]) -> float:

@@ -11,7 +11,7 @@ import ferry
 from ferry import RemoteLoader
 from ferry.common.sampleinfo import sample_seed
 
-from .helpers import assert_tree_equal, wait_for
+from .helpers import assert_tree_equal
 from .random_datasets import Augmented, Draws, WorkerView
 
 
