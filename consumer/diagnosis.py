@@ -1,4 +1,4 @@
-"""What bounds a run (DESIGN §9): a verdict from one epoch's figures, for people.
+"""What bounds a run (docs/ARCHITECTURE.md#observability): a verdict from one epoch's figures, for people.
 
 Inputs are what the loader measures anyway: the time the loop waited for data and the time it ran, the
 batches delivered per producer, how often the credit window (``buffer_batches``) was full when the loop had

@@ -1,4 +1,4 @@
-"""The consumer's io thread (DESIGN §6.1): the only user of the :class:`~ferry.consumer.router.Router` socket.
+"""The consumer's io thread (docs/ARCHITECTURE.md#io-thread): the only user of the :class:`~ferry.consumer.router.Router` socket.
 
 It runs one poll loop over the ROUTER and a :class:`~ferry.common.waker.Waker`. Each turn it
 1. runs the commands the training thread queued (start a run, close),

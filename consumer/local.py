@@ -1,4 +1,4 @@
-"""Local mode (DESIGN §8): producer processes that a RemoteLoader starts, owns and stops.
+"""Local mode (docs/ARCHITECTURE.md#local-mode): producer processes that a RemoteLoader starts, owns and stops.
 
 They connect over ``ipc://`` to a socket in a private temporary folder (:mod:`ferry.consumer.local_folder`:
 removed on close, on SIGTERM and SIGINT, and swept after a SIGKILL). Two ways to start one, both through the

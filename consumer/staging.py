@@ -1,4 +1,4 @@
-"""The staging thread (DESIGN §6.2): from the reorder buffer to batches the training loop can use.
+"""The staging thread (docs/ARCHITECTURE.md#staging): from the reorder buffer to batches the training loop can use.
 
 * CPU (``device=None`` or ``"cpu"``): every array leaf becomes a tensor over the received frame
   (``torch.from_numpy``), no copy. A large leaf that arrived in several frames (see

@@ -1,4 +1,4 @@
-"""Counters and figures of a consumer (DESIGN §9), and the declaration of what ``stats()`` returns.
+"""Counters and figures of a consumer (docs/ARCHITECTURE.md#observability), and the declaration of what ``stats()`` returns.
 
 Each counter has one writer: the io thread counts what arrives, the training thread what it yields and how
 long it waited. ``stats()`` reads them all; a read of an int is atomic in CPython, so no lock is needed.
