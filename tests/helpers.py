@@ -195,3 +195,30 @@ class LeakCheck:
                     f"child processes {sorted(children)}"
                 )
             time.sleep(0.05)
+
+
+# --- private internals of the loader, each read in ONE place ----------------------------------------
+# consumer/io_thread.py and consumer/loader.py are being split into smaller modules. Tests that must see
+# state that stats() does not show read it only through these accessors, so that a refactor has a single
+# place to fix. Prefer loader.stats() wherever it is enough.
+def producer_pids(loader: Any) -> dict[str, int]:
+    """Live producers' pids by name (public: the ``host:pid`` names of ``stats()["per_producer"]``)."""
+    return {name: int(name.rsplit(":", 1)[1]) for name in loader.stats()["per_producer"]}
+
+
+def lost_slots(loader: Any) -> list[tuple[int, int]]:
+    """``(offset, nbytes)`` of the slab slots given up with lost producers whose process may still write.
+    PRIVATE: ``IoThread._lost_slots`` (a list of ``(slot, pid)``)."""
+    return [tuple(slot) for slot, _pid in list(loader._io._lost_slots)]
+
+
+def slab_base_address(loader: Any) -> int:
+    """Address at which this process maps the local producers' shared-memory slab.
+    PRIVATE: ``LocalProducers.slab._mapping``."""
+    return loader._local.slab._mapping.__array_interface__["data"][0]
+
+
+def slab_mapped(pid: int | None = None) -> int:
+    """How many mappings of a ``ferry-slab`` memfd the process ``pid`` (default: this one) holds."""
+    with open(f"/proc/{pid or os.getpid()}/maps") as f:
+        return sum(1 for line in f if "memfd:ferry-slab" in line)
