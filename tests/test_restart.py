@@ -24,8 +24,8 @@ def test_an_abandoned_iteration_restarts_from_its_beginning(endpoint, spawn, bre
         first = iter(loader)
         for seq in range(break_after):
             assert_tree_equal(next(first), expected[seq], f"first pass batch {seq}")
-        wait_for(lambda: loader.stats()["in_flight"] + loader.stats()["buffered"] > 0, 10,
-                 "work in flight or buffered at the moment the loop walks away")
+        wait_for(lambda: (lambda s: s["in_flight"] > 0 and s["buffered"] > 0)(loader.stats()), 10,
+                 "work both in flight and buffered at the moment the loop walks away", interval=0.001)
 
         second = iter(loader)  # the same epoch, from its first batch
         got = list(second)
