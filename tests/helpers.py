@@ -222,3 +222,19 @@ def slab_mapped(pid: int | None = None) -> int:
     """How many mappings of a ``ferry-slab`` memfd the process ``pid`` (default: this one) holds."""
     with open(f"/proc/{pid or os.getpid()}/maps") as f:
         return sum(1 for line in f if "memfd:ferry-slab" in line)
+
+
+class FullLeakCheck(LeakCheck):
+    """LeakCheck plus the shared-memory slab: no ``memfd:ferry-slab`` mapping may outlive the test's batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slab_mappings = slab_mapped()
+
+    def assert_clean(self, timeout: float = 10.0) -> None:
+        super().assert_clean(timeout)
+        import gc
+
+        gc.collect()
+        wait_for(lambda: slab_mapped() <= self.slab_mappings, timeout,
+                 f"the slab's mappings to go (still {slab_mapped()}, {self.slab_mappings} before)")
