@@ -238,3 +238,13 @@ class FullLeakCheck(LeakCheck):
         gc.collect()
         wait_for(lambda: slab_mapped() <= self.slab_mappings, timeout,
                  f"the slab's mappings to go (still {slab_mapped()}, {self.slab_mappings} before)")
+
+
+def producer_buffer_pool(producer: Any) -> Any:
+    """The BufferPool of an in-process ``ferry.producer.service.Producer``. PRIVATE: ``Producer._batcher.pool``."""
+    return producer._batcher.pool
+
+
+def pooled_buffer_ids(pool: Any) -> set[int]:
+    """ids of the buffers a producer's BufferPool owns. PRIVATE: ``BufferPool._owned``."""
+    return set(pool._owned)
