@@ -248,3 +248,9 @@ def producer_buffer_pool(producer: Any) -> Any:
 def pooled_buffer_ids(pool: Any) -> set[int]:
     """ids of the buffers a producer's BufferPool owns. PRIVATE: ``BufferPool._owned``."""
     return set(pool._owned)
+
+
+def cuda_pinned_pool(loader: Any) -> Any:
+    """The PinnedPool of a loader staging to CUDA with pinned memory. PRIVATE: ``RemoteLoader._staging_stager.pool``
+    (a ``CudaStager``)."""
+    return loader._staging_stager.pool

@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 
-import pytest
 
 from .helpers import REPO, producer_env
 from .netns import cannot_run, make_network

@@ -8,7 +8,7 @@ import pytest
 from ferry import RemoteLoader
 from tests.datasets import PairDataset
 
-from .helpers import ProducerProcess, assert_tree_equal, reference_batches, wait_for
+from .helpers import ProducerProcess, assert_tree_equal, reference_batches
 
 WORLD = 3
 BATCH = 4
