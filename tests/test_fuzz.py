@@ -401,6 +401,9 @@ def test_insider_with_well_formed_but_wrong_batches_never_reaches_the_loop(endpo
         worker = threading.Thread(target=serve)
         worker.start()
         try:
+            # registered before the loop goes on, or (on a loaded machine) the real producer could finish the
+            # epoch alone and the liar would never be tested
+            wait_for(lambda: loader.stats()["producers_seen"] == 2, 10, "the insider to register")
             rest = [y.tolist() for _, y in it]
             wait_for(lambda: rejections, 10, "the liar's permanent REJECT")
         finally:
