@@ -26,7 +26,7 @@ from .progress_datasets import started_by
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="needs memfd_create and /proc")
 
-ARGS = {"length": 40, "shape": [16, 16], "dtype": "float32", "delay": 0.05}
+ARGS = {"length": 32, "shape": [16, 16], "dtype": "float32", "delay": 0.03}
 BATCH = 4
 
 
