@@ -254,3 +254,23 @@ def cuda_pinned_pool(loader: Any) -> Any:
     """The PinnedPool of a loader staging to CUDA with pinned memory. PRIVATE: ``RemoteLoader._staging_stager.pool``
     (a ``CudaStager``)."""
     return loader._staging_stager.pool
+
+
+def local_producer_pids(loader: Any) -> list[int]:
+    """pids of the producers a loader started itself, live or not. PRIVATE: ``RemoteLoader._local.pids``."""
+    return list(loader._local.pids)
+
+
+def local_folder(loader: Any) -> str:
+    """The private folder of a local-mode loader's ipc socket. PRIVATE: ``RemoteLoader._local.folder``."""
+    return loader._local.folder
+
+
+def host_pool(loader: Any) -> Any:
+    """The reused host buffers of a CPU loader's staging. PRIVATE: ``RemoteLoader._staging_stager.host``."""
+    return loader._staging_stager.host
+
+
+def consumer_threads_alive(loader: Any) -> bool:
+    """The io thread and the staging thread both run. PRIVATE: ``RemoteLoader._io`` and ``._staging``."""
+    return loader._io.alive and loader._staging.is_alive()

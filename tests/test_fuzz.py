@@ -24,7 +24,7 @@ from ferry import RemoteLoader
 from tests.datasets import PairDataset
 
 from .fuzzing import bad_tree, hostile_frames, mutate, pack
-from .helpers import assert_tree_equal, dealer, free_port, hello, reference_batches, wait_for
+from .helpers import assert_tree_equal, consumer_threads_alive, dealer, free_port, hello, reference_batches, wait_for
 
 MESSAGES = 10_000
 RSS_BOUND_MB = 64  # what the consumer process may grow by while it is fuzzed (about 8 MB measured)
@@ -265,7 +265,7 @@ def test_fuzzed_consumer_and_producers_keep_serving_exact_batches(endpoint, spaw
                 peak = sampler.stop()
             stats = loader.stats()
             after = rss_mb()
-            assert loader._io.alive and loader._staging.is_alive(), "a consumer thread died"
+            assert consumer_threads_alive(loader), "a consumer thread died"
     finally:
         if attackers.is_alive():
             attackers.kill()
