@@ -139,4 +139,5 @@ def test_stall_fraction_matches_a_known_load_and_step_time(endpoint, spawn, load
         for _ in loader:
             time.sleep(step_s)  # the training step
         stats = loader.stats()
-    assert stats["epoch_stall_fraction"] == pytest.approx(expected, abs=0.12), stats
+    # measured 0.678 for 0.667 and 0.014 for 0: the margin is for a loaded machine, not for the model
+    assert stats["epoch_stall_fraction"] == pytest.approx(expected, abs=0.08), stats
