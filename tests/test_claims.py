@@ -57,7 +57,7 @@ def test_curve_reads_the_authorized_keys_again_at_the_next_handshake(endpoint, s
 def test_a_denied_producer_gets_in_once_its_key_is_authorized(endpoint, spawn, tmp_path, caplog):
     _keys(tmp_path / "keys", "first")
     _keys(tmp_path / "later", "late")
-    with _curve_loader(endpoint, tmp_path, timeout=4.0) as loader:
+    with _curve_loader(endpoint, tmp_path, timeout=2.0) as loader:
         late = _curve_producer(spawn, endpoint, tmp_path)
         wait_for(lambda: any("DENIED" in r.getMessage() for r in caplog.records), 20, "the late key to be denied")
         shutil.copy(tmp_path / "later" / "late.key", tmp_path / "keys" / "authorized" / "late.key")
@@ -120,7 +120,7 @@ def test_a_loop_fed_only_oversized_batches_gets_an_error_naming_max_batch_bytes(
     spawn(endpoint, "synthetic", BIG, threads=1, slots=1)
     with RemoteLoader(endpoint=endpoint, batch_size=4, max_batch_bytes=LIMIT, heartbeat=0.2, timeout=2,
                       task_timeout=1, log_every=None) as loader:
-        failure = _loop_until_closed(loader, after=6.0)
+        failure = _loop_until_closed(loader, after=3.0)
     assert "max_batch_bytes" in str(failure), failure
 
 
@@ -132,7 +132,7 @@ def test_a_loop_fed_only_oversized_batches_gets_an_error_naming_max_batch_bytes(
 def test_stall_fraction_matches_a_known_load_and_step_time(endpoint, spawn, load_s, step_s, expected):
     batch = 4
     # one producer, one thread, one slot: one batch every batch * delay seconds, one at a time
-    spawn(endpoint, "synthetic", {"length": 4 * 20, "shape": [4], "delay": load_s / batch}, threads=1, slots=1)
+    spawn(endpoint, "synthetic", {"length": 4 * 12, "shape": [4], "delay": load_s / batch}, threads=1, slots=1)
     with RemoteLoader(endpoint=endpoint, batch_size=batch, heartbeat=0.2, timeout=30, log_every=None) as loader:
         list(loader)  # warm up: the producer joins, imports, and reads once
         loader.set_epoch(1)

@@ -14,9 +14,9 @@ WORLD = 3
 BATCH = 4
 
 
-@pytest.mark.parametrize("length", [31, 29])  # 31 = 3*10+1 (pad 2), 29 = 3*9+2 (pad 1); neither divides by 4
-@pytest.mark.parametrize("drop_last", [False, True])
-@pytest.mark.parametrize("shuffle", [False, True])
+# 31 = 3*10+1 (pads 2 or truncates 1), 29 = 3*9+2 (pads 1 or truncates 2); neither divides by 4
+@pytest.mark.parametrize("length, drop_last, shuffle", [(31, False, True), (31, True, False), (29, False, False),
+                                                        (29, True, True)])
 def test_three_ranks_pad_and_truncate_as_distributed_sampler(endpoint, length, drop_last, shuffle):
     dataset = PairDataset(length=length)
     producer = ProducerProcess(endpoint, "tests.datasets:PairDataset", {"length": length}, threads=2, slots=2)
