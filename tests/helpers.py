@@ -208,8 +208,12 @@ def producer_pids(loader: Any) -> dict[str, int]:
 
 def lost_slots(loader: Any) -> list[tuple[int, int]]:
     """``(offset, nbytes)`` of the slab slots given up with lost producers whose process may still write.
-    PRIVATE: ``IoThread._lost_slots`` (a list of ``(slot, pid)``)."""
-    return [tuple(slot) for slot, _pid in list(loader._io._lost_slots)]
+    PRIVATE: a list of ``(slot, pid)``: ``IoThread._ledger._lost`` (the SlotLedger), or ``IoThread._lost_slots``
+    before the io thread was split."""
+    io = loader._io
+    ledger = getattr(io, "_ledger", None)
+    entries = ledger._lost if ledger is not None else io._lost_slots
+    return [tuple(slot) for slot, _pid in list(entries)]
 
 
 def slab_base_address(loader: Any) -> int:
