@@ -2,11 +2,12 @@
 the slot its task named. That slot must not be handed to anyone else until the process has exited, or the
 lost producer would write into a batch the training loop is reading.
 
-The test stops a local producer (SIGSTOP) while it holds a slot, so that the loader declares it lost while
-the process lives. The loop keeps every batch it is given, so that the slab runs out of slots and a slot
-handed back early would be reused at once. Then the stopped producer is let go (SIGCONT): it finishes
-writing its old task into its old slot. Every batch the loop holds must still equal torch's reference.
-Finally SIGKILL: the slot comes back.
+The test stops a local producer (SIGSTOP) in the middle of a task that has a slot, so that the loader
+declares it lost while the process lives. The loop keeps every batch of the epoch, so that the slab runs out
+of slots; no held batch may lie in the lost slot, and each stays equal to torch's reference while later ones
+arrive. The loop then drops them and keeps every batch of the next epoch: a slot handed back too early now
+holds one of those. The stopped producer is let go (SIGCONT) and finishes writing its old task into its old
+slot: every batch the loop holds must still equal the reference. Finally SIGKILL: the slot comes back.
 """
 
 import os
