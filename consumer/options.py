@@ -29,6 +29,7 @@ from ferry.common.constants import (
     MIN_HEARTBEAT_S, MIN_LIVENESS,
 )
 from ferry.common.errors import ConfigError, ConfigTypeError
+from ferry.common.shardplan import check_sharded, looks_streaming
 
 __all__ = ["LocalOptions", "TransportOptions", "CurveOptions", "LoaderOptions", "resolve_options", "UNSET"]
 
@@ -266,6 +267,9 @@ def _iterable(name: str, value: Any) -> Any:
 
 def _dataset(value: Any) -> Any:
     if value is None or isinstance(value, str):
+        return value
+    if looks_streaming(value):  # a stream of shards (common/shardplan.py), or an error naming the two methods
+        check_sharded(value)
         return value
     if not (hasattr(value, "__len__") and hasattr(value, "__getitem__")):
         raise ConfigTypeError(f"dataset must be a spec string or a map-style dataset (with __len__ and "

@@ -25,6 +25,7 @@ from ferry.common.datasets.npy import NpyFolderDataset, read_npy_header, read_np
 from ferry.common.datasets.packed import PackedDataset
 from ferry.common.datasets.synthetic import SyntheticDataset
 from ferry.common.errors import DatasetSpecError, MissingExtraError, SampleLoadError
+from ferry.common.shardplan import is_sharded, shard_fingerprint, shard_names
 
 __all__ = [
     "BUILTINS",
@@ -77,8 +78,11 @@ def resolve_dataset(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
         dataset = factory(**kwargs)
     except Exception as exc:
         raise DatasetSpecError(f"dataset spec {spec!r} with {kwargs!r} failed: {type(exc).__name__}: {exc}") from exc
+    if is_sharded(dataset):
+        return dataset
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-        raise DatasetSpecError(f"dataset spec {spec!r} returned {type(dataset).__name__}, not a map-style dataset")
+        raise DatasetSpecError(f"dataset spec {spec!r} returned {type(dataset).__name__}, neither a map-style "
+                               "dataset (__len__, __getitem__) nor a sharded one (shards(), iter_shard(name))")
     return dataset
 
 
@@ -148,6 +152,8 @@ def dataset_fingerprint(dataset: Any) -> str:
         own = own()
     if own is not None:
         return str(own)
+    if is_sharded(dataset):
+        return shard_fingerprint(dataset, shard_names(dataset))
     cls = type(dataset)
     # a class defined in the training script is __main__.X there and __mp_main__.X in a spawned producer
     module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
