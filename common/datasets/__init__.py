@@ -1,9 +1,11 @@
 """Dataset specs and the built-in datasets (one module each: :mod:`.synthetic`, :mod:`.npy`, :mod:`.images`,
 :mod:`.packed`; what they share is in :mod:`.base`).
 
-A *spec* names a map-style dataset (``__len__`` + ``__getitem__``) that a producer builds for itself:
+A *spec* names a map-style dataset (``__len__`` + ``__getitem__``), or a sharded one (``shards()`` +
+``iter_shard(name)``, see :mod:`ferry.common.shardplan`), that a producer builds for itself:
 
-* a built-in name: ``synthetic``, ``npy-folder``, ``image-folder`` or ``packed`` (see :data:`BUILTINS`);
+* a built-in name: ``synthetic``, ``npy-folder``, ``image-folder``, ``packed`` or ``tar-shards`` (see
+  :data:`BUILTINS`);
 * ``package.module:callable``: a class or factory, called with the spec's keyword arguments.
 
 ``--dataset-arg key=value`` values are parsed as JSON when they parse, else taken as strings.
@@ -24,6 +26,7 @@ from ferry.common.datasets.images import ImageFolderDataset
 from ferry.common.datasets.npy import NpyFolderDataset, read_npy_header, read_npy_into
 from ferry.common.datasets.packed import PackedDataset
 from ferry.common.datasets.synthetic import SyntheticDataset
+from ferry.common.datasets.tarshards import TarShardsDataset
 from ferry.common.errors import DatasetSpecError, MissingExtraError, SampleLoadError
 from ferry.common.shardplan import is_sharded, shard_fingerprint, shard_names
 
@@ -34,6 +37,7 @@ __all__ = [
     "SampleLoadError",
     "ImageFolderDataset",
     "PackedDataset",
+    "TarShardsDataset",
     "MissingExtraError",
     "Transformed",
     "resolve_dataset",
@@ -52,6 +56,7 @@ BUILTINS: dict[str, Callable[..., Any]] = {
     "npy-folder": NpyFolderDataset,
     "packed": PackedDataset,
     "image-folder": ImageFolderDataset,
+    "tar-shards": TarShardsDataset,  # a sharded (streaming) source: WebDataset .tar files
 }
 
 
