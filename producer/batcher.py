@@ -113,6 +113,11 @@ class Batcher:
         with self._lock:
             self.pending += 1
         if self._shards is not None:
+            if job.shard is None:  # the consumer planned a map-style dataset: answer, never crash the loop
+                self._finish(job, self._fail(job, [_error_record(job.indices[0], TypeError(
+                    "this producer serves a sharded dataset; the consumer sent a map-style task (was it given "
+                    "dataset_len? a sharded dataset needs none)"))]))
+                return
             self._shards.submit(job)
             return
         self._batches.submit(self._run, job)

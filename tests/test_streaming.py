@@ -145,3 +145,23 @@ def test_remote_producers_one_killed_mid_epoch(endpoint, spawn):
     _check_shape(got, tuple(lengths), 3)
     assert stats["reissued"] >= 1, f"the victim's tasks must be re-issued: {stats} (seed {seed})"
     assert stats["producers"] == 2
+
+
+def test_producer_transform_applies_to_streamed_samples():
+    from tests.transforms import negate_and_tag
+
+    dataset = Shards(lengths=(4, 7))
+    with RemoteLoader(dataset=dataset, local_producers=2, batch_size=3, shuffle=False,
+                      producer_transform=negate_and_tag, log_every=None) as loader:
+        got = [(x.tolist(), y.tolist()) for x, y in loader]
+    expected = [([[-s, -p] for s, p in batch], [s * 1000 + p + 100 for s, p in batch])
+                for batch in reference(dataset, batch_size=3, shuffle=False)]
+    assert got == expected
+
+
+def test_spawned_local_producers_serve_the_same_sequence():
+    dataset = SizedShards(lengths=(6, 1, 9))
+    with RemoteLoader(dataset=dataset, local_producers=2, batch_size=4, shuffle=True, seed=9, mp_context="spawn",
+                      log_every=None) as loader:
+        assert len(loader) == 6  # 2 + 1 + 3
+        assert _run(loader) == reference(dataset, batch_size=4, seed=9)

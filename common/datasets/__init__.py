@@ -105,6 +105,11 @@ class Transformed:
     """A dataset whose samples pass through ``transform`` (a producer-side, per-sample hook): a callable, or
     the ``package.module:callable`` spec of one."""
 
+    def __new__(cls, dataset: Any, transform: Any) -> "Transformed":
+        if cls is Transformed and is_sharded(dataset):  # the sharded contract passes through, transformed
+            return super().__new__(TransformedShards)
+        return super().__new__(cls)
+
     def __init__(self, dataset: Any, transform: Any) -> None:
         self.dataset, self.spec = dataset, transform
         self.transform = resolve_callable(transform) if isinstance(transform, str) else transform
@@ -115,6 +120,24 @@ class Transformed:
 
     def __getitem__(self, index: int) -> Any:
         return self.transform(self.dataset[index])
+
+
+class TransformedShards(Transformed):
+    """A sharded dataset whose samples pass through ``transform``."""
+
+    def __len__(self) -> int:
+        raise TypeError("a sharded dataset has no len(); see shards() and shard_len()")
+
+    def shards(self) -> list[str]:
+        return self.dataset.shards()
+
+    def iter_shard(self, name: str) -> Any:
+        return (self.transform(sample) for sample in self.dataset.iter_shard(name))
+
+    def __getattr__(self, name: str) -> Any:  # shard_len, only where the dataset has it
+        if name == "shard_len" and "dataset" in self.__dict__:
+            return self.dataset.shard_len
+        raise AttributeError(name)
 
 
 def resolve_callable(spec: str, what: str = "transform") -> Any:
