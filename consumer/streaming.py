@@ -164,6 +164,11 @@ class ShardDispatcher(Dispatcher):
         self._affinity.pop(peer, None)
         return super().lose(peer)
 
+    def move(self, old_peer: bytes, new_peer: bytes) -> ProducerInfo:
+        if old_peer in self._affinity:  # the same producer, reconnected: its cursor is still there
+            self._affinity[new_peer] = self._affinity.pop(old_peer)
+        return super().move(old_peer, new_peer)
+
     def assign(self, held: int, now: float = 0.0) -> list[Task]:
         if self._shards is None:
             return super().assign(held, now)
