@@ -63,3 +63,17 @@ def as_pairs(batch: Any) -> list[tuple[int, int]]:
     pairs = [tuple(int(v) for v in row) for row in x.tolist()]
     assert y.tolist() == [s * 1000 + p for s, p in pairs], "labels do not match their samples"
     return pairs
+
+
+class FailingShards(Shards):
+    """``iter_shard`` of shard ``fail_at[0]`` raises when it reaches position ``fail_at[1]``."""
+
+    def __init__(self, lengths: Any = LENGTHS, fail_at: Any = (1, 5)) -> None:
+        super().__init__(lengths)
+        self.fail_at = tuple(fail_at)
+
+    def iter_shard(self, name: str) -> Iterator[Any]:
+        for sample in super().iter_shard(name):
+            if (int(sample[0][0]), int(sample[0][1])) == self.fail_at:
+                raise ValueError(f"bad record {self.fail_at}")
+            yield sample

@@ -165,3 +165,71 @@ def test_spawned_local_producers_serve_the_same_sequence():
                       log_every=None) as loader:
         assert len(loader) == 6  # 2 + 1 + 3
         assert _run(loader) == reference(dataset, batch_size=4, seed=9)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_shard_that_raises_ends_there_and_the_epoch_goes_on(on_error):
+    from ferry import RemoteSampleError
+    from tests.shard_datasets import FailingShards
+
+    dataset = FailingShards(fail_at=(1, 5))  # shard s1 (13 samples): batch 0 is fine, batch 1 raises
+    full = reference(Shards(), batch_size=4, seed=3)
+    failing = next(i for i, b in enumerate(full) if (1, 5) in b)
+    expected = [b for b in full if b[0][0] != 1 or b[0][1] < 4]  # s1 keeps its first batch only
+    got, errors = [], []
+    with RemoteLoader(dataset=dataset, local_producers=2, batch_size=4, shuffle=True, seed=3, on_error=on_error,
+                      log_every=None) as loader:
+        it = iter(loader)
+        while True:
+            try:
+                got.append(as_pairs(next(it)))
+            except StopIteration:
+                break
+            except RemoteSampleError as exc:
+                errors.append((len(got), exc))
+    assert got == expected
+    if on_error == "raise":
+        assert [position for position, _ in errors] == [failing] and "bad record" in str(errors[0][1])
+    else:
+        assert errors == []
+
+
+def test_a_sharded_local_loader_leaves_nothing_after_close():
+    from .helpers import LeakCheck
+
+    check = LeakCheck()
+    with RemoteLoader(dataset=Shards(), local_producers=2, batch_size=4, log_every=None) as loader:
+        for i, _ in enumerate(loader):
+            if i == 3:
+                break  # abandoned mid-shard: producers still hold open cursors
+    check.assert_clean()
+
+
+def test_producer_closes_the_cursors_it_holds():
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ferry.common.waker import Waker
+    from ferry.producer.batcher import Batcher, Job
+
+    closed = []
+
+    class Tracked(Shards):
+        def iter_shard(self, name):
+            try:
+                yield from super().iter_shard(name)
+            finally:
+                closed.append(name)
+
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    waker = Waker()
+    batcher = Batcher(Tracked(), threads=1, batch_workers=2, done=done, waker=waker)
+    try:
+        for k in (0, 1):  # shard s4 (21 samples): two full batches, its iterator stays open after them
+            batcher.submit(Job(0, 1, k + 1, 0, k, [4], "raise", shard=[k, 4, 0]))
+        outcomes = [done.get(timeout=10) for _ in range(2)]
+        assert [o.failed for o in outcomes] == [False, False] and closed == []
+    finally:
+        batcher.close()
+        waker.close()
+    assert closed == ["s4"]
