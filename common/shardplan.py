@@ -6,6 +6,7 @@ A sharded dataset is a stream of shards instead of a map (docs/ARCHITECTURE.md#s
         def shards(self) -> list[str]: ...                 # stable names, the same on every producer
         def iter_shard(self, name: str) -> Iterator[sample]: ...
         def shard_len(self, name: str) -> int: ...         # optional: makes len(loader) known
+        shuffle_buffer = 1000                              # optional: shuffle within each shard
 
 The epoch's plan is over shard *positions*: this rank's shards, permuted by ``(seed, epoch)`` when
 shuffled and split across ranks exactly as ``DistributedSampler`` splits indices (so with padding, a rank may
@@ -14,6 +15,10 @@ see a shard twice). A task is batch ``k`` of the shard at position ``p``; its ``
 it). How many batches a shard has is discovered by reading it: the answer to ``(p, k)`` may say "end of
 shard". So the sequence of batches depends only on the dataset, seed, epoch, rank, world size, batch size
 and drop_last.
+
+With ``shuffle`` and a dataset attribute ``shuffle_buffer = N`` (an int, default 0: none), each shard's
+samples also pass through a shuffle buffer of N samples seeded from ``(seed, epoch, shard index)`` only
+(:func:`shuffled`), so the order within a shard is as reproducible as the shard order.
 """
 
 from __future__ import annotations
@@ -21,14 +26,14 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from ferry.common.errors import ConfigError, ConfigTypeError
 from ferry.common.plan import distributed_indices
 
-__all__ = ["SHARD_STRIDE", "is_sharded", "check_sharded", "shard_names", "shard_fingerprint", "ShardPlan",
+__all__ = ["SHARD_STRIDE", "shuffle_buffer", "shuffled", "is_sharded", "check_sharded", "shard_names", "shard_fingerprint", "ShardPlan",
            "build_shard_plan", "encode_seq", "decode_seq"]
 
 #: seq = position * SHARD_STRIDE + batch: room for 2**32 batches per shard and 2**30 shard positions.
@@ -80,11 +85,40 @@ def shard_names(dataset: Any) -> list[str]:
 
 
 def shard_fingerprint(dataset: Any, names: list[str]) -> str:
-    """Class and a digest of the shard names: producers whose shard lists differ are rejected."""
+    """Class, a digest of the shard names and the shuffle buffer: producers that differ are rejected."""
     cls = type(dataset)
     module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
     digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
-    return f"{module}.{cls.__qualname__}:shards={len(names)}:{digest}"
+    buffer = shuffle_buffer(dataset)
+    return f"{module}.{cls.__qualname__}:shards={len(names)}:{digest}" + (f":buffer={buffer}" if buffer else "")
+
+
+def shuffle_buffer(dataset: Any) -> int:
+    """The dataset's ``shuffle_buffer`` (samples; 0: none).
+
+    Raises:
+        ConfigTypeError: not an int >= 0.
+    """
+    value = getattr(dataset, "shuffle_buffer", 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigTypeError(f"{type(dataset).__name__}.shuffle_buffer must be an int >= 0, got {value!r}")
+    return value
+
+
+def shuffled(samples: Iterator[Any], size: int, *, seed: int, epoch: int, shard: int) -> Iterator[Any]:
+    """``samples`` through a shuffle buffer of ``size``, drawn from a generator seeded with (seed, epoch,
+    shard) only: the same order on every producer, and after a re-issue."""
+    rng = np.random.default_rng([seed, epoch, shard])
+    buffer: list[Any] = []
+    for sample in samples:
+        if len(buffer) < size:
+            buffer.append(sample)
+            continue
+        i = int(rng.integers(size))
+        buffer[i], sample = sample, buffer[i]
+        yield sample
+    for i in rng.permutation(len(buffer)):
+        yield buffer[int(i)]
 
 
 def encode_seq(position: int, batch: int) -> int:
@@ -105,6 +139,7 @@ class ShardPlan:
     batch_size: int
     drop_last: bool
     lengths: tuple[int, ...] | None = None
+    shuffle: bool = False  # shuffle within shards too, where the dataset has a shuffle_buffer
 
     def __len__(self) -> int:
         """Batches in the epoch, when the shard lengths are known.
@@ -127,8 +162,8 @@ class ShardPlan:
         return [self.order[decode_seq(seq)[0]]]
 
     def task_fields(self, seq: int) -> dict[str, Any]:
-        """The TASK's ``shard`` field: ``[batch k, batch_size, drop_last]``."""
-        return {"shard": [decode_seq(seq)[1], self.batch_size, int(self.drop_last)]}
+        """The TASK's ``shard`` field: ``[batch k, batch_size, drop_last, shuffle]``."""
+        return {"shard": [decode_seq(seq)[1], self.batch_size, int(self.drop_last), int(self.shuffle)]}
 
 
 def build_shard_plan(*, epoch: int, shard_count: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
@@ -140,4 +175,4 @@ def build_shard_plan(*, epoch: int, shard_count: int, batch_size: int, shuffle: 
                                 seed=seed, drop_last=drop_last)
     order = tuple(int(i) for i in np.asarray(order))
     per_position = tuple(int(lengths[i]) for i in order) if lengths is not None else None
-    return ShardPlan(epoch, order, batch_size, drop_last, per_position)
+    return ShardPlan(epoch, order, batch_size, drop_last, per_position, shuffle)

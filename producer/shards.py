@@ -1,7 +1,8 @@
 """Serving a sharded dataset's tasks: one cursor per shard, a shard's batches read in order.
 
-A streaming TASK names a shard (``indices == [shard index]``) and ``shard == [k, batch_size, drop_last]``:
-"batch ``k`` of that shard". The answer is a BATCH carrying ``count`` (its samples) and ``last`` (nothing
+A streaming TASK names a shard (``indices == [shard index]``) and ``shard == [k, batch_size, drop_last,
+shuffle]``: "batch ``k`` of that shard" (with ``shuffle``, of the shard passed through the dataset's
+``shuffle_buffer``, seeded from the task's seed and epoch and the shard index). The answer is a BATCH carrying ``count`` (its samples) and ``last`` (nothing
 follows in this shard), or an empty BATCH (``count`` 0, no tree) when the shard has no batch ``k`` (it ended,
 or ``drop_last`` dropped its short tail). See docs/ARCHITECTURE.md#streaming-sources.
 
@@ -30,7 +31,7 @@ from ferry.common import protocol
 from ferry.common.codec import encode_tree
 from ferry.common.constants import FRAME_CHUNK_BYTES
 from ferry.common.sampleinfo import loading
-from ferry.common.shardplan import SHARD_STRIDE, shard_names
+from ferry.common.shardplan import SHARD_STRIDE, shard_names, shuffle_buffer, shuffled
 
 __all__ = ["MAX_CURSORS", "ShardRunner"]
 
@@ -42,6 +43,7 @@ MAX_CURSORS = 64
 class _Cursor:
     iterator: Iterator[Any]
     position: int  # samples already taken from it
+    tag: tuple[int, ...] = ()  # (epoch, seed, shuffle buffer): a shuffled stream differs per epoch
 
 
 @dataclass(order=True)
@@ -59,6 +61,7 @@ class ShardRunner:
                  error_record: Callable[[int, BaseException], dict[str, Any]]) -> None:
         self._dataset = dataset
         self._names = shard_names(dataset)
+        self._buffer = shuffle_buffer(dataset)  # within-shard shuffle, when a task asks for it
         self._pool = pool
         self._collate = collate
         self._finish = finish  # (job, outcome): hand the message to the main loop
@@ -97,7 +100,7 @@ class ShardRunner:
 
     def _answer(self, job: Any) -> Any:
         shard = job.indices[0]
-        k, batch_size, drop_last = job.shard
+        k, batch_size, drop_last, _ = job.shard
         samples = self._read(shard, k, batch_size, job)
         last = len(samples) < batch_size
         if not samples or (last and drop_last):
@@ -112,11 +115,16 @@ class ShardRunner:
 
     def _read(self, shard: int, k: int, batch_size: int, job: Any) -> list[Any]:
         start = k * batch_size
+        buffer = self._buffer if job.shard[3] else 0
+        tag = (job.epoch, job.seed, buffer) if buffer else ()
         with self._lock:
             cursor = self._cursors.pop(shard, None)
-        if cursor is None or cursor.position != start:
+        if cursor is None or cursor.position != start or cursor.tag != tag:
             _close(cursor)
-            cursor = _Cursor(iter(self._dataset.iter_shard(self._names[shard])), 0)
+            samples = iter(self._dataset.iter_shard(self._names[shard]))
+            if buffer:
+                samples = _Closing(shuffled(samples, buffer, seed=job.seed, epoch=job.epoch, shard=shard), samples)
+            cursor = _Cursor(samples, 0, tag)
             skipped = sum(1 for _ in itertools.islice(cursor.iterator, start))  # re-issue: skip what was delivered
             cursor.position = skipped
             if skipped < start:
@@ -151,6 +159,25 @@ class ShardRunner:
 
 
 _END = object()
+
+
+class _Closing:
+    """An iterator over a wrapped one, whose ``close`` also closes the source (a shard's file)."""
+
+    def __init__(self, iterator: Iterator[Any], source: Iterator[Any]) -> None:
+        self._iterator, self._source = iterator, source
+
+    def __iter__(self) -> "_Closing":
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._iterator)
+
+    def close(self) -> None:
+        for it in (self._iterator, self._source):
+            close = getattr(it, "close", None)
+            if callable(close):
+                close()
 
 
 def _close(cursor: _Cursor | None) -> None:

@@ -77,3 +77,9 @@ class FailingShards(Shards):
             if (int(sample[0][0]), int(sample[0][1])) == self.fail_at:
                 raise ValueError(f"bad record {self.fail_at}")
             yield sample
+
+
+class BufferedShards(Shards):
+    """Shards shuffled within themselves through a buffer of 5 samples (when the loader shuffles)."""
+
+    shuffle_buffer = 5

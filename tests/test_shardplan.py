@@ -43,7 +43,7 @@ def test_seq_encoding_and_task_fields():
     plan = build_shard_plan(epoch=0, shard_count=3, batch_size=6, shuffle=False, seed=0, drop_last=True, rank=0,
                             world_size=1)
     assert plan.batch(encode_seq(2, 5)) == [2]
-    assert task_fields(plan, encode_seq(2, 5)) == {"shard": [5, 6, 1]}
+    assert task_fields(plan, encode_seq(2, 5)) == {"shard": [5, 6, 1, 0]}
     assert task_fields(EpochPlan.from_indices(0, [0, 1], 2, False), 0) == {}
 
 

@@ -226,10 +226,47 @@ def test_producer_closes_the_cursors_it_holds():
     batcher = Batcher(Tracked(), threads=1, batch_workers=2, done=done, waker=waker)
     try:
         for k in (0, 1):  # shard s4 (21 samples): two full batches, its iterator stays open after them
-            batcher.submit(Job(0, 1, k + 1, 0, k, [4], "raise", shard=[k, 4, 0]))
+            batcher.submit(Job(0, 1, k + 1, 0, k, [4], "raise", shard=[k, 4, 0, 0]))
         outcomes = [done.get(timeout=10) for _ in range(2)]
         assert [o.failed for o in outcomes] == [False, False] and closed == []
     finally:
         batcher.close()
         waker.close()
     assert closed == ["s4"]
+
+
+def test_within_shard_shuffle_buffer_is_reproducible_whoever_serves():
+    from tests.shard_datasets import BufferedShards
+
+    dataset = BufferedShards()
+    runs = {}
+    for producers in (1, 3):
+        with RemoteLoader(dataset=dataset, local_producers=producers, batch_size=4, shuffle=True, seed=5,
+                          log_every=None) as loader:
+            runs[producers] = [_run(loader), _run(loader)]
+    assert runs[1] == runs[3], "the within-shard order must not depend on the producers"
+    plain = [reference(dataset, batch_size=4, seed=5, epoch=e) for e in (0, 1)]
+    for epoch, got in enumerate(runs[1]):
+        # the same shards in the same order, each cut the same way, but the samples shuffled within each shard
+        assert [(b[0][0], len(b)) for b in got] == [(b[0][0], len(b)) for b in plain[epoch]]
+        by_shard: dict = {}
+        for batch in got:
+            assert len({s for s, _ in batch}) == 1, f"a batch crosses shards: {batch}"
+            by_shard.setdefault(batch[0][0], []).extend(p for _, p in batch)
+        assert all(sorted(v) == list(range(LENGTHS[s])) for s, v in by_shard.items())
+        assert got != plain[epoch]
+    assert runs[1][0] != runs[1][1]
+    with RemoteLoader(dataset=dataset, local_producers=2, batch_size=4, shuffle=True, seed=5,
+                      log_every=None) as loader:
+        head = []
+        for batch in loader:
+            head.append(as_pairs(batch))
+            if len(head) == 6:
+                break
+        state = loader.state_dict()
+    with RemoteLoader(dataset=dataset, local_producers=2, batch_size=4, shuffle=True, seed=5,
+                      log_every=None) as loader:
+        loader.load_state_dict(state)
+        assert head + _run(loader) == runs[1][0], "resume inside a shuffled shard"
+    with RemoteLoader(dataset=dataset, local_producers=2, batch_size=4, shuffle=False, log_every=None) as loader:
+        assert _run(loader) == reference(dataset, batch_size=4, shuffle=False), "no shuffle: no buffer"

@@ -135,8 +135,8 @@ class TransformedShards(Transformed):
         return (self.transform(sample) for sample in self.dataset.iter_shard(name))
 
     def __getattr__(self, name: str) -> Any:  # shard_len, only where the dataset has it
-        if name == "shard_len" and "dataset" in self.__dict__:
-            return self.dataset.shard_len
+        if name in ("shard_len", "shuffle_buffer") and "dataset" in self.__dict__:
+            return getattr(self.dataset, name)
         raise AttributeError(name)
 
 
