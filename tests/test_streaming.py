@@ -270,3 +270,23 @@ def test_within_shard_shuffle_buffer_is_reproducible_whoever_serves():
         assert head + _run(loader) == runs[1][0], "resume inside a shuffled shard"
     with RemoteLoader(dataset=dataset, local_producers=2, batch_size=4, shuffle=False, log_every=None) as loader:
         assert _run(loader) == reference(dataset, batch_size=4, shuffle=False), "no shuffle: no buffer"
+
+
+def test_local_producer_sigkilled_mid_shard_changes_nothing():
+    import signal
+
+    lengths = [3 * n for n in LENGTHS]
+    dataset = Shards(lengths, delay=0.005)
+    expected = reference(dataset, batch_size=4, seed=21)
+    got = []
+    with RemoteLoader(dataset=dataset, local_producers=3, batch_size=4, shuffle=True, seed=21, heartbeat=0.2,
+                      liveness=5, timeout=30, log_every=None) as loader:
+        for i, batch in enumerate(loader):
+            got.append(as_pairs(batch))
+            if i == 10:
+                wait_for(lambda: loader.stats()["producers"] == 3, 20, "3 producers")
+                os.kill(loader._local.pids[1], signal.SIGKILL)
+        stats = loader.stats()
+    assert got == expected
+    assert stats["producers"] == 2
+    assert stats["reissued"] >= 1, f"the victim held tasks (3 producers share 8 credits): {stats}"
