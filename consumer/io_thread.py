@@ -36,7 +36,7 @@ from ferry.common.shm import SlotLedger
 from ferry.common.waker import Waker
 
 from ferry.consumer.buffer import Delivery, ReorderBuffer
-from ferry.consumer.dispatcher import Dispatcher, ProducerInfo, Task
+from ferry.consumer.dispatcher import ProducerInfo, Task
 from ferry.consumer.peers import BadPeers, Loss, Peers
 from ferry.consumer.results import BatchDecoder, check_fail, count_skips, fail_delivery
 from ferry.consumer.router import Router

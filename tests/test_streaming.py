@@ -207,7 +207,6 @@ def test_a_sharded_local_loader_leaves_nothing_after_close():
 
 def test_producer_closes_the_cursors_it_holds():
     import queue
-    from concurrent.futures import ThreadPoolExecutor
 
     from ferry.common.waker import Waker
     from ferry.producer.batcher import Batcher, Job
