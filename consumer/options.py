@@ -29,7 +29,6 @@ from ferry.common.constants import (
     MIN_HEARTBEAT_S, MIN_LIVENESS,
 )
 from ferry.common.errors import ConfigError, ConfigTypeError
-from ferry.common.shardplan import check_sharded, looks_streaming
 
 __all__ = ["LocalOptions", "TransportOptions", "CurveOptions", "LoaderOptions", "resolve_options", "UNSET"]
 
@@ -268,6 +267,8 @@ def _iterable(name: str, value: Any) -> Any:
 def _dataset(value: Any) -> Any:
     if value is None or isinstance(value, str):
         return value
+    from ferry.common.shardplan import check_sharded, looks_streaming
+
     if looks_streaming(value):  # a stream of shards (common/shardplan.py), or an error naming the two methods
         check_sharded(value)
         return value
