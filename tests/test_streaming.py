@@ -289,3 +289,15 @@ def test_local_producer_sigkilled_mid_shard_changes_nothing():
     assert got == expected
     assert stats["producers"] == 2
     assert stats["reissued"] >= 1, f"the victim held tasks (3 producers share 8 credits): {stats}"
+
+
+def test_remote_producers_with_the_dataset_object_on_the_trainer_know_len(endpoint, spawn):
+    dataset = SizedShards()
+    for _ in range(2):
+        spawn(endpoint, "tests.shard_datasets:SizedShards", {}, threads=1, slots=2)
+    with RemoteLoader(endpoint=endpoint, dataset=dataset, batch_size=4, shuffle=True, seed=13, heartbeat=0.2,
+                      timeout=30, log_every=None) as loader:
+        expected = reference(dataset, batch_size=4, seed=13)
+        assert len(loader) == len(expected)
+        wait_for(lambda: loader.stats()["producers"] == 2, 20, "2 producers")
+        assert _run(loader) == expected
