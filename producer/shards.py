@@ -125,19 +125,27 @@ class ShardRunner:
             if buffer:
                 samples = _Closing(shuffled(samples, buffer, seed=job.seed, epoch=job.epoch, shard=shard), samples)
             cursor = _Cursor(samples, 0, tag)
-            skipped = sum(1 for _ in itertools.islice(cursor.iterator, start))  # re-issue: skip what was delivered
+            try:
+                skipped = sum(1 for _ in itertools.islice(cursor.iterator, start))  # re-issue: skip what was delivered
+            except BaseException:
+                _close(cursor)
+                raise
             cursor.position = skipped
             if skipped < start:
                 _close(cursor)
                 return []
         samples = []
         base = shard * SHARD_STRIDE + start  # sample_info().index of a streamed sample: shard and position
-        for offset in range(batch_size):
-            with loading(job.seed, job.epoch, base + offset):
-                sample = next(cursor.iterator, _END)
-            if sample is _END:
-                break
-            samples.append(sample)
+        try:
+            for offset in range(batch_size):
+                with loading(job.seed, job.epoch, base + offset):
+                    sample = next(cursor.iterator, _END)
+                if sample is _END:
+                    break
+                samples.append(sample)
+        except BaseException:
+            _close(cursor)  # a broken iterator: its file closes now, not whenever it is collected
+            raise
         cursor.position += len(samples)
         if len(samples) == batch_size:
             with self._lock:
