@@ -79,7 +79,10 @@ class RemoteLoader:
         pin_memory: stage through page-locked memory. Default: True on CUDA, False otherwise.
         device_transform: a callable applied to each batch on the device, in the training thread.
         dataset: a dataset object or a spec string (see ``ferry.common.datasets``), served by local producers.
-            An object also gives the dataset length and its fingerprint.
+            An object also gives the dataset length and its fingerprint. A *sharded* dataset (``shards()`` and
+            ``iter_shard(name)``, optionally ``shard_len(name)`` and ``shuffle_buffer``; a torch
+            ``IterableDataset`` must have them) is planned over its shards: see ``ferry.common.shardplan`` and
+            docs/datasets.md. ``len()`` then needs ``shard_len``, else raises TypeError.
         dataset_args: keyword arguments of a dataset spec.
         on_error: ``"raise"`` (RemoteSampleError in the loop) or ``"skip"`` (drop the failed samples).
         metrics_port: serve ``stats()`` as Prometheus metrics on this port (needs ``ferry[metrics]``).
