@@ -119,3 +119,44 @@ def test_dict_samples_and_clear_errors(tmp_path):
         TarShardsDataset(str(tmp_path / "none-*.tar"))
     with pytest.raises(Exception, match="no shard named"):
         next(TarShardsDataset(str(tmp_path)).iter_shard("missing.tar"))
+
+
+def test_a_packed_dataset_round_trips_through_tar(tmp_path):
+    """npy-folder -> ferry pack (packed) -> ferry pack --format tar --dataset packed -> tar-shards: the same
+    samples, in order."""
+    import os
+
+    from ferry.common.datasets import NpyFolderDataset
+
+    rng = np.random.default_rng(2)
+    src = tmp_path / "src"
+    for label in ("a", "b"):
+        os.makedirs(src / label)
+        for i in range(6):
+            np.save(src / label / f"{i}.npy", rng.integers(0, 255, (2, 3, 3)).astype(np.uint8))
+
+    def ferry(*args):
+        run = subprocess.run([sys.executable, "-m", "ferry", *args], capture_output=True, text=True,
+                             env=producer_env(), cwd=REPO, timeout=120)
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    ferry("pack", str(src), str(tmp_path / "packed"))
+    ferry("pack", "--format", "tar", "--shard-samples", "4", "--dataset", "packed", "--dataset-arg",
+          f"root={tmp_path / 'packed'}", str(tmp_path / "tar"))
+    assert "packed 12 samples into 3 .tar shard(s)" in ferry("pack", "--format", "tar", "--shard-samples", "4",
+                                                              str(src), str(tmp_path / "tar2"))
+    source = NpyFolderDataset(str(src))
+    for folder in ("tar", "tar2"):
+        dataset = TarShardsDataset(str(tmp_path / folder))
+        samples = [s for name in dataset.shards() for s in dataset.iter_shard(name)]
+        assert len(samples) == len(source) == 12
+        for i, (array, label) in enumerate(samples):
+            expected, expected_label = source[i]
+            assert array.dtype == np.uint8 and np.array_equal(array, expected) and label == expected_label
+
+
+def test_pack_arguments_are_checked(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "ferry", "pack", "--format", "tar", "--dataset", "synthetic",
+                          "a", "b"], capture_output=True, text=True, env=producer_env(), cwd=REPO, timeout=60)
+    assert run.returncode == 2 and "pack takes OUT with --dataset" in run.stderr
