@@ -236,7 +236,14 @@ class ShardDispatcher(Dispatcher):
 
     @property
     def queued(self) -> int:
-        return len(self._queue) + (len(self._next_batch) if self._shards is not None else 0)
+        """Re-issues waiting, plus one while the shard being delivered has batches not yet issued. Speculation
+        held back by the reserve is not counted: producers idle then are not the consumer's fault."""
+        shards = self._shards
+        if shards is None:
+            return len(self._queue)
+        current = self._next_batch.get(shards.position)
+        waiting = current is not None and not shards.stale(encode_seq(shards.position, current))
+        return len(self._queue) + int(waiting or self._next_position == shards.position < shards.positions)
 
 
 @dataclass(frozen=True)
