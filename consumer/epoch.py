@@ -48,10 +48,10 @@ class EpochIterator:
     """One pass over one epoch's plan. Only the newest iterator of a loader may advance.
 
     ``first_seq`` is the plan position of its first batch (more than 0 after a resume); ``total`` the batches
-    of this pass; ``yielded`` how many positions were consumed (a failed batch consumes its position too).
+    of this pass (None when not known in advance: a sharded dataset without shard lengths); ``yielded`` how many positions were consumed (a failed batch consumes its position too).
     """
 
-    def __init__(self, hooks: EpochHooks, run: int, epoch: int, first_seq: int, total: int) -> None:
+    def __init__(self, hooks: EpochHooks, run: int, epoch: int, first_seq: int, total: int | None) -> None:
         self._hooks = hooks
         self.run = run
         self.epoch = epoch
@@ -66,6 +66,8 @@ class EpochIterator:
         return self
 
     def __len__(self) -> int:
+        if self.total is None:  # a sharded dataset without shard lengths: discovered while reading
+            raise TypeError("the length of this epoch is not known: the dataset gives no shard_len")
         return self.total - self.yielded
 
     def __next__(self) -> Any:
@@ -99,7 +101,8 @@ class EpochIterator:
         finally:
             done = time.monotonic()
             self._account(done)
-            hooks.progress(done, self.epoch, self.first_seq + self.yielded, self.first_seq + self.total)
+            total = -1 if self.total is None else self.first_seq + self.total  # -1: not known
+            hooks.progress(done, self.epoch, self.first_seq + self.yielded, total)
 
     def _account(self, now: float) -> None:
         counters = self._hooks.counters

@@ -36,11 +36,12 @@ from ferry.common.shm import SlotLedger
 from ferry.common.waker import Waker
 
 from ferry.consumer.buffer import Delivery, ReorderBuffer
-from ferry.consumer.dispatcher import Dispatcher, ProducerInfo, Task
+from ferry.consumer.dispatcher import ProducerInfo, Task
 from ferry.consumer.peers import BadPeers, Loss, Peers
 from ferry.consumer.results import BatchDecoder, check_fail, count_skips, fail_delivery
 from ferry.consumer.router import Router
 from ferry.consumer.stats import Counters
+from ferry.consumer.streaming import ShardDispatcher, read_answer, task_fields
 
 log = logging.getLogger("ferry.consumer")
 
@@ -94,7 +95,7 @@ class IoThread:
         self.buffer = buffer
         self.counters = counters
         self.session = random.getrandbits(62) | 1
-        self.dispatcher = Dispatcher(config.capacity)
+        self.dispatcher = ShardDispatcher(config.capacity)  # a Dispatcher, and sharded runs (consumer/streaming.py)
         self.slab = config.slab
         self._peers = Peers(self.dispatcher, dataset_len=config.dataset_len, fingerprint=config.fingerprint,
                             shm_token=self.slab.token if self.slab is not None else None, now=time.monotonic())
@@ -102,6 +103,7 @@ class IoThread:
         self._ledger = SlotLedger(self.slab)
         self._decoder = BatchDecoder(config.max_batch_bytes)
         self._dataset_known = threading.Event()
+        self.sharded = threading.Event()  # an admitted producer serves a sharded dataset (HELLO dataset.sharded)
         if self._peers.dataset_known:
             self._dataset_known.set()
         self._failure: BaseException | None = None
@@ -286,6 +288,8 @@ class IoThread:
             log.warning("rejected producer %s: %s", admission.name, admission.reject)
             self._router.send(peer, [protocol.pack(protocol.REJECT, reason=admission.reject, permanent=True)])
             return
+        if header["dataset"].get("sharded") is True:
+            self.sharded.set()
         self._dataset_known.set()
         self._settle(admission.losses)
         if admission.joined is not None:
@@ -311,8 +315,9 @@ class IoThread:
         if task is None:
             return
         try:
-            batch = self._decoder.decode(header, data, task, epoch=self._epoch, indices=self._plan.batch(task.seq),
-                                         ledger=self._ledger)
+            answer = read_answer(header, self._plan, task.seq, self._epoch)  # a sharded run's (consumer/streaming.py)
+            batch = None if answer.empty else self._decoder.decode(header, data, task, epoch=self._epoch,
+                                                                   indices=answer.indices, ledger=self._ledger)
         except ProtocolError as exc:
             # it answered its own task with a batch we cannot use: broken or hostile. Re-issue the seq,
             # and drop and reject the producer, or a peer with many free slots would take the seq back
@@ -323,6 +328,11 @@ class IoThread:
             reason = f"rejected: your batch for seq {task.seq} was unusable: {exc}"
             self._router.send(info.peer, [protocol.pack(protocol.REJECT, permanent=True, reason=reason)])
             raise
+        if answer.sharded:
+            self.buffer.end_shard(task.run, task.seq, last=answer.last, empty=answer.empty)
+        if batch is None:  # the shard has no batch k: nothing to hand on, no credit held
+            self._ledger.give_back(task.task)
+            return
         with self._lock:
             info.batches += 1
             info.bytes += batch.nbytes
@@ -339,6 +349,8 @@ class IoThread:
         if task is None:
             return
         self._ledger.give_back(task.task)
+        if task_fields(self._plan, task.seq):  # a shard whose iterator raised ends there
+            self.buffer.end_shard(task.run, task.seq, last=True, empty=False)
         self.buffer.put(fail_delivery(header, task, info.name, epoch=self._epoch, on_error=self.config.on_error,
                                       counters=self.counters))
 
@@ -379,6 +391,7 @@ class IoThread:
             ok = self._router.send(task.peer, [protocol.pack(
                 protocol.TASK, session=self.session, task=task.task, epoch=self._epoch, seq=task.seq,
                 indices=indices, on_error=self.config.on_error, seed=self.config.seed, **extra,
+                **task_fields(self._plan, task.seq),
             )])
             if not ok:
                 self._ledger.give_back(task.task)  # the TASK never reached the producer

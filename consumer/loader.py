@@ -30,6 +30,7 @@ from ferry.common import validate as check
 from ferry.common.constants import DEFAULT_BUFFER_BATCHES, POLL_SLICE_S
 from ferry.common.errors import ConfigError, FerryThreadError, LoaderClosedError, NoProducersError
 from ferry.common.plan import build_plan, plan_length
+from ferry.common.shardplan import ShardPlan, build_shard_plan, decode_seq, is_sharded, shard_names
 
 from ferry.consumer.buffer import Delivery, is_eof
 from ferry.consumer.diagnosis import EpochFigures, EpochLog, diagnose
@@ -39,6 +40,7 @@ from ferry.consumer.options import UNSET, check_unknown_keywords, CurveOptions, 
 from ferry.consumer.pipeline import Pipeline, resolve_device
 from ferry.consumer.staging import iter_tensors
 from ferry.consumer.stats import Counters, WeakStats, stats_figures
+from ferry.consumer.streaming import ShardRun
 
 __all__ = ["RemoteLoader"]
 
@@ -79,7 +81,10 @@ class RemoteLoader:
         pin_memory: stage through page-locked memory. Default: True on CUDA, False otherwise.
         device_transform: a callable applied to each batch on the device, in the training thread.
         dataset: a dataset object or a spec string (see ``ferry.common.datasets``), served by local producers.
-            An object also gives the dataset length and its fingerprint.
+            An object also gives the dataset length and its fingerprint. A *sharded* dataset (``shards()`` and
+            ``iter_shard(name)``, optionally ``shard_len(name)`` and ``shuffle_buffer``; a torch
+            ``IterableDataset`` must have them) is planned over its shards: see ``ferry.common.shardplan`` and
+            docs/datasets.md. ``len()`` then needs ``shard_len``, else raises TypeError.
         dataset_args: keyword arguments of a dataset spec.
         on_error: ``"raise"`` (RemoteSampleError in the loop) or ``"skip"`` (drop the failed samples).
         metrics_port: serve ``stats()`` as Prometheus metrics on this port (needs ``ferry[metrics]``).
@@ -154,6 +159,11 @@ class RemoteLoader:
         self._counters = Counters()
         self._epoch = 0  # the epoch the next iteration runs
         self._resume_from = 0  # seqs of that epoch already delivered (from load_state_dict)
+        # a sharded dataset (common/shardplan.py): where the next run starts, and where the loop is now
+        self._resume_shard = (0, 0)  # (shard position, batch k)
+        self._shard_next = (0, 0)  # after the last batch the training loop got
+        self._shard_lengths: list[int] | None = None
+        self._sharded_run = False  # the current run is over shards
         self._run = 0
         self._active: EpochIterator | None = None
         # starts local producers, the io and staging threads; nothing it holds references `self`
@@ -184,16 +194,23 @@ class RemoteLoader:
     def __iter__(self) -> EpochIterator:
         self._check_open()
         plan = self._build_plan(self._epoch)
-        order = list(range(self._resume_from, len(plan)))
+        self._sharded_run = isinstance(plan, ShardPlan)
+        if self._sharded_run:  # batches are discovered shard by shard (consumer/streaming.py)
+            order: Any = ShardRun(plan.positions, *self._resume_shard)
+            first_seq, self._shard_next = self._resume_from, self._resume_shard
+            total = len(plan) - first_seq if plan.lengths is not None else None
+            self._resume_shard = (0, 0)
+        else:
+            order = list(range(self._resume_from, len(plan)))
+            first_seq, total = (order[0] if order else len(plan)), len(order)
         self._resume_from = 0
         self._run += 1
-        first_seq = order[0] if order else len(plan)
         hooks = EpochHooks(  # built per iteration: a loader that is never iterated holds no cycle
             counters=self._counters, is_current=self._is_current, next_delivery=self._next_delivery,
             deliver=self._deliver, began=self._epoch_started, ended=self._epoch_ended, progress=self._maybe_log,
             first_wait=self._epoch_log.first_wait,
         )
-        self._active = EpochIterator(hooks, self._run, self._epoch, first_seq, len(order))
+        self._active = EpochIterator(hooks, self._run, self._epoch, first_seq, total)
         self._io.start_run(StartRun(run=self._run, epoch=self._epoch, plan=plan, order=order))
         return self._active
 
@@ -206,6 +223,9 @@ class RemoteLoader:
         self._last_diagnosis = self._epoch_log.end_epoch(epoch, self._epoch_figures())
 
     def __len__(self) -> int:
+        """Batches per epoch. For a sharded dataset only when it gives ``shard_len``, else TypeError."""
+        if self._is_sharded():
+            return len(self._build_plan(self._epoch))
         if self.batch_sampler is not None:
             return len(self.batch_sampler)
         if self.sampler is not None:
@@ -218,16 +238,35 @@ class RemoteLoader:
         """Set the epoch of the next iteration (the shuffle is seeded with ``seed + epoch``)."""
         self._epoch = check.integer("epoch", epoch, low=0)
         self._resume_from = 0
+        self._resume_shard = (0, 0)
 
     @property
     def epoch(self) -> int:
         return self._epoch
 
     def _build_plan(self, epoch: int):
+        if self._is_sharded():
+            if self.sampler is not None or self.batch_sampler is not None:
+                raise ConfigError("a sharded dataset is planned over its shards: sampler and batch_sampler do "
+                                  "not apply (use shuffle and seed)")
+            return build_shard_plan(epoch=epoch, shard_count=self._dataset_len(), batch_size=self.batch_size,
+                                    shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last, rank=self.rank,
+                                    world_size=self.world_size, lengths=self._shard_lengths)
         dataset_len = None if (self.sampler is not None or self.batch_sampler is not None) else self._dataset_len()
         return build_plan(epoch=epoch, dataset_len=dataset_len, batch_size=self.batch_size, shuffle=self.shuffle,
                           seed=self.seed, drop_last=self.drop_last, rank=self.rank, world_size=self.world_size,
                           sampler=self.sampler, batch_sampler=self.batch_sampler)
+
+    def _is_sharded(self) -> bool:
+        """A local sharded dataset object, or a producer that announced one (its HELLO)."""
+        dataset = self._options.dataset
+        if dataset is not None and not isinstance(dataset, str):
+            if is_sharded(dataset) and self._shard_lengths is None and callable(getattr(dataset, "shard_len", None)):
+                self._shard_lengths = [int(dataset.shard_len(name)) for name in shard_names(dataset)]
+            return is_sharded(dataset)
+        if self.sampler is None and self.batch_sampler is None:
+            self._dataset_len()  # wait for the first producer: it says which kind it serves
+        return self._io.sharded.is_set()
 
     def _dataset_len(self) -> int:
         deadline = time.monotonic() + self.timeout
@@ -320,6 +359,9 @@ class RemoteLoader:
 
     def _deliver(self, item: Delivery) -> Any:
         self._buffer.release(item.run)
+        if self._sharded_run:
+            p, k = decode_seq(item.seq)
+            self._shard_next = (p, k + 1)  # state_dict resumes after it (an empty answer moves on)
         if item.error is not None:
             raise item.error
         tree = item.tree
@@ -346,12 +388,15 @@ class RemoteLoader:
         active = self._active
         if active is not None and not active.finished:
             epoch, delivered = active.epoch, active.first_seq + active.yielded
+            shard = self._shard_next
         else:
             epoch, delivered = self._epoch, self._resume_from
+            shard = self._resume_shard
         state = {
             "epoch": epoch, "batches_delivered": delivered, "seed": self.seed, "shuffle": self.shuffle,
             "drop_last": self.drop_last, "batch_size": self.batch_size, "rank": self.rank,
             "world_size": self.world_size, "in_order": self.in_order,
+            "shard_position": shard[0], "shard_batch": shard[1],  # a sharded dataset's resume point
         }
         for name, obj in (("sampler", self.sampler), ("batch_sampler", self.batch_sampler)):
             if obj is not None and callable(getattr(obj, "state_dict", None)):
@@ -370,6 +415,7 @@ class RemoteLoader:
                 obj.load_state_dict(state[name])
         self._epoch = int(state["epoch"])
         self._resume_from = int(state["batches_delivered"])
+        self._resume_shard = (int(state.get("shard_position", 0)), int(state.get("shard_batch", 0)))
 
     # --- lifecycle ----------------------------------------------------------------------------------
     @property

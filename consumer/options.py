@@ -259,6 +259,11 @@ def _iterable(name: str, value: Any) -> Any:
 def _dataset(value: Any) -> Any:
     if value is None or isinstance(value, str):
         return value
+    from ferry.common.shardplan import check_sharded, looks_streaming
+
+    if looks_streaming(value):  # a stream of shards (common/shardplan.py), or an error naming the two methods
+        check_sharded(value)
+        return value
     if not (hasattr(value, "__len__") and hasattr(value, "__getitem__")):
         raise ConfigTypeError(f"dataset must be a spec string or a map-style dataset (with __len__ and "
                               f"__getitem__), got {value!r} ({type(value).__name__})")

@@ -24,13 +24,14 @@ import torch
 from ferry.common.constants import JOIN_TIMEOUT_S, STAGED_BATCHES
 from ferry.common.datasets import dataset_fingerprint, transformed_fingerprint
 from ferry.common.errors import ConfigError
+from ferry.common.shardplan import is_sharded, shard_names
 from ferry.common.waker import Waker
 
-from ferry.consumer.buffer import ReorderBuffer
 from ferry.consumer.io_thread import IoConfig, IoThread
 from ferry.consumer.local import LocalProducers
 from ferry.consumer.options import LoaderOptions
 from ferry.consumer.staging import make_stager, staging_loop
+from ferry.consumer.streaming import ShardBuffer
 from ferry.consumer.stats import STATS, Counters
 
 __all__ = ["Pipeline", "resolve_device"]
@@ -80,6 +81,8 @@ class Pipeline:
                figures: Callable[[], dict[str, Any]]) -> None:
         dataset, dataset_len, fingerprint = opts.dataset, opts.dataset_len, None
         if dataset is not None and not isinstance(dataset, str):
+            if is_sharded(dataset):  # its "length" is the shard count (common/shardplan.py)
+                dataset_len = len(shard_names(dataset))
             dataset_len = len(dataset) if dataset_len is None else dataset_len
             fingerprint = dataset_fingerprint(dataset)
             if opts.local is not None and opts.local.transform is not None:  # what its producers will announce
@@ -107,7 +110,7 @@ class Pipeline:
             raise ConfigError("no endpoint to bind")
         self.endpoints = tuple(endpoints)
         waker = Waker()  # owned by the io thread from here on
-        self.buffer = ReorderBuffer(in_order=opts.in_order, on_release=waker.wake)
+        self.buffer = ShardBuffer(in_order=opts.in_order, on_release=waker.wake)  # a ReorderBuffer, and shards
         self.io = IoThread(
             IoConfig(endpoints=self.endpoints, capacity=opts.buffer_batches, heartbeat=transport.heartbeat,
                      liveness=transport.liveness, on_error=opts.on_error, max_batch_bytes=transport.max_batch_bytes,

@@ -35,6 +35,7 @@ from ferry.common.constants import (
 from ferry.common.datasets import dataset_fingerprint
 from ferry.common.errors import ConfigError, ProtocolError
 from ferry.common.ratelimit import RateLimitedLog
+from ferry.common.shardplan import is_sharded, shard_names
 from ferry.common.waker import Waker
 
 from ferry.producer.batcher import Batcher, Job, Outcome
@@ -64,7 +65,8 @@ class Producer:
     def __init__(self, config: ProducerConfig, dataset: Any) -> None:
         self.config = config
         self.dataset = dataset
-        self.dataset_len = len(dataset)
+        self.sharded = is_sharded(dataset)  # a stream of shards: "len" is the shard count (producer/shards.py)
+        self.dataset_len = len(shard_names(dataset)) if self.sharded else len(dataset)
         self.fingerprint = dataset_fingerprint(dataset)
         self.producer_id = uuid.uuid4().hex[:12]
         self.name = f"{pysocket.gethostname()}:{os.getpid()}"
@@ -176,7 +178,7 @@ class Producer:
         link.conn.task_started()
         self._batcher.submit(
             Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
-                header["on_error"], slot, header.get("seed", 0))
+                header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"))
         )
 
     # --- sockets ------------------------------------------------------------------------------------
@@ -289,7 +291,8 @@ class Producer:
             host=pysocket.gethostname(),
             pid=os.getpid(),
             slots=self.config.slots,
-            dataset={"spec": self.config.dataset_label, "len": self.dataset_len, "fingerprint": self.fingerprint},
+            dataset={"spec": self.config.dataset_label, "len": self.dataset_len, "fingerprint": self.fingerprint,
+                     **({"sharded": True} if self.sharded else {})},
             **({"shm": self.config.shared_memory[1]} if self._slab is not None else {}),
         )
 
