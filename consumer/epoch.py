@@ -15,7 +15,7 @@ from typing import Any, Callable
 from ferry.consumer.buffer import Delivery
 from ferry.consumer.stats import Counters
 
-__all__ = ["EpochHooks", "EpochIterator", "WaitTally"]
+__all__ = ["EpochHooks", "EpochIterator"]
 
 
 @dataclass(frozen=True)
@@ -110,28 +110,3 @@ class EpochIterator:
         counters.active_s += span
         counters.epoch_active_s += span
         self._last = now
-
-
-class WaitTally:
-    """Why the training loop waited in one epoch, for the diagnosis: read from io-thread snapshots.
-
-    A wait is counted when ``__next__`` finds nothing staged. It was *window full* when buffered + in flight
-    had reached the capacity (the producers had every task they could get), *idle* when a producer had a
-    free slot while tasks were queued (the transport or the consumer is slow to hand them out).
-    """
-
-    def __init__(self, snapshot: dict[str, Any]) -> None:
-        self.waits = self.window_full = self.idle = 0
-        self._start_batches = {name: p["batches"] for name, p in snapshot["per_producer"].items()}
-
-    def note(self, snapshot: dict[str, Any], capacity: int) -> None:
-        self.waits += 1
-        free_slot = any(p["in_flight"] < p["slots"] for p in snapshot["per_producer"].values())
-        if snapshot["buffered"] + snapshot["in_flight"] >= capacity:
-            self.window_full += 1
-        elif free_slot and snapshot["queued"] > 0:  # with nothing queued: the end of the epoch, not idleness
-            self.idle += 1
-
-    def batches_by_producer(self, snapshot: dict[str, Any]) -> dict[str, int]:
-        """Batches each producer delivered in this epoch."""
-        return {name: p["batches"] - self._start_batches.get(name, 0) for name, p in snapshot["per_producer"].items()}
