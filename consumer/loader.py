@@ -88,7 +88,7 @@ class RemoteLoader:
             Flat shorthand: ``local_producers`` (the count; 0: none), ``producer_threads``,
             ``producer_slots``, ``mp_context``, ``producer_transform``, ``shared_memory``.
         transport: a :class:`TransportOptions`: heartbeats, liveness, the task timeout, the batch size bound.
-            Flat shorthand: ``heartbeat``, ``liveness``, ``task_timeout``, ``max_batch_bytes``.
+            Flat shorthand: ``heartbeat``, ``liveness``, ``task_timeout``, ``max_batch_bytes``, ``max_attempts``.
         curve: a :class:`CurveOptions`: encrypt, and let in only authorized producers.
             Flat shorthand: ``curve_secret_key``, ``curve_authorized_keys``.
 
@@ -118,6 +118,7 @@ class RemoteLoader:
         mp_context: str | None = UNSET, producer_transform: Any = UNSET, shared_memory: bool = UNSET,
         collate_fn: Any = UNSET, producer_init: Any = UNSET,
         heartbeat: float = UNSET, liveness: int = UNSET, task_timeout: float = UNSET, max_batch_bytes: int = UNSET,
+        max_attempts: int = UNSET,
         curve_secret_key: str | None = UNSET, curve_authorized_keys: str | None = UNSET,
     ) -> None:
         given = {name: value for name, value in locals().items() if name != "self"}
@@ -270,6 +271,10 @@ class RemoteLoader:
             silent = time.monotonic() - io.no_producer_since
             if silent > self.timeout:
                 raise self._no_producers_error(waited=silent)
+        elif io.churn >= 2 and time.monotonic() - io.progress_at > self.timeout:  # joining and leaving, no batch
+            raise NoProducersError(
+                f"no batch arrived for {time.monotonic() - io.progress_at:.1f} s (timeout={self.timeout:g} s) while "
+                f"producers kept joining and leaving: {io.churn} lost in that time, the latest: {io.last_loss}")
 
     def _no_producers_error(self, waited: float) -> NoProducersError:
         seen = self._io.health().producers_seen

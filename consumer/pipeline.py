@@ -113,7 +113,9 @@ class Pipeline:
                      liveness=transport.liveness, on_error=opts.on_error, max_batch_bytes=transport.max_batch_bytes,
                      task_timeout=transport.task_timeout, dataset_len=dataset_len, fingerprint=fingerprint,
                      curve=curve, slab=self.local.slab if self.local is not None else None,
-                     seed=opts.seed % (1 << 63)),
+                     seed=opts.seed % (1 << 63), max_attempts=transport.max_attempts,
+                     # dataset= a spec, no local producers: remote producers must serve that spec
+                     dataset_spec=dataset if isinstance(dataset, str) and local is None else None),
             self.buffer, counters, waker,
         )
         self.io.start()
