@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import queue
 import random
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -91,6 +92,14 @@ class _Close:
     pass
 
 
+@dataclass(frozen=True)
+class _Died:
+    """A local producer's process died (its sentinel said so): lose it now, not after the liveness window."""
+
+    pid: int
+    why: str
+
+
 class IoThread:
     """Owns the :class:`~ferry.consumer.router.Router` and the waker; see the module docstring."""
 
@@ -131,6 +140,11 @@ class IoThread:
 
     def start_run(self, command: StartRun) -> None:
         self._commands.put(command)
+        self.waker.wake()
+
+    def producer_died(self, pid: int, why: str) -> None:
+        """From any thread: the producer process ``pid`` on this host has died (a local producer)."""
+        self._commands.put(_Died(pid, why))
         self.waker.wake()
 
     def close(self, timeout: float) -> None:
@@ -218,6 +232,11 @@ class IoThread:
                 return False
             if isinstance(command, _Close):
                 return True
+            if isinstance(command, _Died):
+                name = f"{socket.gethostname()}:{command.pid}"
+                for peer in [p.peer for p in self.dispatcher.producers.values() if p.name == name]:
+                    self._lose(peer, command.why, charge=True)
+                continue
             with self._lock:
                 self._plan, self._epoch = command.plan, command.epoch
                 self.buffer.reset(command.run, command.order)

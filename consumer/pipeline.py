@@ -119,6 +119,8 @@ class Pipeline:
             self.buffer, counters, waker,
         )
         self.io.start()
+        if self.local is not None:  # a local producer's death, seen through its sentinel, loses it at once
+            self.local.on_death = self.io.producer_died
         self.stager = make_stager(device, pin_memory, opts.buffer_batches + STAGED_BATCHES + 4)
         self.staging = threading.Thread(
             target=staging_loop, name="ferry-staging", daemon=True,
@@ -138,6 +140,8 @@ class Pipeline:
         self.stop.set()
         if self.staging is not None and self.staging.is_alive():
             self.staging.join(JOIN_TIMEOUT_S)
+        if self.local is not None:
+            self.local.on_death = None  # deaths from here on are the shutdown's own
         if self.io is not None:
             self.io.close(JOIN_TIMEOUT_S)
         if self.local is not None:
