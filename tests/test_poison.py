@@ -12,7 +12,7 @@ import zmq
 from ferry import NoProducersError, PoisonTaskError, RemoteLoader, SampleIndexError
 from ferry.common import protocol
 
-from .helpers import wait_for
+from .helpers import dealer, hello, wait_for
 
 
 def test_a_sampler_index_outside_the_dataset_raises_at_its_batch_within_10_s(endpoint, spawn):
@@ -92,3 +92,23 @@ def test_producers_that_keep_rejoining_without_delivering_hit_the_no_progress_ti
         assert time.monotonic() - began < 20
         assert loader.stats()["producers_seen"] >= 2  # it did rejoin: live producers alone never tripped it
     assert "held a task for more than task_timeout=0.5 s" in str(caught.value)
+
+
+def test_the_consumer_checks_the_plan_itself_and_never_sends_an_index_outside_the_dataset(endpoint):
+    """A hand-made producer that would answer anything: the consumer must not even send it the bad TASK."""
+    ctx = zmq.Context()
+    sock = dealer(ctx, endpoint)
+    try:
+        with RemoteLoader(endpoint=endpoint, batch_size=2, sampler=[1, 25], heartbeat=0.2, timeout=30) as loader:
+            sock.send(hello("hand", slots=4, length=20, fingerprint="f"))
+            wait_for(lambda: loader.stats()["producers"] == 1, 10, "the hand-made producer")
+            with pytest.raises(SampleIndexError, match="sample index 25 is out of range for a dataset of 20"):
+                next(iter(loader))
+            tasks = []
+            while sock.poll(0):
+                header = protocol.parse_header(sock.recv_multipart()[0])
+                tasks += [header] if header["type"] == protocol.TASK else []
+        assert tasks == []
+    finally:
+        sock.close(0)
+        ctx.term()
