@@ -81,9 +81,10 @@ def test_a_sample_slower_than_task_timeout_raises_poison_naming_the_batch_and_ea
 
 def test_producers_that_keep_rejoining_without_delivering_hit_the_no_progress_timeout(endpoint, spawn):
     # every sample takes 30 s and the task timeout is 0.5 s: the producer is lost, says HELLO again, is
-    # admitted, and is lost again, without end. Attempts are many, so only the no-progress timeout can end it.
+    # admitted, and is lost again. Attempts are many (30, about 20 s of churn), so the no-progress timeout (4 s)
+    # must end it first.
     spawn(endpoint, "tests.datasets:PairDataset", {"length": 20, "delay": 30}, threads=1, slots=1)
-    with RemoteLoader(endpoint=endpoint, batch_size=2, heartbeat=0.2, task_timeout=0.5, max_attempts=1000,
+    with RemoteLoader(endpoint=endpoint, batch_size=2, heartbeat=0.2, task_timeout=0.5, max_attempts=30,
                       timeout=4) as loader:
         wait_for(lambda: loader.stats()["producers"] == 1, 20, "the producer")
         began = time.monotonic()
