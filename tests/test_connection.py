@@ -143,10 +143,12 @@ def test_a_host_that_does_not_resolve_is_named_as_a_dns_failure_and_forgotten_on
 
 
 def test_warnings_start_over_when_a_served_consumer_goes_silent():
-    conn = serving(100.0)
-    conn.tick(110.0)  # silent for 10 s > LIVENESS heartbeats: back to GREETING, at 110
+    conn = make(100.0)
+    assert len(unreachable_warnings(conn, 100.0, 40)) == 2  # 10 s and 30 s, the next one due at 60 s
+    conn.receive(welcome(conn), 1, 140.0)
+    conn.tick(150.0)  # silent for 10 s > LIVENESS heartbeats: back to GREETING, at 150
     assert conn.phase is Phase.GREETING
-    assert [second for second, _, _ in unreachable_warnings(conn, 111.0, 40)] == [10, 30]
+    assert [second for second, _, _ in unreachable_warnings(conn, 151.0, 40)] == [10, 30]
 
 
 # --- SERVING -------------------------------------------------------------------------------------------------
