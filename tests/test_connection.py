@@ -12,7 +12,8 @@ from ferry.common import protocol
 from ferry.common.constants import MAX_PENDING_TASKS
 from ferry.common.errors import ProtocolError
 from ferry.producer.connection import (
-    EXIT_REJECTED, CheckAddress, Connection, FailTask, Log, Phase, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale, exit_code,
+    EXIT_REJECTED, CheckAddress, Connection, FailTask, Log, Phase, Rebuild, RunTask, SendBye, SendHello, SendPing,
+    Stale, exit_code,
 )
 
 HEARTBEAT = 1.0
