@@ -70,14 +70,17 @@ class RemoteLoader:
         no_producer_timeout: seconds without any live producer before ``__next__`` raises
             NoProducersError; ``None`` or 0: wait forever. Default 60. Unlike DataLoader's ``timeout``, a
             limit on each batch, it counts only while no producer is alive: a slow batch from a live
-            producer never times out here (``task_timeout`` guards against a hung one). [Unit: second]
+            producer never times out here (``task_timeout`` guards against a hung one). It also fires when no
+            batch arrives for that long while producers keep joining and leaving. [Unit: second]
         timeout: the same option under its old name; give one of the two.
         dataset_len: the dataset length, if known up front (else learned from the first producer).
         device: ``None`` / ``"cpu"`` (tensors over the received bytes, no copy) or a CUDA device.
         pin_memory: stage through page-locked memory. Default: True on CUDA, False otherwise.
         device_transform: a callable applied to each batch on the device, in the training thread.
         dataset: a dataset object or a spec string (see ``ferry.common.datasets``), served by local producers.
-            An object also gives the dataset length and its fingerprint.
+            Without them it says what remote producers must serve: an object gives the dataset length and its
+            fingerprint, a spec admits only producers announcing that spec (the first one sets the length and
+            fingerprint; ``dataset_args`` are not compared). Others are refused for good, with the reason.
         dataset_args: keyword arguments of a dataset spec.
         on_error: ``"raise"`` (RemoteSampleError in the loop) or ``"skip"`` (drop the failed samples).
         metrics_port: serve ``stats()`` as Prometheus metrics on this port (needs ``ferry[metrics]``).
