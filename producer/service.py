@@ -22,7 +22,6 @@ import socket as pysocket
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,10 +74,12 @@ class Producer:
         self._done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._ctx = zmq.Context()
         self._links: dict[int, Link] = {}
-        # resolves endpoint hosts off the main loop (a DNS lookup may take seconds); results come back on
-        # _resolved, and the waker wakes the loop
-        self._resolver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferry-resolve")
+        # resolves endpoint hosts off the main loop (a DNS lookup may take seconds): a daemon thread, so that
+        # a lookup hanging in the resolver never delays the producer's exit; results come back on _resolved,
+        # and the waker wakes the loop
+        self._to_resolve: queue.SimpleQueue[tuple[int, str] | None] = queue.SimpleQueue()
         self._resolved: queue.SimpleQueue[tuple[int, str | None]] = queue.SimpleQueue()
+        self._resolver = threading.Thread(target=self._resolve_loop, name="ferry-resolve", daemon=True)
         self._slab = self._map_slab(config.shared_memory)
         self._batcher = Batcher(
             dataset,
@@ -220,12 +221,15 @@ class Producer:
         host = endpoint_host(link.endpoint)
         if host is None:
             return
+        if not self._resolver.is_alive():
+            self._resolver.start()
+        self._to_resolve.put((link.key, host))
 
-        def check() -> None:
-            self._resolved.put((link.key, resolve_problem(host)))
+    def _resolve_loop(self) -> None:
+        while (job := self._to_resolve.get()) is not None:
+            key, host = job
+            self._resolved.put((key, resolve_problem(host)))
             self._waker.wake()
-
-        self._resolver.submit(check)
 
     def _address_results(self) -> None:
         while True:
@@ -263,7 +267,7 @@ class Producer:
         if self._metrics is not None:
             self._metrics.close()
         self._batcher.close()
-        self._resolver.shutdown(wait=False, cancel_futures=True)  # a lookup in progress ends by itself
+        self._to_resolve.put(None)  # the resolver ends after the lookup in progress, if any (not waited for)
         for link in self._links.values():
             link.sock.close(linger=BYE_LINGER_MS if link.said_bye else 0)  # let a BYE leave, bounded
         self._ctx.term()

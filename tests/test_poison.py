@@ -113,3 +113,18 @@ def test_the_consumer_checks_the_plan_itself_and_never_sends_an_index_outside_th
     finally:
         sock.close(0)
         ctx.term()
+
+
+def test_the_errors_are_ferry_errors_of_the_usual_kinds_and_survive_pickling():
+    import pickle
+
+    from ferry import FerryError
+
+    index_error = SampleIndexError(index=99, length=20, epoch=1, seq=4)
+    poison = PoisonTaskError(epoch=1, seq=4, indices=[8, 9], attempts=[("h:1", "silent for 5.0 s"), ("h:2", "x")])
+    assert isinstance(index_error, (FerryError, IndexError)) and isinstance(poison, (FerryError, RuntimeError))
+    for error in (index_error, poison):
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error)
+    assert "epoch 1, batch 4" in str(index_error)
+    assert "batch 4 of epoch 1 (samples 8, 9)" in str(poison) and "attempt 1: producer h:1: silent" in str(poison)
