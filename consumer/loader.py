@@ -75,14 +75,18 @@ class RemoteLoader:
         no_producer_timeout: seconds without any live producer before ``__next__`` raises
             NoProducersError; ``None`` or 0: wait forever. Default 60. Unlike DataLoader's ``timeout``, a
             limit on each batch, it counts only while no producer is alive: a slow batch from a live
-            producer never times out here (``task_timeout`` guards against a hung one). [Unit: second]
+            producer never times out here (``task_timeout`` guards against a hung one). It also fires when no
+            batch arrives for that long while producers keep joining and leaving. [Unit: second]
         timeout: the same option under its old name; give one of the two.
         dataset_len: the dataset length, if known up front (else learned from the first producer).
         device: ``None`` / ``"cpu"`` (tensors over the received bytes, no copy) or a CUDA device.
         pin_memory: stage through page-locked memory. Default: True on CUDA, False otherwise.
         device_transform: a callable applied to each batch on the device, in the training thread.
         dataset: a dataset object or a spec string (see ``ferry.common.datasets``), served by local producers.
-            An object also gives the dataset length and its fingerprint. A *sharded* dataset (``shards()`` and
+            Without them it says what remote producers must serve: an object gives the dataset length and its
+            fingerprint, a spec admits only producers announcing that spec (the first one sets the length and
+            fingerprint; ``dataset_args`` are not compared). Others are refused for good, with the reason.
+            A *sharded* dataset (``shards()`` and
             ``iter_shard(name)``, optionally ``shard_len(name)`` and ``shuffle_buffer``; a torch
             ``IterableDataset`` must have them) is planned over its shards: see ``ferry.common.shardplan`` and
             docs/datasets.md. ``len()`` then needs ``shard_len``, else raises TypeError.
@@ -96,7 +100,7 @@ class RemoteLoader:
             Flat shorthand: ``local_producers`` (the count; 0: none), ``producer_threads``,
             ``producer_slots``, ``mp_context``, ``producer_transform``, ``shared_memory``.
         transport: a :class:`TransportOptions`: heartbeats, liveness, the task timeout, the batch size bound.
-            Flat shorthand: ``heartbeat``, ``liveness``, ``task_timeout``, ``max_batch_bytes``.
+            Flat shorthand: ``heartbeat``, ``liveness``, ``task_timeout``, ``max_batch_bytes``, ``max_attempts``.
         curve: a :class:`CurveOptions`: encrypt, and let in only authorized producers.
             Flat shorthand: ``curve_secret_key``, ``curve_authorized_keys``.
 
@@ -127,6 +131,7 @@ class RemoteLoader:
         mp_context: str | None = UNSET, producer_transform: Any = UNSET, shared_memory: bool = UNSET,
         collate_fn: Any = UNSET, producer_init: Any = UNSET,
         heartbeat: float = UNSET, liveness: int = UNSET, task_timeout: float = UNSET, max_batch_bytes: int = UNSET,
+        max_attempts: int = UNSET,
         curve_secret_key: str | None = UNSET, curve_authorized_keys: str | None = UNSET,
         **dataloader_options: Any,
     ) -> None:
@@ -285,6 +290,10 @@ class RemoteLoader:
             silent = time.monotonic() - io.no_producer_since
             if silent > self.timeout:
                 raise self._no_producers_error(waited=silent)
+        elif io.churn >= 2 and time.monotonic() - io.progress_at > self.timeout:  # joining and leaving, no batch
+            raise NoProducersError(
+                f"no batch arrived for {time.monotonic() - io.progress_at:.1f} s (timeout={self.timeout:g} s) while "
+                f"producers kept joining and leaving: {io.churn} lost in that time, the latest: {io.last_loss}")
 
     def _no_producers_error(self, waited: float) -> NoProducersError:
         seen = self._io.health().producers_seen

@@ -116,10 +116,14 @@ class Pipeline:
                      liveness=transport.liveness, on_error=opts.on_error, max_batch_bytes=transport.max_batch_bytes,
                      task_timeout=transport.task_timeout, dataset_len=dataset_len, fingerprint=fingerprint,
                      curve=curve, slab=self.local.slab if self.local is not None else None,
-                     seed=opts.seed % (1 << 63)),
+                     seed=opts.seed % (1 << 63), max_attempts=transport.max_attempts,
+                     # dataset= a spec, no local producers: remote producers must serve that spec
+                     dataset_spec=dataset if isinstance(dataset, str) and local is None else None),
             self.buffer, counters, waker,
         )
         self.io.start()
+        if self.local is not None:  # a local producer's death, seen through its sentinel, loses it at once
+            self.local.on_death = self.io.producer_died
         self.stager = make_stager(device, pin_memory, opts.buffer_batches + STAGED_BATCHES + 4)
         self.staging = threading.Thread(
             target=staging_loop, name="ferry-staging", daemon=True,
@@ -139,6 +143,8 @@ class Pipeline:
         self.stop.set()
         if self.staging is not None and self.staging.is_alive():
             self.staging.join(JOIN_TIMEOUT_S)
+        if self.local is not None:
+            self.local.on_death = None  # deaths from here on are the shutdown's own
         if self.io is not None:
             self.io.close(JOIN_TIMEOUT_S)
         if self.local is not None:

@@ -142,8 +142,8 @@ class ShardBuffer(ReorderBuffer):
 class ShardDispatcher(Dispatcher):
     """A :class:`Dispatcher` that also issues the tasks of a :class:`ShardRun` (see the module docstring)."""
 
-    def __init__(self, capacity: int) -> None:
-        super().__init__(capacity)
+    def __init__(self, capacity: int, max_attempts: int = 3) -> None:
+        super().__init__(capacity, max_attempts)
         self._shards: ShardRun | None = None
         self._next_batch: dict[int, int] = {}  # position -> next batch k to issue
         self._next_position = 0  # the lowest position not started
@@ -160,9 +160,9 @@ class ShardDispatcher(Dispatcher):
         self._next_position = order.start_position + 1
         self._affinity.clear()
 
-    def lose(self, peer: bytes) -> ProducerInfo | None:
+    def lose(self, peer: bytes, cause: str | None = None, charged: Iterable[int] | None = None) -> ProducerInfo | None:
         self._affinity.pop(peer, None)
-        return super().lose(peer)
+        return super().lose(peer, cause, charged)
 
     def move(self, old_peer: bytes, new_peer: bytes) -> ProducerInfo:
         if old_peer in self._affinity:  # the same producer, reconnected: its cursor is still there
