@@ -70,6 +70,7 @@ class Pipeline:
         self.local: LocalProducers | None = None
         self.io: IoThread | None = None
         self.staging: threading.Thread | None = None
+        self.buffer: ShardBuffer | None = None
         self.metrics: Any = None
         try:
             self._start(opts, counters, device, pin_memory, figures)
@@ -147,5 +148,13 @@ class Pipeline:
             self.local.on_death = None  # deaths from here on are the shutdown's own
         if self.io is not None:
             self.io.close(JOIN_TIMEOUT_S)
+        # batches staged or buffered and never yielded: a closed loader must not keep them (nor their slots)
+        while True:
+            try:
+                self.staged.get_nowait()
+            except queue.Empty:
+                break
+        if self.buffer is not None:
+            self.buffer.reset(-1, [])
         if self.local is not None:
             self.local.close()
