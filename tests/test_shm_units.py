@@ -57,11 +57,17 @@ def test_slots_are_taken_in_order_until_none_is_free(slab):
     assert slab.take() is None and slab.free == 0
 
 
+def integers(slot) -> bool:
+    return all(type(x) is int for x in slot)  # an offset goes into a TASK: a float would not be a valid one
+
+
 def test_a_slot_given_back_is_free_again_and_taken_next(slab):
     first, second = slab.take(), slab.take()
+    assert integers(first) and integers(second)
     slab.give_back(second)
     assert slab.free == 2
-    assert slab.take() == second
+    again = slab.take()
+    assert again == second and integers(again)
     slab.give_back(first)
     assert slab.take() == first
 
@@ -77,6 +83,8 @@ def test_a_slot_stays_taken_while_any_view_of_it_lives(slab):
     del view
     gc.collect()
     assert slab.free == 3
+    taken = [slab.take() for _ in range(3)]
+    assert slot in taken and all(integers(t) for t in taken)  # the lease gave back a whole slot number
 
 
 def test_regions_are_the_slots_of_one_shared_file(slab):
