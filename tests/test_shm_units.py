@@ -40,6 +40,15 @@ def test_shared_memory_is_available_here():
     assert shm.available() is True
 
 
+@pytest.mark.parametrize("missing", ["memfd_create", "/proc"])
+def test_shared_memory_needs_both_memfd_and_proc(monkeypatch, missing):
+    if missing == "memfd_create":
+        monkeypatch.delattr(shm.os, "memfd_create")
+    else:
+        monkeypatch.setattr(shm.os.path, "isdir", lambda path: False)
+    assert shm.available() is False
+
+
 @pytest.mark.parametrize("asked, given", [(1, PAGE), (PAGE, PAGE), (PAGE + 1, 2 * PAGE),
                                          (shm.MAX_SLOT_BYTES + 1, shm.MAX_SLOT_BYTES)])
 def test_slots_are_whole_pages_and_capped(asked, given):
@@ -113,11 +122,13 @@ def test_close_closes_the_file_once_and_the_mapping_goes_with_the_last_view():
     before = slab_mappings()
     slab = shm.Slab(2, PAGE)
     fd = slab._fd
-    assert "ferry-slab" in fd_target(fd)
+    assert fd_target(fd) == "/memfd:ferry-slab (deleted)"  # the name leak checks look for in /proc/self/maps
     view = slab.region(slab.take())
     slab.close()
-    slab.close()  # idempotent
+    slab.close()  # idempotent: the second call closes nothing, least of all a standard stream
     assert "ferry-slab" not in fd_target(fd)
+    for standard in (0, 1, 2):
+        os.fstat(standard)
     with pytest.raises(AssertionError, match="closed"):
         slab.region((0, PAGE))
     view[:] = 1  # the training loop's batch is still readable and writable after close
@@ -144,6 +155,7 @@ def test_the_producer_accepts_a_slot_that_ends_at_the_slab_end(slab):
     producer_side = shm.SlabMapping(slab.path)
     writer = producer_side.writer((2 * PAGE, PAGE))
     assert len(writer.region) == PAGE and writer.used == 0
+    assert len(producer_side.writer((0, 1)).region) == 1  # the smallest slot there is
 
 
 def region_writer(nbytes: int = 256) -> shm.SlotWriter:
