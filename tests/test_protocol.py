@@ -181,3 +181,35 @@ def test_strings_come_back_as_str_and_a_long_bad_value_is_cut_in_the_message():
 def test_pack_stamps_the_protocol_version():
     header = msgpack.unpackb(protocol.pack(protocol.BYE), raw=False)
     assert header == {"v": PROTOCOL_VERSION, "type": "BYE"}
+
+
+def test_a_header_of_exactly_the_size_limit_is_accepted():
+    def batch(tail: int) -> bytes:
+        return protocol.pack(protocol.BATCH, session=1, task=1, epoch=0, seq=0, errors=[],
+                             tree=["x" * 60_000] * 17 + ["y" * tail])
+
+    tail = 1000
+    tail += MAX_HEADER_BYTES - len(batch(tail))  # str16 lengths: one more character, one more byte
+    assert len(batch(tail)) == MAX_HEADER_BYTES
+    assert protocol.parse_header(batch(tail))["tree"][-1] == "y" * tail
+    with pytest.raises(ProtocolError, match="exceeds"):
+        protocol.parse_header(batch(tail + 1))
+
+
+def test_bytes_in_a_message_stay_bytes():
+    raw = b"\xff\x00\xfe"  # not UTF-8: it must travel as msgpack bin, never as str
+    header = protocol.parse_header(protocol.pack(protocol.BATCH, session=1, task=1, epoch=0, seq=0, errors=[],
+                                                 tree={"t": "l", "v": [raw]}))
+    assert header["tree"]["v"] == [raw]
+
+
+def test_msgpack_extension_types_are_refused():
+    frame = msgpack.packb({"v": PROTOCOL_VERSION, "type": "PING", "load": {"a": msgpack.ExtType(1, b"x")}})
+    with pytest.raises(ProtocolError, match="not valid msgpack"):
+        protocol.parse_header(frame)
+
+
+def test_a_bad_value_of_exactly_80_characters_is_shown_whole():
+    with pytest.raises(ProtocolError) as caught:
+        protocol.parse_header(task(on_error="x" * 78))
+    assert str(caught.value).partition("is invalid: ")[2] == "'" + "x" * 78 + "'"
