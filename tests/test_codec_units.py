@@ -189,3 +189,37 @@ def test_tree_signature_names_kinds_and_refuses_zero_dimensional_arrays():
         tree_signature({"y": np.array(1.0)}, 2)
     with pytest.raises(ProtocolError, match=r"batch\[0\] holds 2 samples, the task 3"):
         tree_signature([chunked], 3)
+
+
+def test_errors_name_the_path_of_the_bad_node():
+    spec = {"t": "d", "k": ["x"], "v": [{"t": "l", "v": [1, {"t": "zz", "v": []}]}]}
+    with pytest.raises(ProtocolError, match=r"at batch\['x'\]\[1\]$"):
+        decode_tree(spec, [])
+
+
+def test_dict_nesting_counts_towards_the_depth_bound_on_decode():
+    spec = 1
+    for _ in range(MAX_TREE_DEPTH + 1):
+        spec = {"t": "d", "k": ["k"], "v": [spec]}
+    with pytest.raises(ProtocolError, match="deeper"):
+        decode_tree(spec, [])
+
+
+@pytest.mark.parametrize("index", [None, "0", 0.0])
+def test_a_frame_number_that_is_not_an_int_is_refused(index):
+    node = {"t": "a", "d": "|u1", "s": [1], "f": index}
+    if index is None:
+        del node["f"]
+    with pytest.raises(ProtocolError, match="frame number"):
+        decode_tree(node, [b"a"])
+
+
+def test_torch_types_other_than_tensors_are_not_arrays():
+    import torch
+
+    spec, frames = encode_tree(torch.Size([2, 3]))  # a tuple whose type lives in the torch module
+    assert spec == {"t": "t", "v": [2, 3]} and frames == []
+
+
+def test_a_single_string_sample_has_a_signature():
+    assert tree_signature(["a"], 1) == ("s", "str") and tree_signature([b"a"], 1) == ("s", "bytes")
