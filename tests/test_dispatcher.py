@@ -1,5 +1,9 @@
 """The dispatcher's rules, in isolation: credits, slots, re-issue order, identity of results."""
 
+import dataclasses
+
+import pytest
+
 from ferry.consumer.dispatcher import Attempt, Dispatcher, ProducerInfo
 
 
@@ -135,3 +139,88 @@ def test_an_unusable_answer_costs_an_attempt():
         assert d.complete(task.task, b"a") is not None
         d.requeue(task, Attempt("a", "unusable"))
     assert [p.seq for p in d.take_poisoned()] == [0] and d.queued == 0
+
+
+def test_a_new_producer_is_remote_and_has_delivered_nothing():
+    info = producer(b"a")
+    # a remote producer is never handed a shared-memory slot, and the stats start from zero
+    assert info.shared is False and info.pid == 0 and info.batches == 0 and info.bytes == 0
+    assert info.identity == ("a", 1) and info.free_slots == 2
+
+
+def test_tasks_cannot_be_changed_once_issued():
+    d = Dispatcher(capacity=1)
+    d.add(producer(b"a"))
+    d.start_run(7, [4])
+    (task,) = d.assign(held=0, now=3.0)
+    assert (task.run, task.seq, task.identity, task.peer, task.issued) == (7, 4, ("a", 1), b"a", 3.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        task.seq = 5
+
+
+def test_before_the_first_run_nothing_is_queued_or_issued():
+    d = Dispatcher(capacity=4)
+    d.add(producer(b"a"))
+    assert d.queued == 0 and d.in_flight == 0 and d.assign(held=0) == []
+    assert d.lose(b"a") is not None and d.reissued == 0
+    assert d.lose(b"a") is None  # already gone
+
+
+def test_find_identity_tells_a_reconnection_from_a_restart():
+    d = Dispatcher(capacity=4)
+    a, b = producer(b"a", nonce=1), producer(b"b", nonce=1)
+    d.add(a)
+    d.add(b)
+    assert d.find_identity(("a", 1)) is a and d.find_identity(("b", 1)) is b
+    assert d.find_identity(("a", 2)) is None  # same producer, new nonce: its work is gone
+
+
+def test_a_moved_producer_gets_its_new_tasks_under_the_new_routing_id():
+    d = Dispatcher(capacity=10)
+    d.add(producer(b"a", slots=2))
+    d.start_run(1, range(4))
+    first = d.assign(held=0)
+    moved = d.move(b"a", b"a2")
+    assert moved.peer == b"a2" and set(d.producers) == {b"a2"}
+    assert all(d.tasks[t.task].peer == b"a2" for t in first)  # results and time-outs find the new peer
+    assert d.overdue(deadline=1.0) == {b"a2"}
+    assert d.complete(first[0].task, b"a2") is not None
+    (later,) = d.assign(held=0)
+    assert later.peer == b"a2"
+
+
+def test_reissued_counts_every_seq_given_out_again():
+    d = Dispatcher(capacity=10)
+    d.add(producer(b"a", slots=2))
+    d.add(producer(b"b", slots=2))
+    d.start_run(1, range(10))
+    d.assign(held=0)
+    d.lose(b"a")
+    d.lose(b"b")
+    assert d.reissued == 4  # two losses of two tasks each add up
+    d.add(producer(b"c", slots=1))
+    (task,) = d.assign(held=0)
+    d.complete(task.task, b"c")
+    d.requeue(task)
+    assert d.reissued == 5
+
+
+def test_requeue_issues_an_unusable_result_again_first():
+    d = Dispatcher(capacity=10)
+    d.add(producer(b"a", slots=1))
+    d.start_run(1, range(5))
+    (task,) = d.assign(held=0)
+    assert d.complete(task.task, b"a") is task
+    d.requeue(task)
+    assert d.queued == 5
+    (again,) = d.assign(held=0)
+    assert again.seq == task.seq and again.task != task.task
+
+
+def test_a_task_issued_exactly_at_the_deadline_is_not_overdue():
+    d = Dispatcher(capacity=10)
+    d.add(producer(b"a"))
+    d.start_run(1, range(2))
+    d.assign(held=0, now=10.0)
+    assert d.overdue(deadline=10.0) == set()
+    assert d.overdue(deadline=10.000001) == {b"a"}

@@ -1,14 +1,18 @@
 """The epoch plan equals DistributedSampler + BatchSampler, batch for batch."""
 
+import dataclasses
 import itertools
 
 import pytest
 from torch.utils.data import BatchSampler, DistributedSampler, SequentialSampler
 
-from ferry.common.plan import build_plan, plan_length
+from ferry.common.errors import ConfigError
+from ferry.common.plan import EpochPlan, build_plan, plan_length
 
 
-@pytest.mark.parametrize("n, world, batch", [(10, 1, 3), (10, 3, 4), (7, 2, 3), (1, 2, 1), (33, 4, 5), (0, 1, 2)])
+# (12, 3, 2) and (12, 3, 5): a length divisible by W=3, one with B dividing the share, one not
+@pytest.mark.parametrize("n, world, batch", [(10, 1, 3), (10, 3, 4), (7, 2, 3), (1, 2, 1), (33, 4, 5), (0, 1, 2),
+                                             (12, 3, 2), (12, 3, 5)])
 @pytest.mark.parametrize("drop_last, shuffle", list(itertools.product([False, True], [False, True])))
 def test_plan_matches_distributed_sampler(n, world, batch, drop_last, shuffle):
     for rank, epoch in itertools.product(range(world), [0, 3]):
@@ -41,3 +45,36 @@ def test_user_sampler_is_batched_and_gets_set_epoch():
                       world_size=1, sampler=sampler)
     assert [plan.batch(s) for s in range(len(plan))] == [[0, 1, 2], [3, 4, 5]]
     assert Recording.epochs == [4]
+
+
+def test_an_empty_batch_from_a_batch_sampler_is_refused():
+    with pytest.raises(ConfigError, match="empty batch"):
+        build_plan(epoch=0, dataset_len=None, batch_size=None, shuffle=False, seed=0, drop_last=False, rank=0,
+                   world_size=1, batch_sampler=[[1, 2], []])
+
+
+def test_the_default_plan_needs_the_dataset_length():
+    with pytest.raises(ConfigError, match="length is not known"):
+        build_plan(epoch=0, dataset_len=None, batch_size=2, shuffle=False, seed=0, drop_last=False, rank=0,
+                   world_size=1)
+
+
+def test_a_plan_cannot_be_changed_once_built():
+    plan = EpochPlan.from_indices(2, [4, 5, 6], batch_size=2, drop_last=False)
+    assert plan.epoch == 2 and [plan.batch(s) for s in range(len(plan))] == [[4, 5], [6]]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.epoch = 3
+
+
+def test_a_batch_samplers_own_sampler_gets_set_epoch_too():
+    class Recording(SequentialSampler):
+        epochs: list = []
+
+        def set_epoch(self, epoch):
+            self.epochs.append(epoch)
+
+    batch_sampler = BatchSampler(Recording(range(5)), 2, False)
+    plan = build_plan(epoch=6, dataset_len=None, batch_size=None, shuffle=False, seed=0, drop_last=False, rank=0,
+                      world_size=1, batch_sampler=batch_sampler)
+    assert [plan.batch(s) for s in range(len(plan))] == [[0, 1], [2, 3], [4]]
+    assert Recording.epochs == [6]
