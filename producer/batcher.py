@@ -19,6 +19,7 @@ its :class:`~ferry.common.waker.Waker`. Only the main loop touches sockets.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import traceback
@@ -31,10 +32,11 @@ import numpy as np
 from ferry.common import protocol
 from ferry.common.codec import encode_tree
 from ferry.common.constants import FRAME_CHUNK_BYTES, REMOTE_MESSAGE_CHARS, REMOTE_TRACEBACK_CHARS
+from ferry.common.shm import SLOT_ALIGN, populate
 from ferry.common.waker import Waker
 
 from ferry.producer.buffers import BufferPool
-from ferry.producer.collate import collate
+from ferry.producer.collate import CollateError, RowLayout, collate, describe, odd_ones_out, signature
 
 
 @dataclass
@@ -62,8 +64,44 @@ class Outcome:
     buffer_frames: int = 0  # how many frames after the header are views of `buffer`
 
 
-def _load(dataset: Any, index: int) -> Any:
-    return dataset[index]
+def _load_row(dataset: Any, index: int, layout: RowLayout | None, dests: list[np.ndarray], row: int) -> tuple[Any, bool]:
+    """On a loading thread: ``dataset[index]``, with its arrays copied into row ``row`` of ``dests`` at once
+    when it fits ``layout`` (the per-sample arrays are then garbage as soon as this returns). Returns the
+    sample (its arrays replaced by their rows when it fits) and whether it fit."""
+    sample = dataset[index]
+    if layout is None:
+        return sample, False
+    written = layout.write(sample, dests, row)
+    return (sample, False) if written is None else (written, True)
+
+
+class _BatchFailed(Exception):
+    """The batch cannot be sent; ``errors`` are the FAIL's records."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__(errors)
+        self.errors = errors
+
+
+#: Dataset attributes that may list each sample's file: a path per index, or ImageFolder-like (path, label).
+_FILE_ATTRIBUTES = ("paths", "files", "samples", "imgs", "path")
+
+
+def _sample_file(dataset: Any, index: int) -> str | None:
+    """The file that sample ``index`` comes from, where the dataset says (None where it does not)."""
+    for name in _FILE_ATTRIBUTES:
+        entries = getattr(dataset, name, None)
+        if entries is None or isinstance(entries, (str, bytes, os.PathLike)):
+            continue
+        try:
+            entry = entries[index]
+        except Exception:
+            continue
+        if isinstance(entry, (tuple, list)) and entry:
+            entry = entry[0]
+        if isinstance(entry, (str, os.PathLike)):
+            return os.fspath(entry)
+    return None
 
 
 def _error_record(index: int, exc: BaseException) -> dict[str, Any]:
@@ -84,6 +122,8 @@ class Batcher:
         layout = dataset.array_layout() if callable(getattr(dataset, "array_layout", None)) else None
         self._layout = layout if callable(getattr(dataset, "read_into", None)) else None
         self.pool = BufferPool(limit=batch_workers + 2)
+        self._rows: RowLayout | None = None  # the general path's sample layout, learned from a batch
+        self._populated: set[tuple[int, int]] = set()  # slot regions this process has faulted in
         self._samples = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ferry-sample")
         self._batches = ThreadPoolExecutor(max_workers=batch_workers, thread_name_prefix="ferry-batch")
         self._done = done
@@ -100,7 +140,7 @@ class Batcher:
         try:
             outcome = self._assemble(job)
         except BaseException as exc:  # never lose a job: a bug here becomes a FAIL the consumer sees
-            outcome = self._fail(job, [_error_record(job.indices[0], exc)])
+            outcome = self._fail(job, self._whole_batch(job, job.indices, exc))
         with self._lock:
             self.pending -= 1
         self._done.put(outcome)
@@ -109,29 +149,134 @@ class Batcher:
     def _assemble(self, job: Job) -> Outcome:
         if self._layout is not None:
             return self._assemble_fast(job)
-        futures: list[Future] = [self._samples.submit(_load, self._dataset, i) for i in job.indices]
-        samples, errors = [], []
+        layout = self._rows  # learned from an earlier batch; None until then (or when samples defeat it)
+        dests, pooled = self._destinations(layout, job) if layout is not None else ([], None)
+        futures: list[Future] = [self._samples.submit(_load_row, self._dataset, i, layout, dests, row)
+                                 for row, i in enumerate(job.indices)]
+        samples, indices, errors, fitted = [], [], [], 0
         for index, future in zip(job.indices, futures):
             try:
-                samples.append(future.result())
+                sample, fits = future.result()
             except Exception as exc:
                 errors.append(_error_record(index, exc))
+                continue
+            samples.append(sample)
+            indices.append(index)
+            fitted += fits
         if errors and (job.on_error == "raise" or not samples):
+            self.pool.release(pooled)
             return self._fail(job, errors)
-        try:
-            tree = collate(samples)
-            spec, array_frames = encode_tree(tree, chunk_bytes=FRAME_CHUNK_BYTES, slot=job.slot)
-        except Exception as exc:
-            return self._fail(job, [_error_record(job.indices[0], exc)])
+        if layout is not None and fitted == len(samples) == len(job.indices):
+            tree = layout.assemble(samples, dests)  # the rows are written: no stacking copy
+        else:
+            # a sample did not fit the layout (or failed to load): collate() as usual; it copies the rows
+            # it stacks, so the destination is free for the encoder to reuse
+            try:
+                tree, samples, odd = self._collate(job, samples, indices)
+            except _BatchFailed as failed:
+                self.pool.release(pooled)
+                return self._fail(job, errors + failed.errors)
+            errors += odd
+            del dests
+            self.pool.release(pooled)
+            pooled = None
+            if job.slot is not None:
+                job.slot.used = 0
+            if fitted == 0 and samples:
+                self._learn(samples[0])
+        spec, array_frames = encode_tree(tree, chunk_bytes=FRAME_CHUNK_BYTES, slot=job.slot)
         header = protocol.pack(
             protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq, tree=spec, errors=errors
         )
-        return Outcome(job, [header, *array_frames])
+        # every frame is tracked: the array frames are views of the pooled buffer, the rest small
+        return Outcome(job, [header, *array_frames], buffer=pooled, buffer_frames=len(array_frames))
+
+    def _learn(self, sample: Any) -> None:
+        """Take the layout of a batch that collated normally for the next ones."""
+        layout = RowLayout.learn(sample)
+        if layout is not None and (self._rows is None or layout.signature != self._rows.signature):
+            self._rows = layout
+
+    def _destinations(self, layout: RowLayout, job: Job) -> tuple[list[np.ndarray], np.ndarray | None]:
+        """Where the batch's arrays go: the task's shared-memory slot when they fit in it, else one pooled
+        buffer. Returns the arrays and the pooled buffer (None for the slot)."""
+        rows = len(job.indices)
+        if job.slot is not None:
+            before = job.slot.used
+            sizes = [rows * n for n in layout.row_nbytes()]
+            rooms = [job.slot.reserve(n) for n in sizes]
+            if all(room is not None for room in rooms):
+                for room in rooms:
+                    self._populate(job.slot, room)
+                rooms_iter = iter(rooms)
+                return layout.destinations(rows, lambda n: next(rooms_iter)), None
+            job.slot.used = before
+        aligned = [-(-rows * n // SLOT_ALIGN) * SLOT_ALIGN for n in layout.row_nbytes()]
+        pooled = self.pool.acquire((sum(aligned),), np.dtype(np.uint8))
+        offsets = iter(np.cumsum([0, *aligned[:-1]]).tolist())
+
+        def room(nbytes: int) -> np.ndarray:
+            start = next(offsets)
+            return pooled[start : start + nbytes]
+
+        return layout.destinations(rows, room), pooled
+
+    def _populate(self, slot: Any, room: np.ndarray) -> None:
+        """Fault in a slot's pages in one call the first time this process writes them (shm.populate), so the
+        loading threads do not take a page fault per 4 KiB. Once per region: later batches find them mapped."""
+        key = (room.ctypes.data, room.nbytes)
+        if key in self._populated:
+            return
+        populate(room)
+        self._populated.add(key)
+
+    def _collate(self, job: Job, samples: list[Any], indices: list[int]) -> tuple[Any, list[Any], list[dict]]:
+        """``collate(samples)``; when that fails, the odd samples out (those whose structure, shape or dtype
+        differs from the others') are named, and under ``skip`` dropped and the rest collated.
+
+        Returns the batch, the samples in it and the error records of the dropped ones.
+        Raises:
+            _BatchFailed: with the records that explain why the batch cannot be sent.
+        """
+        try:
+            return collate(samples), samples, []
+        except Exception as exc:
+            first_error = exc
+        odd, majority = odd_ones_out(samples)
+        if not odd:
+            raise _BatchFailed(self._whole_batch(job, indices, first_error))
+        others = len(samples) - len(odd)
+        records = []
+        for position in odd:
+            index = indices[position]
+            where = _sample_file(self._dataset, index)
+            problem = CollateError(
+                f"sample {index}{f' ({where})' if where else ''} is {describe(signature(samples[position]))}, "
+                f"unlike the other {others} of its batch, which are {describe(majority)}: {first_error}")
+            records.append(_error_record(index, problem))
+        if job.on_error != "skip":
+            raise _BatchFailed(records)
+        kept = [s for p, s in enumerate(samples) if p not in set(odd)]
+        kept_indices = [i for p, i in enumerate(indices) if p not in set(odd)]
+        try:
+            return collate(kept), kept, records
+        except Exception as exc:
+            raise _BatchFailed(records + self._whole_batch(job, kept_indices, exc))
+
+    @staticmethod
+    def _whole_batch(job: Job, indices: list[int], exc: BaseException) -> list[dict[str, Any]]:
+        """Records for a batch lost as a whole: under skip one per sample, so that the consumer counts every
+        sample that did not arrive; else one, naming the first."""
+        if job.on_error == "skip":
+            return [_error_record(i, exc) for i in indices]
+        return [_error_record(indices[0], exc)]
 
     def _assemble_fast(self, job: Job) -> Outcome:
         shape, dtype = self._layout
         batch_shape = (len(job.indices), *shape)
         room = job.slot.reserve(int(np.prod(batch_shape)) * np.dtype(dtype).itemsize) if job.slot else None
+        if room is not None:
+            self._populate(job.slot, room)
         # straight into the consumer's shared memory if there is a slot, else a pooled buffer. release() below
         # ignores what the pool did not hand out, so a slot view needs no special case there
         buffer = room.view(dtype).reshape(batch_shape) if room is not None else self.pool.acquire(batch_shape, dtype)
