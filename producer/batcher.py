@@ -3,8 +3,19 @@
 A dataset that offers the *fast path* (``array_layout()`` and ``read_into(index, out) -> label``, as the
 built-in ``npy-folder`` and ``synthetic`` do) has each sample written straight into its row of a reused
 batch buffer: no per-sample array, no collation copy. Its batches are ``[array, int64 labels]``, exactly
-what default_collate makes of ``(array, int)`` samples. Any other dataset takes the general path:
-``dataset[i]``, then :func:`ferry.producer.collate.collate`.
+what default_collate makes of ``(array, int)`` samples.
+
+Any other dataset takes the *general path*. Its first batch is ``dataset[i]`` then
+:func:`~ferry.producer.collate.collate`, which teaches a :class:`~ferry.producer.collate.RowLayout`. From the
+next batch on, each loading thread copies its sample's arrays into their row of the batch's destination (the
+task's shared-memory slot, else one pooled buffer) as soon as ``dataset[i]`` returns, so the per-sample arrays
+die at once and the batch needs no stacking copy. A sample that does not fit the layout sends its batch back
+to ``collate``: the results are the same either way.
+
+When a batch does not collate, the samples whose structure, shape or dtype differ from the majority's are
+the culprits: under ``on_error="skip"`` they are dropped (one error record each) and the rest is sent; else
+the FAIL names the first of them and its file, where the dataset lists files. A batch lost whole under skip
+carries one record per sample, so the consumer's ``skipped_samples`` counts every sample that did not arrive.
 
 Two thread pools, so that one never waits on itself:
 
