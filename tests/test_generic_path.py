@@ -143,11 +143,29 @@ def test_batcher_writes_rows_into_the_shared_memory_slot(tmp_path):
         waker.close()
 
 
-def test_populate_faults_pages_in_without_changing_them():
-    data = np.arange(3 * 4096 + 100, dtype=np.uint8)
-    before = data.copy()
-    populate(data[5:])
-    assert (data == before).all()
+@pytest.mark.parametrize("kernel_call", [True, False], ids=["madvise", "touch"])
+def test_populate_faults_slab_pages_in_without_changing_them(monkeypatch, kernel_call):
+    import resource
+
+    from ferry.common import shm
+
+    monkeypatch.setattr(shm, "_populate_write", kernel_call)
+    slab = shm.Slab(2, 4 << 20)
+    try:
+        mapping = shm.SlabMapping(slab.path)  # a producer's own mapping: its pages fault on first write
+        region = mapping.writer((0, 4 << 20)).region
+        region[:3] = [1, 2, 3]
+        populate(region[1:])
+        assert region[:3].tolist() == [1, 2, 3] and not region[3:].any()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        region[...] = 7  # 1024 pages
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults < 256
+        later = shm.SlabMapping(slab.path).writer((4 << 20, 4 << 20)).region
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        later[...] = 7
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults >= 512, "the control took no faults"
+    finally:
+        slab.close()
 
 
 @pytest.mark.parametrize("shared_memory", [True, False])
