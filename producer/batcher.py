@@ -86,6 +86,15 @@ def _load_row(dataset: Any, index: int, layout: RowLayout | None, dests: list[np
     return (sample, False) if written is None else (written, True)
 
 
+def _written_first(first: Future, layout: RowLayout, dests: list[np.ndarray]) -> Future:
+    """``first`` (a loaded sample 0) as if the loading thread had written it into row 0 of ``dests``."""
+    sample, _ = first.result()
+    written = layout.write(sample, dests, 0)
+    done: Future = Future()
+    done.set_result((sample, False) if written is None else (written, True))
+    return done
+
+
 class _BatchFailed(Exception):
     """The batch cannot be sent; ``errors`` are the FAIL's records."""
 
@@ -161,9 +170,15 @@ class Batcher:
         if self._layout is not None:
             return self._assemble_fast(job)
         layout = self._rows  # learned from an earlier batch; None until then (or when samples defeat it)
+        futures: list[Future] = []
+        if layout is None:  # learn it from this batch's first sample, so that even the first batch takes rows
+            futures.append(self._samples.submit(_load_row, self._dataset, job.indices[0], None, [], 0))
+            layout = self._learn_first(futures[0])
         dests, pooled = self._destinations(layout, job) if layout is not None else ([], None)
-        futures: list[Future] = [self._samples.submit(_load_row, self._dataset, i, layout, dests, row)
-                                 for row, i in enumerate(job.indices)]
+        if futures and layout is not None:
+            futures[0] = _written_first(futures[0], layout, dests)
+        futures += [self._samples.submit(_load_row, self._dataset, i, layout, dests, row)
+                    for row, i in enumerate(job.indices) if row >= len(futures)]
         samples, indices, errors, fitted = [], [], [], 0
         for index, future in zip(job.indices, futures):
             try:
@@ -193,7 +208,7 @@ class Batcher:
             pooled = None
             if job.slot is not None:
                 job.slot.used = 0
-            if fitted == 0 and samples:
+            if samples:  # relearn, should the layout be an odd sample's or the data have changed shape
                 self._learn(samples[0])
         spec, array_frames = encode_tree(tree, chunk_bytes=FRAME_CHUNK_BYTES, slot=job.slot)
         header = protocol.pack(
@@ -201,6 +216,15 @@ class Batcher:
         )
         # every frame is tracked: the array frames are views of the pooled buffer, the rest small
         return Outcome(job, [header, *array_frames], buffer=pooled, buffer_frames=len(array_frames))
+
+    def _learn_first(self, first: Future) -> RowLayout | None:
+        """The layout of the sample ``first`` loads (None if it raised or has no layout); kept for later batches."""
+        try:
+            sample, _ = first.result()
+        except Exception:
+            return None  # the error is reported with the batch's other results
+        self._learn(sample)
+        return self._rows
 
     def _learn(self, sample: Any) -> None:
         """Take the layout of a batch that collated normally for the next ones."""

@@ -37,7 +37,8 @@ class Uncollatable:
         return None, i
 
 
-@pytest.mark.parametrize("bad", [(17,), (1,), (9, 12)], ids=["after-the-layout", "in-the-first-batch", "two"])
+@pytest.mark.parametrize("bad", [(17,), (1,), (0,), (9, 12)],
+                         ids=["after-the-layout", "in-the-first-batch", "teaches-the-layout", "two"])
 def test_skip_drops_only_the_odd_samples_and_counts_them(bad):
     with RemoteLoader(dataset=Misshapen(bad), local_producers=1, batch_size=8, on_error="skip", heartbeat=0.2,
                       timeout=60) as loader:
