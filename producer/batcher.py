@@ -75,20 +75,43 @@ class Outcome:
     buffer_frames: int = 0  # how many frames after the header are views of `buffer`
 
 
-def _load_row(dataset: Any, index: int, layout: RowLayout | None, dests: list[np.ndarray], row: int) -> tuple[Any, bool]:
+def _load_row(dataset: Any, index: int, layout: RowLayout | None, dests: list[np.ndarray], row: int,
+              fresh: bool = False) -> tuple[Any, bool]:
     """On a loading thread: ``dataset[index]``, with its arrays copied into row ``row`` of ``dests`` at once
     when it fits ``layout`` (the per-sample arrays are then garbage as soon as this returns). Returns the
-    sample (its arrays replaced by their rows when it fits) and whether it fit."""
+    sample (its arrays replaced by their rows when it fits) and whether it fit. ``fresh``: the rows are
+    shared-memory pages this process never wrote; they are populated first (:func:`_populate_row`)."""
     sample = dataset[index]
     if layout is None:
         return sample, False
+    if fresh:
+        for dest in dests:
+            _populate_row(dest[row])
     written = layout.write(sample, dests, row)
     return (sample, False) if written is None else (written, True)
 
 
-def _written_first(first: Future, layout: RowLayout, dests: list[np.ndarray]) -> Future:
+def _read_row(dataset: Any, index: int, out: np.ndarray, fresh: bool) -> Any:
+    """The fast path's loading thread: ``dataset.read_into(index, out)``, with ``out`` populated first when
+    it is fresh shared memory."""
+    if fresh:
+        _populate_row(out)
+    return dataset.read_into(index, out)
+
+
+def _populate_row(row: np.ndarray) -> None:
+    """Fault in one row's shared-memory pages in one call (``shm.populate``) before it is written: one system
+    call instead of a page fault per 4 KiB, and on the loading threads, in parallel, not ahead of them."""
+    if row.flags.c_contiguous and row.nbytes:
+        populate(row.reshape(-1).view(np.uint8))
+
+
+def _written_first(first: Future, layout: RowLayout, dests: list[np.ndarray], fresh: bool) -> Future:
     """``first`` (a loaded sample 0) as if the loading thread had written it into row 0 of ``dests``."""
     sample, _ = first.result()
+    if fresh:
+        for dest in dests:
+            _populate_row(dest[0])
     written = layout.write(sample, dests, 0)
     done: Future = Future()
     done.set_result((sample, False) if written is None else (written, True))
@@ -175,9 +198,10 @@ class Batcher:
             futures.append(self._samples.submit(_load_row, self._dataset, job.indices[0], None, [], 0))
             layout = self._learn_first(futures[0])
         dests, pooled = self._destinations(layout, job) if layout is not None else ([], None)
+        fresh = pooled is None and self._fresh(job)
         if futures and layout is not None:
-            futures[0] = _written_first(futures[0], layout, dests)
-        futures += [self._samples.submit(_load_row, self._dataset, i, layout, dests, row)
+            futures[0] = _written_first(futures[0], layout, dests, fresh)
+        futures += [self._samples.submit(_load_row, self._dataset, i, layout, dests, row, fresh)
                     for row, i in enumerate(job.indices) if row >= len(futures)]
         samples, indices, errors, fitted = [], [], [], 0
         for index, future in zip(job.indices, futures):
@@ -241,8 +265,6 @@ class Batcher:
             sizes = [rows * n for n in layout.row_nbytes()]
             rooms = [job.slot.reserve(n) for n in sizes]
             if all(room is not None for room in rooms):
-                for room in rooms:
-                    self._populate(job.slot, room)
                 rooms_iter = iter(rooms)
                 return layout.destinations(rows, lambda n: next(rooms_iter)), None
             job.slot.used = before
@@ -256,14 +278,16 @@ class Batcher:
 
         return layout.destinations(rows, room), pooled
 
-    def _populate(self, slot: Any, room: np.ndarray) -> None:
-        """Fault in a slot's pages in one call the first time this process writes them (shm.populate), so the
-        loading threads do not take a page fault per 4 KiB. Once per region: later batches find them mapped."""
-        key = (room.ctypes.data, room.nbytes)
+    def _fresh(self, job: Job) -> bool:
+        """True the first time this process writes the part of the task's slot that the batch takes: its rows
+        are then populated as they are written. Later batches find those pages mapped."""
+        if job.slot is None or not job.slot.used:
+            return False
+        key = (job.slot.region.ctypes.data, job.slot.used)
         if key in self._populated:
-            return
-        populate(room)
+            return False
         self._populated.add(key)
+        return True
 
     def _collate(self, job: Job, samples: list[Any], indices: list[int]) -> tuple[Any, list[Any], list[dict]]:
         """``collate(samples)``; when that fails, the odd samples out (those whose structure, shape or dtype
@@ -310,12 +334,12 @@ class Batcher:
         shape, dtype = self._layout
         batch_shape = (len(job.indices), *shape)
         room = job.slot.reserve(int(np.prod(batch_shape)) * np.dtype(dtype).itemsize) if job.slot else None
-        if room is not None:
-            self._populate(job.slot, room)
         # straight into the consumer's shared memory if there is a slot, else a pooled buffer. release() below
         # ignores what the pool did not hand out, so a slot view needs no special case there
         buffer = room.view(dtype).reshape(batch_shape) if room is not None else self.pool.acquire(batch_shape, dtype)
-        futures = [self._samples.submit(self._dataset.read_into, i, buffer[row]) for row, i in enumerate(job.indices)]
+        fresh = room is not None and self._fresh(job)
+        futures = [self._samples.submit(_read_row, self._dataset, i, buffer[row], fresh)
+                   for row, i in enumerate(job.indices)]
         labels, good, errors = [], [], []
         for row, (index, future) in enumerate(zip(job.indices, futures)):
             try:
