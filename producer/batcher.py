@@ -75,13 +75,32 @@ class Outcome:
     buffer_frames: int = 0  # how many frames after the header are views of `buffer`
 
 
+#: CPython 3.11's AST constructor keeps a recursion counter that threads compiling at once can upset (gh-106905);
+#: it then raises this SystemError for code that is fine. ``np.load`` compiles each .npy header
+#: (``ast.literal_eval``), so loading threads do hit it, rarely. A load that does is run once more.
+_AST_RACE = "AST constructor recursion depth mismatch"
+
+
+def _retry_ast_race(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except SystemError as exc:
+        if _AST_RACE not in str(exc):
+            raise
+        return fn(*args)
+
+
+def _get(dataset: Any, index: int) -> Any:
+    return _retry_ast_race(dataset.__getitem__, index)
+
+
 def _load_row(dataset: Any, index: int, layout: RowLayout | None, dests: list[np.ndarray], row: int,
               fresh: bool = False) -> tuple[Any, bool]:
     """On a loading thread: ``dataset[index]``, with its arrays copied into row ``row`` of ``dests`` at once
     when it fits ``layout`` (the per-sample arrays are then garbage as soon as this returns). Returns the
     sample (its arrays replaced by their rows when it fits) and whether it fit. ``fresh``: the rows are
     shared-memory pages this process never wrote; they are populated first (:func:`_populate_row`)."""
-    sample = dataset[index]
+    sample = _get(dataset, index)
     if layout is None:
         return sample, False
     if fresh:
@@ -96,7 +115,7 @@ def _read_row(dataset: Any, index: int, out: np.ndarray, fresh: bool) -> Any:
     it is fresh shared memory."""
     if fresh:
         _populate_row(out)
-    return dataset.read_into(index, out)
+    return _retry_ast_race(dataset.read_into, index, out)
 
 
 def _populate_row(row: np.ndarray) -> None:

@@ -192,3 +192,30 @@ def test_structured_and_changing_samples_equal_dataloader(dataset):
             assert len(got) == len(expected)
             for g, e in zip(got, expected):
                 assert_tree_equal(g, e)
+
+
+class RacesOnce:
+    """Raises CPython 3.11's spurious AST SystemError on the first load of each sample (as np.load in
+    threads sometimes does), then loads fine."""
+
+    def __init__(self):
+        self.seen = set()
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i not in self.seen:
+            self.seen.add(i)
+            raise SystemError("AST constructor recursion depth mismatch (before=36, after=32)")
+        return np.full(2, i, np.float32), i
+
+
+def test_a_load_that_hits_cpythons_ast_race_is_run_again():
+    batcher, done, waker = batcher_for(RacesOnce())
+    try:
+        batch, _ = decoded(run_job(batcher, done, range(8)))
+        assert batch[1].tolist() == list(range(8))
+    finally:
+        batcher.close()
+        waker.close()
