@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from ferry.common.datasets import NpyFolderDataset
 from ferry.common.waker import Waker
 from ferry.producer import keep_freed_memory
 from ferry.producer import batcher as batcher_module
@@ -103,6 +104,7 @@ def main() -> None:
     parser.add_argument("--shape", default="13,299,299")
     parser.add_argument("--no-mallopt", action="store_true", help="leave glibc's trimming as it is")
     parser.add_argument("--profile", action="store_true", help="print cProfile's top functions")
+    parser.add_argument("--fast-path", action="store_true", help="Ferry's built-in npy-folder reader instead")
     args = parser.parse_args()
     if not args.no_mallopt:
         keep_freed_memory()
@@ -110,7 +112,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="ferry-profile-")
     try:
         make_npy(root, args.samples, shape, args.dtype)
-        dataset = UserNpyFolder(root)
+        dataset = NpyFolderDataset(root) if args.fast_path else UserNpyFolder(root)
         profiles = ThreadProfiles()
         if args.profile:
             profiles.install()
