@@ -12,7 +12,12 @@ Tree spec grammar (what msgpack carries):
 * ``{"t": "a", "d": "<f4", "s": [2, 3], "m": 4096}`` -- an array leaf in the task's shared-memory slot, at
   that byte offset (local producers only; see :mod:`ferry.common.shm`);
 * ``{"t": "d", "k": [keys], "v": [specs]}`` -- a dict (keys are str or int);
-* ``{"t": "l", "v": [specs]}`` / ``{"t": "t", "v": [specs]}`` -- a list / a tuple.
+* ``{"t": "l", "v": [specs]}`` / ``{"t": "t", "v": [specs]}`` -- a list / a tuple;
+* ``{"t": "n", "c": "module:QualName", "k": [fields], "v": [specs]}`` -- a namedtuple. The receiver uses
+  that class if its module is already imported there and its fields match, else a namedtuple class of the
+  same name and fields made on the spot (nothing is ever imported on a peer's word);
+* an array leaf with ``"x": "bf16"`` holds bfloat16 values as their int16 bits (numpy has no bfloat16);
+  it decodes to a :class:`Bfloat16Bits` array, which the consumer's staging views as ``torch.bfloat16``.
 
 ``decode`` validates everything a hostile peer controls: tags, types, nesting depth, the number of
 leaves, dtypes (an allow-list, never ``object``), shapes (non-negative, bounded rank) and that every
@@ -21,6 +26,8 @@ array's ``prod(shape) * itemsize`` equals its frame's length, with every frame u
 
 from __future__ import annotations
 
+import collections
+import sys
 from typing import Any, Sequence
 
 import numpy as np
@@ -29,23 +36,35 @@ from ferry.common.constants import MAX_FRAMES, MAX_NDIM, MAX_TREE_DEPTH, MAX_TRE
 from ferry.common.errors import ProtocolError
 from ferry.common.tree import fold_tree, path_text
 
-__all__ = ["encode_tree", "decode_tree", "ALLOWED_DTYPES", "tree_nbytes", "tree_signature", "Chunked"]
+__all__ = ["encode_tree", "decode_tree", "ALLOWED_DTYPES", "tree_nbytes", "tree_signature", "Chunked", "Bfloat16Bits"]
 
 #: dtypes allowed on the wire, as numpy ``dtype.str`` (little-endian or byte-order free).
 ALLOWED_DTYPES = frozenset(
     ["|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16"]
 )
 _SCALARS = (type(None), bool, int, float, str, bytes)
+_MAX_CLASS_NAME = 256
 
 
-def _as_array(value: Any) -> np.ndarray | None:
+class Bfloat16Bits(np.ndarray):
+    """The int16 bits of a bfloat16 array (a zero-copy view): what a bfloat16 leaf decodes to."""
+
+    bfloat16 = True
+
+
+def as_array(value: Any) -> np.ndarray | None:
     """Return ``value`` as a numpy array if it is an array-like leaf (numpy array or scalar, torch CPU tensor)."""
     if isinstance(value, np.ndarray):
         return value
     if isinstance(value, np.generic):
         return np.asarray(value)
     if type(value).__module__ == "torch" and type(value).__name__ == "Tensor":
-        return value.detach().cpu().numpy()  # a CPU tensor shares its memory; no copy
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":  # numpy has no bfloat16: its bits, marked
+            import torch
+
+            return value.view(torch.int16).numpy().view(Bfloat16Bits)
+        return value.numpy()  # a CPU tensor shares its memory; no copy
     return None
 
 
@@ -53,10 +72,11 @@ class Chunked:
     """A decoded array leaf that arrived in several frames: the receiver assembles it (one copy into a
     buffer of its choice, e.g. a reused host buffer or a pinned staging buffer)."""
 
-    __slots__ = ("dtype", "shape", "chunks", "nbytes")
+    __slots__ = ("dtype", "shape", "chunks", "nbytes", "bfloat16")
 
     def __init__(self, dtype: np.dtype, shape: tuple[int, ...], chunks: list[Any]) -> None:
         self.dtype, self.shape, self.chunks = dtype, shape, chunks
+        self.bfloat16 = False  # its int16 bits are bfloat16 values (see Bfloat16Bits)
         self.nbytes = sum(len(c) for c in chunks)
 
     def assemble_into(self, out: np.ndarray) -> np.ndarray:
@@ -93,7 +113,7 @@ class _Encoder:
         self.frames: list[memoryview] = []
 
     def leaf(self, node: Any, path: None) -> Any:
-        array = _as_array(node)
+        array = as_array(node)
         if array is not None:
             return self.array(array)
         if isinstance(node, _SCALARS):
@@ -101,9 +121,11 @@ class _Encoder:
         raise ProtocolError(f"cannot encode a leaf of type {type(node).__name__}")
 
     @staticmethod
-    def container(kind: str, keys: list | None, values: list, path: None) -> dict[str, Any]:
+    def container(kind: str, keys: Any, values: list, path: None) -> dict[str, Any]:
         if keys is None:
             return {"t": kind, "v": values}
+        if kind == "n":
+            return {"t": "n", "c": f"{keys.__module__}:{keys.__qualname__}", "k": list(keys._fields), "v": values}
         for key in keys:
             if not isinstance(key, (str, int)) or isinstance(key, bool):
                 raise ProtocolError(f"dict key {key!r} is not a str or int")
@@ -115,6 +137,8 @@ class _Encoder:
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
         spec = {"t": "a", "d": array.dtype.str, "s": list(array.shape)}
+        if isinstance(array, Bfloat16Bits):
+            spec["x"] = "bf16"
         if self.slot is not None and array.nbytes:
             offset = self.slot.place(array)
             if offset is not None:
@@ -171,8 +195,17 @@ class _Decoder:
         tag = node.get("t")
         if tag == "a":
             if "m" in node:
-                return _decode_slot_array(node, self.region, path)
-            return _decode_array(node, self.frames, self.used, path)
+                array = _decode_slot_array(node, self.region, path)
+            else:
+                array = _decode_array(node, self.frames, self.used, path)
+            if "x" in node:
+                if node["x"] != "bf16" or node.get("d") != "<i2":
+                    raise ProtocolError(f"bad element type {node['x']!r} (dtype {node.get('d')!r}) at {path}")
+                if isinstance(array, Chunked):
+                    array.bfloat16 = True
+                    return array
+                return array.view(Bfloat16Bits)
+            return array
         values = node.get("v")
         if not isinstance(values, list):
             raise ProtocolError(f"container at {path} has no value list")
@@ -189,7 +222,38 @@ class _Decoder:
         if tag in ("l", "t"):
             items = [self.node(v, depth + 1, f"{path}[{i}]") for i, v in enumerate(values)]
             return items if tag == "l" else tuple(items)
+        if tag == "n":
+            cls = _namedtuple_class(node.get("c"), node.get("k"), len(values), path)
+            return cls(*(self.node(v, depth + 1, f"{path}.{f}") for f, v in zip(cls._fields, values)))
         raise ProtocolError(f"unknown node tag {tag!r} at {path}")
+
+
+_made_classes: dict[tuple[str, tuple[str, ...]], type] = {}
+
+
+def _namedtuple_class(name: Any, fields: Any, count: int, path: str) -> type:
+    """The namedtuple class a ``"n"`` node names: the receiver's own if its module is imported and its fields
+    match, else one made with that name and those fields (cached; nothing is imported on a peer's word)."""
+    if not isinstance(name, str) or not 0 < len(name) <= _MAX_CLASS_NAME or name.count(":") != 1:
+        raise ProtocolError(f"namedtuple at {path} has a bad class name {name!r}")
+    if (not isinstance(fields, list) or len(fields) != count
+            or not all(isinstance(f, str) and f.isidentifier() and not f.startswith("_") for f in fields)
+            or len(set(fields)) != len(fields)):
+        raise ProtocolError(f"namedtuple at {path} has bad fields {fields!r}")
+    module_name, qualname = name.split(":")
+    module = sys.modules.get("__main__" if module_name == "__mp_main__" else module_name)
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None) if obj is not None and part.isidentifier() else None
+    if isinstance(obj, type) and issubclass(obj, tuple) and getattr(obj, "_fields", None) == tuple(fields):
+        return obj
+    key = (name, tuple(fields))
+    if key not in _made_classes:
+        if len(_made_classes) >= 256:  # a peer cannot grow this without bound
+            _made_classes.clear()
+        short = qualname.rsplit(".", 1)[-1]
+        _made_classes[key] = collections.namedtuple(short if short.isidentifier() else "Sample", fields)
+    return _made_classes[key]
 
 
 def _dtype_and_shape(node: dict, path: str) -> tuple[np.dtype, list[int], int]:
@@ -252,14 +316,16 @@ def tree_signature(tree: Any, count: int, path: str = "batch") -> Any:
             if len(node.shape) == 0 or node.shape[0] != count:
                 raise ProtocolError(f"{path_text(where)} holds {node.shape[0] if node.shape else 'no'} samples, "
                                     f"the task {count}")
-            return ("a", node.dtype.str)
+            return ("a", "bf16" if getattr(node, "bfloat16", False) else node.dtype.str)
         if isinstance(node, (list, tuple)):  # collated strings: one per sample
             if len(node) != count:
                 raise ProtocolError(f"{path_text(where)} holds {len(node)} strings, the task {count} samples")
             return ("s", type(node[0]).__name__)
         return ("x", type(node).__name__)
 
-    def container(kind: str, keys: list | None, values: list, where: Any) -> Any:
+    def container(kind: str, keys: Any, values: list, where: Any) -> Any:
+        if kind == "n":
+            return ("n", keys.__qualname__, keys._fields, tuple(values))
         return ("d", tuple(zip(keys, values))) if keys is not None else (kind, tuple(values))
 
     return fold_tree(tree, leaf, container, path, is_leaf=_is_strings)

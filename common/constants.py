@@ -96,3 +96,12 @@ STAGED_BATCHES = 2
 #: Peers (or CURVE keys) whose first invalid message or denied handshake we remember, to log once per peer;
 #: bounded for hostile input.
 MAX_TRACKED_PEERS = 1024
+
+# --- option ranges (checked up front, on both sides) ---------------------------------------------------
+#: Heartbeat interval bounds of either side. [Unit: second]
+MIN_HEARTBEAT_S = 0.01
+MAX_HEARTBEAT_S = 60.0
+#: A peer is lost after at least this many silent heartbeats (one late PING is not a death).
+MIN_LIVENESS = 2
+#: Upper bound on a producer's loader threads.
+MAX_THREADS = 1024

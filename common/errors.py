@@ -19,6 +19,7 @@ __all__ = [
     "ProducerStartupError",
     "FerryThreadError",
     "LoaderClosedError",
+    "ProducerDiedError",
 ]
 
 
@@ -116,3 +117,17 @@ def _rebuild_remote_sample_error(index, producer, exc_type, message, traceback, 
     return RemoteSampleError(
         index=index, producer=producer, exc_type=exc_type, message=message, traceback=traceback, epoch=epoch, seq=seq
     )
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """An option has the wrong type (``batch_size="8"``, ``seed=None``): a ConfigError that is also a TypeError."""
+
+
+__all__.append("ConfigTypeError")
+
+
+class ProducerDiedError(FerryError, RuntimeError):
+    """Every local producer process has died after serving (killed, or crashed mid-run).
+
+    The message names each one's pid, its exit code or signal, and the tail of its error output.
+    """

@@ -6,26 +6,52 @@ shuts the HTTP server down and joins its thread.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 from ferry.common.errors import ConfigError
 
-__all__ = ["MetricsServer"]
+__all__ = ["MetricsServer", "Figure", "COUNTER", "GAUGE", "PRODUCER_FIGURES"]
 
-#: Figures that only grow; exported as Prometheus counters (``<name>_total``).
-COUNTERS = {"batches", "bytes", "received", "received_bytes", "reissued", "duplicates", "stale",
-            "invalid_messages", "skipped_samples", "wait_s", "active_s", "batches_sent", "bytes_sent",
-            "stale_messages"}
+#: A figure that only grows over its owner's life: exported as a Prometheus counter (``<name>_total``).
+COUNTER = "counter"
+#: A figure that goes up and down: exported as a gauge.
+GAUGE = "gauge"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One field of an owner's figures. ``kind`` is COUNTER, GAUGE, or None for a structured field that the
+    export skips or handles on its own (``per_producer``)."""
+
+    name: str
+    kind: str | None
+    help: str
+
+
+#: The producer's figures (``Producer.figures()`` in producer/service.py).
+PRODUCER_FIGURES: tuple[Figure, ...] = (
+    Figure("batches_sent", COUNTER, "batches sent to consumers"),
+    Figure("bytes_sent", COUNTER, "bytes of the batches sent"),
+    Figure("shared_batches", COUNTER, "batches written into a consumer's shared memory"),
+    Figure("invalid_messages", COUNTER, "malformed messages from consumers (dropped)"),
+    Figure("stale_messages", COUNTER, "messages of an old session (dropped)"),
+    Figure("pending", GAUGE, "batches being loaded or waiting to be sent"),
+    Figure("consumers", GAUGE, "consumers being served now"),
+)
 
 
 class MetricsServer:
-    def __init__(self, port: int, figures: Callable[[], dict[str, Any]], prefix: str, addr: str = "0.0.0.0") -> None:
+    """Serves ``figures()`` on ``addr:port``, typed by ``declared`` (an undeclared number is a gauge)."""
+
+    def __init__(self, port: int, figures: Callable[[], dict[str, Any]], prefix: str, addr: str = "0.0.0.0",
+                 declared: Iterable[Figure] = PRODUCER_FIGURES) -> None:
         try:
             from prometheus_client import CollectorRegistry, start_http_server
         except ImportError:
             raise ConfigError("a metrics port needs prometheus-client: pip install 'ferry[metrics]'") from None
         registry = CollectorRegistry()
-        registry.register(_Collector(figures, prefix))
+        registry.register(_Collector(figures, prefix, declared))
         try:
             self._httpd, self._thread = start_http_server(port, addr=addr, registry=registry)
         except OSError as exc:
@@ -39,21 +65,20 @@ class MetricsServer:
 
 
 class _Collector:
-    def __init__(self, figures: Callable[[], dict[str, Any]], prefix: str) -> None:
+    def __init__(self, figures: Callable[[], dict[str, Any]], prefix: str, declared: Iterable[Figure]) -> None:
         self._figures, self._prefix = figures, prefix
+        self._declared = {f.name: f for f in declared}
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         figures = self._figures()
         for name, value in figures.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            declared = self._declared.get(name, Figure(name, GAUGE, f"ferry {name}"))
+            if declared.kind is None or isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
-            metric = f"{self._prefix}_{name}"
-            if name in COUNTERS:
-                yield CounterMetricFamily(metric, f"ferry {name}", value=value)
-            else:
-                yield GaugeMetricFamily(metric, f"ferry {name}", value=value)
+            family = CounterMetricFamily if declared.kind == COUNTER else GaugeMetricFamily
+            yield family(f"{self._prefix}_{name}", declared.help, value=value)
         per_producer = figures.get("per_producer")
         if isinstance(per_producer, dict):
             batches = CounterMetricFamily(f"{self._prefix}_producer_batches", "batches per producer",

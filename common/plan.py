@@ -1,4 +1,4 @@
-"""The epoch plan (DESIGN §2): which sample indices make up batch ``seq`` of epoch ``e`` on rank ``r``.
+"""The epoch plan (docs/ARCHITECTURE.md#epoch-plan): which sample indices make up batch ``seq`` of epoch ``e`` on rank ``r``.
 
 The consumer owns the plan; producers only see index lists. The default plan reproduces, batch for batch,
 ``DataLoader(ds, batch_size=B, drop_last=D, sampler=DistributedSampler(ds, num_replicas=W, rank=r,

@@ -1,4 +1,4 @@
-"""Ferry's wire protocol (DESIGN §3): message types, encoding, and validation on receipt.
+"""Ferry's wire protocol (docs/ARCHITECTURE.md#messages): message types, encoding, and validation on receipt.
 
 Every message is multipart. Frame 0 is a msgpack map holding ``v`` (the protocol version), ``type`` and
 the fields listed in :data:`SCHEMAS`. A BATCH carries its array leaves as further raw frames (see
@@ -8,7 +8,7 @@ the fields listed in :data:`SCHEMAS`. A BATCH carries its array leaves as furthe
 with the required fields of the right types, and raises :class:`~ferry.common.errors.ProtocolError` with the
 reason. Callers count and drop; they never let it escape a loop.
 
-Fields beyond DESIGN's table: TASK carries ``task`` (a unique id of this issuance, so that a re-issued
+Fields (docs/ARCHITECTURE.md#messages): TASK carries ``task`` (a unique id of this issuance, so that a re-issued
 batch and its late twin are told apart without guessing) and ``on_error``; BATCH and FAIL echo ``task``;
 HELLO carries ``nonce``, which changes whenever the producer drops its state for this consumer.
 Optional: HELLO ``shm`` (the token of the consumer's shared-memory slab the producer mapped) and TASK
@@ -102,7 +102,8 @@ SCHEMAS: dict[str, dict[str, Check]] = {
 #: Optional fields, checked when present.
 OPTIONAL: dict[str, dict[str, Check]] = {
     HELLO: {"shm": _str},
-    TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0},
+    TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0,
+           "seed": _uint},  # the loader's seed, from which each sample's sample_info().seed is derived
 }
 
 

@@ -1,4 +1,4 @@
-"""Optional CURVE security (DESIGN §10), through pyzmq's ``zmq.auth``.
+"""Optional CURVE security (docs/ARCHITECTURE.md#security), through pyzmq's ``zmq.auth``.
 
 The consumer is the CURVE *server*: it holds a secret key and accepts only producers whose public keys lie
 in an *authorized-keys folder* (checked by a ZAP authenticator thread in the consumer's context). Each

@@ -18,8 +18,9 @@ __all__ = ["fold_tree", "map_tree", "iter_leaves", "path_text"]
 
 #: ``leaf(value, path)`` -> the leaf's result.
 Leaf = Callable[[Any, Any], Any]
-#: ``node(kind, keys, results, path)`` -> the container's result; ``kind`` is "d", "l" or "t" (dict, list,
-#: tuple), ``keys`` the dict's keys (None for a list or tuple), ``results`` its children's results in order.
+#: ``node(kind, keys, results, path)`` -> the container's result; ``kind`` is "d", "l", "t" or "n" (dict, list,
+#: tuple, namedtuple), ``keys`` the dict's keys, or the namedtuple's class (None for a list or a tuple),
+#: ``results`` its children's results in order.
 Node = Callable[[str, "list | None", list, Any], Any]
 
 
@@ -51,6 +52,13 @@ def _fold(tree: Any, leaf: Leaf, node: Node, path: Any, max_depth: int, depth: i
         else:
             values = [_fold(tree[k], leaf, node, (path, repr(k)), max_depth, depth + 1, is_leaf) for k in keys]
         return node("d", keys, values, path)
+    if isinstance(tree, tuple) and hasattr(type(tree), "_fields"):  # a namedtuple keeps its class and fields
+        cls = type(tree)
+        if path is None:
+            values = [_fold(v, leaf, node, None, max_depth, depth + 1, is_leaf) for v in tree]
+        else:
+            values = [_fold(v, leaf, node, (path, f), max_depth, depth + 1, is_leaf) for f, v in zip(cls._fields, tree)]
+        return node("n", cls, values, path)
     if isinstance(tree, (list, tuple)):
         if path is None:
             values = [_fold(v, leaf, node, None, max_depth, depth + 1, is_leaf) for v in tree]
@@ -73,6 +81,8 @@ def path_text(path: Any) -> str:
 def _rebuild(kind: str, keys: list | None, values: list, path: str | None) -> Any:
     if kind == "d":
         return dict(zip(keys, values))  # type: ignore[arg-type]
+    if kind == "n":
+        return keys(*values)  # type: ignore[misc]
     return values if kind == "l" else tuple(values)
 
 

@@ -1,4 +1,4 @@
-"""Who gets which task (DESIGN §4, §5): pure scheduling state, owned by the io thread. No sockets here.
+"""Who gets which task (docs/ARCHITECTURE.md#credits, #exactly-once): pure scheduling state, owned by the io thread. No sockets here.
 
 * Producers are keyed by their ZeroMQ routing id (``peer``) and known by their *identity*:
   ``(producer id, nonce)``. A producer draws a new nonce whenever it drops its work, so a repeated HELLO

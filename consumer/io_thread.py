@@ -1,4 +1,4 @@
-"""The consumer's io thread (DESIGN §6.1): the only user of the :class:`~ferry.consumer.router.Router` socket.
+"""The consumer's io thread (docs/ARCHITECTURE.md#io-thread): the only user of the :class:`~ferry.consumer.router.Router` socket.
 
 It runs one poll loop over the ROUTER and a :class:`~ferry.common.waker.Waker`. Each turn it
 1. runs the commands the training thread queued (start a run, close),
@@ -60,6 +60,7 @@ class IoConfig:
     fingerprint: str | None
     curve: Any = None
     slab: Any = None  # ferry.common.shm.Slab shared with local producers, owned by LocalProducers
+    seed: int = 0  # the loader's seed, sent with every TASK for sample_info()
 
 
 @dataclass(frozen=True)
@@ -377,7 +378,7 @@ class IoThread:
                     extra["slot"] = list(slot)
             ok = self._router.send(task.peer, [protocol.pack(
                 protocol.TASK, session=self.session, task=task.task, epoch=self._epoch, seq=task.seq,
-                indices=indices, on_error=self.config.on_error, **extra,
+                indices=indices, on_error=self.config.on_error, seed=self.config.seed, **extra,
             )])
             if not ok:
                 self._ledger.give_back(task.task)  # the TASK never reached the producer

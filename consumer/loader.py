@@ -2,69 +2,47 @@
 
 Lifecycle::
 
-    RemoteLoader(...)          validate options; start local producers (if any); bind the ROUTER;
-                               start the io thread and the staging thread
-    for batch in loader:       __iter__ starts a *run* (one epoch's plan) on the io thread;
-                               __next__ takes staged batches, bounded waits, re-raises remote errors
+    RemoteLoader(...)          check every option (consumer/options.py); start local producers (if any);
+                               bind the ROUTER; start the io thread and the staging thread
+    for batch in loader:       __iter__ starts a *run* (one epoch's plan) on the io thread and returns an
+                               EpochIterator (consumer/epoch.py): staged batches, bounded waits, remote errors
     loader.close()             (also `with`, and a weakref.finalize fallback)
 
 Threads and queues::
 
     io thread (ferry-io) --ReorderBuffer--> staging thread (ferry-staging) --Queue(2)--> training thread
 
-Shutdown order (``close``, idempotent): set the stop event; join the staging thread (its waits are bounded
-by POLL_SLICE_S); stop and join the io thread (it says BYE and closes the ROUTER); stop the local
-producers (SIGTERM, then SIGKILL after JOIN_TIMEOUT_S) and remove their folder.
+The threads, the local producers and their start and shutdown order live in consumer/pipeline.py;
+``close`` (idempotent) runs the pipeline's shutdown.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import threading
 import time
-import warnings
 import weakref
 from typing import Any, Callable
 
 import torch
 
-from ferry.common.constants import (
-    DEFAULT_BUFFER_BATCHES, DEFAULT_ENDPOINT, DEFAULT_MAX_BATCH_BYTES, DEFAULT_SLOTS, DEFAULT_THREADS,
-    DEFAULT_TASK_TIMEOUT_S, DEFAULT_TIMEOUT_S, HEARTBEAT_S, JOIN_TIMEOUT_S, LIVENESS, POLL_SLICE_S, STAGED_BATCHES,
-)
-from ferry.common.datasets import dataset_fingerprint
+from ferry.common import validate as check
+from ferry.common.constants import DEFAULT_BUFFER_BATCHES, POLL_SLICE_S
 from ferry.common.errors import ConfigError, FerryThreadError, LoaderClosedError, NoProducersError
 from ferry.common.plan import build_plan, plan_length
-from ferry.common.waker import Waker
 
-from ferry.consumer.buffer import Delivery, ReorderBuffer, is_eof
-from ferry.consumer.io_thread import IoConfig, IoThread, StartRun
-from ferry.consumer.local import LocalProducers
-from ferry.consumer.staging import iter_tensors, make_stager, staging_loop
-from ferry.consumer.stats import Counters, stall_fraction
+from ferry.consumer.buffer import Delivery, is_eof
+from ferry.consumer.diagnosis import EpochFigures, EpochLog, diagnose
+from ferry.consumer.epoch import EpochHooks, EpochIterator, WaitTally
+from ferry.consumer.io_thread import StartRun
+from ferry.consumer.options import UNSET, check_unknown_keywords, CurveOptions, LocalOptions, TransportOptions, resolve_options
+from ferry.consumer.pipeline import Pipeline, resolve_device
+from ferry.consumer.staging import iter_tensors
+from ferry.consumer.stats import Counters, WeakStats, stats_figures
 
 __all__ = ["RemoteLoader"]
 
 log = logging.getLogger("ferry.consumer")
-
-_DEFAULT = object()
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return int(value) if value not in (None, "") else default
-
-
-def _shift_port(endpoint: str, offset: int) -> str:
-    """tcp://host:5555 -> tcp://host:(5555 + offset); torchrun ranks on one host each get a port."""
-    if offset == 0 or not endpoint.startswith("tcp://"):
-        return endpoint
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"endpoint {endpoint!r} has no port to shift by LOCAL_RANK={offset}")
-    return f"{host}:{int(port) + offset}"
 
 
 class RemoteLoader:
@@ -72,7 +50,8 @@ class RemoteLoader:
 
     Batches are the collated structure (dict / list / tuple) with torch tensors as leaves, equal to what
     ``DataLoader(ds, batch_size, drop_last, sampler=DistributedSampler(ds, world_size, rank, shuffle,
-    seed, drop_last))`` yields after ``set_epoch(e)``.
+    seed, drop_last))`` yields after ``set_epoch(e)``. Options are keyword-only, all checked here before any
+    thread or process starts; they cannot be changed afterwards (assigning one raises ConfigError).
 
     Args:
         endpoint: where the consumer binds its ROUTER, or a list of them. Default ``tcp://*:5555``; in
@@ -80,7 +59,9 @@ class RemoteLoader:
             ``LOCAL_RANK`` under torchrun.
         batch_size: samples per batch.
         shuffle: shuffle with DistributedSampler's permutation (seed + epoch).
-        seed: the shuffle seed.
+        seed: the shuffle seed (default 0). ``sample_info().seed`` on the producers derives from it too.
+        generator: a ``torch.Generator`` to draw the shuffle seed (and the local producers' base seed) from,
+            as DataLoader draws its shuffle from one; instead of ``seed``.
         drop_last: drop the tail that does not fill a batch (and the uneven tail across ranks).
         sampler: a torch sampler (or any iterable of indices) instead of the default plan.
         batch_sampler: an iterable of index lists, used as given; excludes batch_size / sampler /
@@ -88,225 +69,141 @@ class RemoteLoader:
         rank, world_size: this trainer's shard. Default: torchrun's RANK and WORLD_SIZE, else 0 and 1.
         buffer_batches: capacity C. Batches buffered + tasks in flight never exceed it.
         in_order: yield in plan order (default) or as batches arrive.
-        timeout: seconds without any live producer before ``__next__`` raises NoProducersError.
-            [Unit: second]
+        no_producer_timeout: seconds without any live producer before ``__next__`` raises
+            NoProducersError; ``None`` or 0: wait forever. Default 60. Unlike DataLoader's ``timeout``, a
+            limit on each batch, it counts only while no producer is alive: a slow batch from a live
+            producer never times out here (``task_timeout`` guards against a hung one). [Unit: second]
+        timeout: the same option under its old name; give one of the two.
         dataset_len: the dataset length, if known up front (else learned from the first producer).
         device: ``None`` / ``"cpu"`` (tensors over the received bytes, no copy) or a CUDA device.
         pin_memory: stage through page-locked memory. Default: True on CUDA, False otherwise.
         device_transform: a callable applied to each batch on the device, in the training thread.
-        local_producers: start this many producer processes here (local mode). Needs ``dataset``.
-        dataset: for local mode, a dataset object or a spec string (see ``ferry.common.datasets``).
+        dataset: a dataset object or a spec string (see ``ferry.common.datasets``), served by local producers.
+            An object also gives the dataset length and its fingerprint.
         dataset_args: keyword arguments of a dataset spec.
-        producer_threads, producer_slots: for local producers.
-        shared_memory: local producers write batches straight into shared memory that this process maps
-            (a sparse ``memfd``, not ``/dev/shm``) instead of sending them over the socket: one copy of the
-            bytes in all, instead of four. Producers on other machines are not affected. Default True.
-        producer_transform: ``package.module:callable`` that local producers apply to every sample.
-        metrics_port: serve ``stats()`` as Prometheus metrics on this port (needs ``ferry[metrics]``).
         on_error: ``"raise"`` (RemoteSampleError in the loop) or ``"skip"`` (drop the failed samples).
-        heartbeat: seconds between PINGs. [Unit: second]
-        liveness: heartbeats of silence after which a producer is lost.
-        task_timeout: a producer holding one task longer than this is dropped and its tasks re-issued
-            (a hung sample, or a peer that never answers). [Unit: second]
-        max_batch_bytes: the largest batch accepted (ZMQ_MAXMSGSIZE, and the total of a batch's arrays).
-            A bigger one is dropped as invalid. [Unit: byte]
-        mp_context: multiprocessing start method for local producers of a dataset object.
-        curve_secret_key: the consumer's CURVE key pair (``server.key_secret`` from ``ferry keys``).
-            Turns on CURVE: traffic is encrypted and only authorized producers are let in.
-        curve_authorized_keys: the folder of authorized producer public keys (``.key`` files).
+        metrics_port: serve ``stats()`` as Prometheus metrics on this port (needs ``ferry[metrics]``).
         log_every: seconds between one-line progress logs (logger ``ferry.consumer``, INFO); None: never.
-            At the end of an epoch with more than 10 % stall, the diagnosis is logged at WARNING. [Unit: second]
+            Each epoch's diagnosis is logged at INFO; at WARNING only when the stall stays above 10 % for two
+            epochs in a row (see :mod:`ferry.consumer.diagnosis`). [Unit: second]
+        local: a :class:`LocalOptions`: start producer processes here (local mode). Needs ``dataset``.
+            Flat shorthand: ``local_producers`` (the count; 0: none), ``producer_threads``,
+            ``producer_slots``, ``mp_context``, ``producer_transform``, ``shared_memory``.
+        transport: a :class:`TransportOptions`: heartbeats, liveness, the task timeout, the batch size bound.
+            Flat shorthand: ``heartbeat``, ``liveness``, ``task_timeout``, ``max_batch_bytes``.
+        curve: a :class:`CurveOptions`: encrypt, and let in only authorized producers.
+            Flat shorthand: ``curve_secret_key``, ``curve_authorized_keys``.
+
+        Each flat shorthand means what the group's field of the same meaning says; a group and one of its
+        flat keywords together are a ConfigError.
 
     Raises:
-        ConfigError: an invalid option, or the endpoint cannot be bound (e.g. the port is in use).
+        ConfigTypeError: an option of the wrong type (a ConfigError and a TypeError).
+        ConfigError: an invalid option or combination, or the endpoint cannot be bound (the port is in use).
     """
 
     def __init__(
-        self,
-        *,
-        endpoint: str | list[str] | None | Any = _DEFAULT,
-        batch_size: int | None = 1,
-        shuffle: bool = False,
-        seed: int = 0,
-        drop_last: bool = False,
-        sampler: Any = None,
-        batch_sampler: Any = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        buffer_batches: int = DEFAULT_BUFFER_BATCHES,
-        in_order: bool = True,
-        timeout: float = DEFAULT_TIMEOUT_S,
-        dataset_len: int | None = None,
-        device: str | torch.device | None = None,
-        pin_memory: bool | None = None,
+        self, *,
+        endpoint: str | list[str] | None | Any = UNSET,
+        batch_size: int | None = 1, shuffle: bool | None = False, seed: int = UNSET, drop_last: bool = False,
+        generator: torch.Generator | None = None,
+        sampler: Any = None, batch_sampler: Any = None,
+        rank: int | None = None, world_size: int | None = None,
+        buffer_batches: int = DEFAULT_BUFFER_BATCHES, in_order: bool = True,
+        no_producer_timeout: float | None = UNSET, timeout: float | None = UNSET,
+        dataset: Any = None, dataset_args: dict[str, Any] | None = None, dataset_len: int | None = None,
+        device: str | torch.device | None = None, pin_memory: bool | None = None,
         device_transform: Callable[[Any], Any] | None = None,
-        local_producers: int = 0,
-        dataset: Any = None,
-        dataset_args: dict[str, Any] | None = None,
-        producer_threads: int = DEFAULT_THREADS,
-        producer_slots: int = DEFAULT_SLOTS,
-        on_error: str = "raise",
-        heartbeat: float = HEARTBEAT_S,
-        liveness: int = LIVENESS,
-        task_timeout: float = DEFAULT_TASK_TIMEOUT_S,
-        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
-        mp_context: str | None = None,
-        curve_secret_key: str | None = None,
-        curve_authorized_keys: str | None = None,
-        log_every: float | None = 60.0,
-        producer_transform: str | None = None,
-        metrics_port: int | None = None,
-        shared_memory: bool = True,
+        on_error: str = "raise", log_every: float | None = 60.0, metrics_port: int | None = None,
+        local: LocalOptions | None = None, transport: TransportOptions | None = None, curve: CurveOptions | None = None,
+        # the flat shorthand of the groups above, as accepted before the groups existed
+        local_producers: int = UNSET, producer_threads: int = UNSET, producer_slots: int = UNSET,
+        mp_context: str | None = UNSET, producer_transform: Any = UNSET, shared_memory: bool = UNSET,
+        collate_fn: Any = UNSET, producer_init: Any = UNSET,
+        heartbeat: float = UNSET, liveness: int = UNSET, task_timeout: float = UNSET, max_batch_bytes: int = UNSET,
+        curve_secret_key: str | None = UNSET, curve_authorized_keys: str | None = UNSET,
+        **dataloader_options: Any,
     ) -> None:
+        check_unknown_keywords(dataloader_options)
+        given = {name: value for name, value in locals().items() if name not in ("self", "dataloader_options")}
         self._closed = True  # until fully built, so that close() on a half-built loader is safe
-        if batch_sampler is not None:
-            if sampler is not None or shuffle or drop_last or batch_size not in (None, 1):
-                raise ConfigError("batch_sampler is mutually exclusive with batch_size, shuffle, sampler and drop_last")
-            batch_size = None
-        elif batch_size is None or int(batch_size) < 1:
-            raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
-        if sampler is not None and shuffle:
-            raise ConfigError("sampler is mutually exclusive with shuffle")
-        self.rank = _env_int("RANK", 0) if rank is None else int(rank)
-        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else int(world_size)
-        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise ConfigError(f"rank {self.rank} is not in range for world_size {self.world_size}")
-        if int(buffer_batches) < 1:
-            raise ConfigError(f"buffer_batches must be >= 1, got {buffer_batches}")
-        if not task_timeout > 0:
-            raise ConfigError(f"task_timeout must be > 0 seconds, got {task_timeout}")
-        if not timeout > 0:
-            raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
-        if on_error not in ("raise", "skip"):
-            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        if local_producers < 0 or (local_producers and dataset is None):
-            raise ConfigError("local_producers needs a dataset (an object or a spec string)")
-        if dataset_len is not None and int(dataset_len) < 0:
-            raise ConfigError(f"dataset_len must be >= 0, got {dataset_len}")
-        self.device = torch.device(device) if device is not None else None
-        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"device {self.device} requested, but CUDA is not available")
-        if pin_memory is None:
-            pin_memory = self.device is not None and self.device.type == "cuda"
-        if pin_memory and not torch.cuda.is_available():
-            warnings.warn("pin_memory=True but CUDA is not available; batches stay in pageable memory",
-                          stacklevel=2)
-            pin_memory = False
-        curve = None
-        if curve_secret_key or curve_authorized_keys:
-            from ferry.common.security import CurveServer
+        opts = resolve_options(given)
+        self._options = opts
+        self.device, pin_memory = resolve_device(opts.device, opts.pin_memory)
 
-            if not (curve_secret_key and curve_authorized_keys):
-                raise ConfigError("CURVE needs both curve_secret_key and curve_authorized_keys")
-            if local_producers:
-                raise ConfigError("CURVE and local_producers cannot be combined: local producers connect over "
-                                  "ipc://, which never leaves this machine; use CURVE for remote producers")
-            curve = CurveServer.load(curve_secret_key, curve_authorized_keys)
-        if device_transform is not None and not callable(device_transform):
-            raise ConfigError("device_transform must be callable")
-
-        self.batch_size = batch_size
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.drop_last = bool(drop_last)
-        self.sampler = sampler
-        self.batch_sampler = batch_sampler
-        self.buffer_batches = int(buffer_batches)
-        self.in_order = bool(in_order)
-        self.timeout = float(timeout)
+        self.batch_size = opts.batch_size
+        self.shuffle = opts.shuffle
+        self.seed = opts.seed
+        self.drop_last = opts.drop_last
+        self.sampler = opts.sampler
+        self.batch_sampler = opts.batch_sampler
+        self.rank = opts.rank
+        self.world_size = opts.world_size
+        self.buffer_batches = opts.buffer_batches
+        self.in_order = opts.in_order
+        self.no_producer_timeout = opts.no_producer_timeout  # math.inf: wait forever
+        self.timeout = opts.no_producer_timeout  # its old name
         self.pin_memory = bool(pin_memory)
-        self.device_transform = device_transform
-        self.on_error = on_error
-        self.log_every = log_every
+        self.device_transform = opts.device_transform
+        self.on_error = opts.on_error
+        self.log_every = opts.log_every
         self._last_log = time.monotonic()
-        self._epoch_waits = {"waits": 0, "window_full": 0, "idle": 0}
-        self._epoch_start_counts: dict[str, int] = {}
+        self._waits = WaitTally({"per_producer": {}})
         self._last_diagnosis: str | None = None
 
-        fingerprint = None
-        if dataset is not None and not isinstance(dataset, str):
-            dataset_len = len(dataset) if dataset_len is None else dataset_len
-            fingerprint = dataset_fingerprint(dataset)
-
-        local_rank = _env_int("LOCAL_RANK", 0)
-        if endpoint is _DEFAULT:
-            endpoints = [] if local_producers else [_shift_port(DEFAULT_ENDPOINT, local_rank)]
-        elif endpoint is None:
-            endpoints = []
-        else:
-            endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
-            endpoints = [_shift_port(e, local_rank) for e in endpoints]
-
         self._counters = Counters()
-        self._stop = threading.Event()
-        self._staging_failure: list[BaseException] = []
-        self._staged: queue.Queue[Any] = queue.Queue(maxsize=STAGED_BATCHES)
-        self._local: LocalProducers | None = None
-        self._io: IoThread | None = None
-        self._staging: threading.Thread | None = None
         self._epoch = 0  # the epoch the next iteration runs
         self._resume_from = 0  # seqs of that epoch already delivered (from load_state_dict)
         self._run = 0
-        self._active: _EpochIterator | None = None
-        try:
-            if local_producers:
-                self._local = LocalProducers(
-                    local_producers, dataset, dataset_args=dataset_args, threads=producer_threads,
-                    slots=producer_slots, heartbeat=heartbeat, liveness=liveness, mp_context=mp_context,
-                    transform=producer_transform,
-                    # a slot per batch that can be in flight, buffered, staged or held by the loop at once
-                    shared_memory=(self.buffer_batches + STAGED_BATCHES + 2, int(max_batch_bytes))
-                    if shared_memory else None,
-                )
-                endpoints.append(self._local.endpoint)
-            if not endpoints:
-                raise ConfigError("no endpoint to bind")
-            self.endpoints = tuple(endpoints)
-            waker = Waker()  # owned by the io thread from here on
-            # nothing the threads hold may reference `self`, or the finalizer could never run
-            buffer = ReorderBuffer(in_order=self.in_order, on_release=waker.wake)
-            self._buffer = buffer
-            self._io = IoThread(
-                IoConfig(endpoints=self.endpoints, capacity=self.buffer_batches, heartbeat=float(heartbeat),
-                         liveness=int(liveness), on_error=on_error, max_batch_bytes=int(max_batch_bytes),
-                         task_timeout=float(task_timeout),
-                         dataset_len=dataset_len, fingerprint=fingerprint, curve=curve,
-                         slab=self._local.slab if self._local is not None else None),
-                buffer, self._counters, waker,
-            )
-            self._io.start()
-            self._staging_stager = make_stager(self.device, self.pin_memory, self.buffer_batches + STAGED_BATCHES + 4)
-            self._staging = threading.Thread(
-                target=staging_loop, name="ferry-staging", daemon=True,
-                args=(buffer, self._staged, self._stop, self._staging_stager, self._staging_failure),
-            )
-            self._staging.start()
-        except BaseException:
-            self._shutdown(self._stop, self._staging, self._io, self._local, None)
-            raise
-        self._metrics = None
-        if metrics_port:
-            from ferry.common.metrics import MetricsServer
-
-            try:
-                self._metrics = MetricsServer(metrics_port, _StatsView(self), "ferry_consumer")
-            except BaseException:
-                self._shutdown(self._stop, self._staging, self._io, self._local, None)
-                raise
+        self._active: EpochIterator | None = None
+        # starts local producers, the io and staging threads; nothing it holds references `self`
+        pipeline = Pipeline(opts, self._counters, device=self.device, pin_memory=self.pin_memory,
+                            figures=WeakStats(self))
+        self.endpoints = pipeline.endpoints
+        self._local, self._io, self._staging = pipeline.local, pipeline.io, pipeline.staging
+        self._stop, self._staged, self._staging_failure = pipeline.stop, pipeline.staged, pipeline.staging_failure
+        self._buffer, self._staging_stager = pipeline.buffer, pipeline.stager
+        self._epoch_log = EpochLog((self._io._thread, self._staging))  # their CPU time: the consumer's load
         self._closed = False
-        self._finalizer = weakref.finalize(self, RemoteLoader._shutdown, self._stop, self._staging, self._io,
-                                           self._local, self._metrics)
+        self._finalizer = weakref.finalize(self, pipeline.shutdown)
+        # from here on the options are read-only: assigning one would silently do nothing
+        self._read_only = frozenset(name for name in vars(self) if not name.startswith("_"))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__.get("_read_only", ()):
+            raise ConfigError(f"RemoteLoader.{name} cannot be changed after the loader is built (the running "
+                              f"threads would never see it); build a new RemoteLoader with {name}={value!r}")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in self.__dict__.get("_read_only", ()):
+            raise ConfigError(f"RemoteLoader.{name} cannot be deleted")
+        object.__delattr__(self, name)
 
     # --- iteration ----------------------------------------------------------------------------------
-    def __iter__(self) -> "_EpochIterator":
+    def __iter__(self) -> EpochIterator:
         self._check_open()
         plan = self._build_plan(self._epoch)
         order = list(range(self._resume_from, len(plan)))
         self._resume_from = 0
         self._run += 1
-        self._active = _EpochIterator(self, self._run, self._epoch, plan, order)
+        first_seq = order[0] if order else len(plan)
+        hooks = EpochHooks(  # built per iteration: a loader that is never iterated holds no cycle
+            counters=self._counters, is_current=self._is_current, next_delivery=self._next_delivery,
+            deliver=self._deliver, began=self._epoch_started, ended=self._epoch_ended, progress=self._maybe_log,
+            first_wait=self._epoch_log.first_wait,
+        )
+        self._active = EpochIterator(hooks, self._run, self._epoch, first_seq, len(order))
         self._io.start_run(StartRun(run=self._run, epoch=self._epoch, plan=plan, order=order))
         return self._active
+
+    def _is_current(self, run: int) -> bool:
+        return self._active is not None and self._active.run == run
+
+    def _epoch_ended(self, epoch: int) -> None:
+        """The iterator of ``epoch`` ran out: the next iteration runs the next epoch; say what bound this one."""
+        self._epoch = epoch + 1
+        self._last_diagnosis = self._epoch_log.end_epoch(epoch, self._epoch_figures())
 
     def __len__(self) -> int:
         if self.batch_sampler is not None:
@@ -319,9 +216,7 @@ class RemoteLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of the next iteration (the shuffle is seeded with ``seed + epoch``)."""
-        if int(epoch) < 0:
-            raise ConfigError(f"epoch must be >= 0, got {epoch}")
-        self._epoch = int(epoch)
+        self._epoch = check.integer("epoch", epoch, low=0)
         self._resume_from = 0
 
     @property
@@ -373,9 +268,10 @@ class RemoteLoader:
             raise FerryThreadError("ferry's staging thread failed") from self._staging_failure[0]
         if not io.alive:
             raise FerryThreadError("ferry's io thread is not running")
+        # local producers' deaths are seen at once; with another endpoint bound, remote ones may still serve
+        if self._local is not None and (len(self.endpoints) == 1 or not io.live_producers):
+            self._local.check(served=io.producers_seen > 0)
         if not io.live_producers:
-            if self._local is not None:
-                self._local.check()
             silent = time.monotonic() - io.no_producer_since
             if silent > self.timeout:
                 raise self._no_producers_error(waited=silent)
@@ -390,34 +286,27 @@ class RemoteLoader:
 
     def _note_wait(self) -> None:
         """Called when __next__ finds nothing staged: was the window full, or were producers idle?"""
-        io = self._io.snapshot()
-        self._epoch_waits["waits"] += 1
-        if io["buffered"] + io["in_flight"] >= self.buffer_batches:
-            self._epoch_waits["window_full"] += 1
-        elif any(p["in_flight"] < p["slots"] for p in io["per_producer"].values()) and io["queued"] == 0:
-            pass  # nothing left to issue: the end of the epoch, not idleness
-        elif any(p["in_flight"] < p["slots"] for p in io["per_producer"].values()):
-            self._epoch_waits["idle"] += 1
+        self._waits.note(self._io.snapshot(), self.buffer_batches)
 
     def _epoch_started(self) -> None:
-        self._epoch_waits = {"waits": 0, "window_full": 0, "idle": 0}
-        self._epoch_start_counts = {n: p["batches"] for n, p in self._io.snapshot()["per_producer"].items()}
+        self._waits = WaitTally(self._io.snapshot())
+        self._epoch_log.start_epoch()
 
     def diagnosis(self) -> str:
-        """What bounds the current (or last) epoch: the producers, the window, or the transport/consumer,
-        and about how many producers would remove the stall. See :mod:`ferry.consumer.diagnosis`."""
-        from ferry.consumer.diagnosis import EpochFigures, diagnose
+        """What bounds the current (or last) epoch: the producers, the window, or the consumer, and about how
+        many producers would remove the stall. See :mod:`ferry.consumer.diagnosis`."""
+        return diagnose(self._epoch_figures())
 
-        c = self._counters
-        snap = self._io.snapshot()
-        by_producer = {n: p["batches"] - self._epoch_start_counts.get(n, 0) for n, p in snap["per_producer"].items()}
+    def _epoch_figures(self) -> EpochFigures:
+        c, snap, waits = self._counters, self._io.snapshot(), self._waits
         active = self._active
-        return diagnose(EpochFigures(
+        return EpochFigures(
             batches=active.yielded if active is not None else 0, wait_s=c.epoch_wait_s, active_s=c.epoch_active_s,
-            producers=snap["producers"], batches_by_producer=by_producer,
-            window_full_waits=self._epoch_waits["window_full"], idle_waits=self._epoch_waits["idle"],
-            waits=self._epoch_waits["waits"],
-        ))
+            producers=snap["producers"], batches_by_producer=waits.batches_by_producer(snap),
+            window_full_waits=waits.window_full, idle_waits=waits.idle, waits=waits.waits,
+            startup_s=self._epoch_log.startup_s if active is not None and active.run == 1 else 0.0,
+            consumer_cpu_s=self._epoch_log.consumer_cpu_s(),
+        )
 
     def _maybe_log(self, now: float, epoch: int, done: int, total: int) -> None:
         if self.log_every is None or now - self._last_log < self.log_every:
@@ -448,37 +337,9 @@ class RemoteLoader:
     # --- figures, state -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Figures of this loader (lifetime counters; ``epoch_*`` for the current epoch)."""
-        c = self._counters
         io = self._io.snapshot() if self._io is not None else {}
-        elapsed = max(1e-9, time.monotonic() - c.created)
-        return {
-            "batches": c.batches,
-            "bytes": c.bytes_yielded,
-            "mb_per_s": c.bytes_yielded / 1e6 / c.active_s if c.active_s > 0 else 0.0,
-            "producers": io.get("producers", 0),
-            "producers_seen": io.get("producers_seen", 0),
-            "buffered": io.get("buffered", 0),
-            "in_flight": io.get("in_flight", 0),
-            "capacity": self.buffer_batches,
-            "wait_s": c.wait_s,
-            "active_s": c.active_s,
-            "step_s": (c.active_s - c.wait_s) / c.batches if c.batches else 0.0,
-            "stall_fraction": stall_fraction(c.wait_s, c.active_s),
-            "epoch": self._active.epoch if self._active is not None else self._epoch,
-            "epoch_wait_s": c.epoch_wait_s,
-            "epoch_stall_fraction": stall_fraction(c.epoch_wait_s, c.epoch_active_s),
-            "received": c.received,
-            "received_bytes": c.bytes,
-            "reissued": io.get("reissued", 0),
-            "duplicates": c.duplicates,
-            "stale": c.stale,
-            "invalid_messages": c.invalid_messages,
-            "skipped_samples": c.skipped_samples,
-            "uptime_s": elapsed,
-            "per_producer": io.get("per_producer", {}),
-            "shared_memory": io.get("shared_memory"),
-            "shared_batches": c.shared_batches,
-        }
+        epoch = self._active.epoch if self._active is not None else self._epoch
+        return stats_figures(self._counters, io, capacity=self.buffer_batches, epoch=epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """A small, JSON-serialisable state: resume with ``load_state_dict`` in a new process."""
@@ -526,19 +387,6 @@ class RemoteLoader:
         self._closed = True
         self._finalizer()
 
-    @staticmethod
-    def _shutdown(stop: threading.Event, staging: threading.Thread | None, io: IoThread | None,
-                  local: LocalProducers | None, metrics: Any = None) -> None:
-        if metrics is not None:
-            metrics.close()
-        stop.set()
-        if staging is not None and staging.is_alive():
-            staging.join(JOIN_TIMEOUT_S)
-        if io is not None:
-            io.close(JOIN_TIMEOUT_S)
-        if local is not None:
-            local.close()
-
     def __enter__(self) -> "RemoteLoader":
         return self
 
@@ -551,76 +399,3 @@ class RemoteLoader:
         s = self.stats()
         return (f"<RemoteLoader [{s['producers']} producers | buffered {s['buffered']}, in flight "
                 f"{s['in_flight']} of {self.buffer_batches} | {s['batches']} batches] {', '.join(self.endpoints)}>")
-
-
-class _StatsView:
-    """The metrics thread's view of a loader: a weak reference, so that it never keeps the loader alive."""
-
-    def __init__(self, loader: RemoteLoader) -> None:
-        self._loader = weakref.ref(loader)
-
-    def __call__(self) -> dict[str, Any]:
-        loader = self._loader()
-        return loader.stats() if loader is not None and not loader.closed else {}
-
-
-class _EpochIterator:
-    """One pass over one epoch's plan. Only the newest iterator of a loader may advance."""
-
-    def __init__(self, loader: RemoteLoader, run: int, epoch: int, plan: Any, order: list[int]) -> None:
-        self._loader = loader
-        self.run = run
-        self.epoch = epoch
-        self.first_seq = order[0] if order else len(plan)
-        self.total = len(order)
-        self.yielded = 0
-        self.finished = False
-        self._started: float | None = None
-        self._last: float | None = None
-
-    def __iter__(self) -> "_EpochIterator":
-        return self
-
-    def __len__(self) -> int:
-        return self.total - self.yielded
-
-    def __next__(self) -> Any:
-        loader = self._loader
-        if self.finished:
-            raise StopIteration
-        if loader._active is not self:
-            raise RuntimeError("a newer iteration of this RemoteLoader has started; this one is abandoned")
-        counters = loader._counters
-        began = time.monotonic()
-        if self._started is None:
-            self._started = began
-            counters.epoch_wait_s = counters.epoch_active_s = 0.0
-            loader._epoch_started()
-        try:
-            item = loader._next_delivery(self.run)
-        finally:
-            now = time.monotonic()
-            counters.wait_s += now - began
-            counters.epoch_wait_s += now - began
-        if item is None:
-            self.finished = True
-            loader._epoch = self.epoch + 1
-            self._account(now)
-            if counters.epoch_active_s > 0 and counters.epoch_wait_s / counters.epoch_active_s > 0.10:
-                loader._last_diagnosis = loader.diagnosis()
-                log.warning("ferry: epoch %d: %s", self.epoch, loader._last_diagnosis)
-            raise StopIteration
-        self.yielded += 1  # this position is consumed, even when it raises
-        try:
-            return loader._deliver(item)  # raises RemoteSampleError in place of a failed batch
-        finally:
-            done = time.monotonic()
-            self._account(done)
-            loader._maybe_log(done, self.epoch, self.first_seq + self.yielded, self.first_seq + self.total)
-
-    def _account(self, now: float) -> None:
-        counters = self._loader._counters
-        span = now - (self._last or self._started)
-        counters.active_s += span
-        counters.epoch_active_s += span
-        self._last = now

@@ -21,12 +21,12 @@ logged once and told to say HELLO at most once per heartbeat.
 from __future__ import annotations
 
 import logging
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ferry.common.constants import MAX_TRACKED_PEERS
+from ferry.common.ratelimit import RateLimitedLog
 
 from ferry.consumer.dispatcher import Dispatcher, ProducerInfo
 
@@ -161,7 +161,8 @@ class BadPeers:
     def __init__(self, describe: Callable[[bytes], str]) -> None:
         self._describe = describe
         self._peers: OrderedDict[bytes, float] = OrderedDict()  # peer -> when it was last sent a REJECT
-        self._log_window, self._log_lines, self._log_suppressed = time.monotonic(), 0, 0
+        self._log = RateLimitedLog(log, lines=INVALID_LOG_BURST, window_s=60.0,
+                                   suppressed="%d more invalid messages from other peers were dropped without a log line")
 
     def invalid(self, peer: bytes, reason: str) -> None:
         """Log once per peer, and at most INVALID_LOG_BURST lines a minute in all (a broken peer that keeps
@@ -169,18 +170,8 @@ class BadPeers:
         if peer in self._peers:
             return
         self._remember(peer, 0.0)
-        now = time.monotonic()
-        if now - self._log_window >= 60.0:
-            if self._log_suppressed:
-                log.warning("%d more invalid messages from other peers were dropped without a log line",
-                            self._log_suppressed)
-            self._log_window, self._log_lines, self._log_suppressed = now, 0, 0
-        if self._log_lines < INVALID_LOG_BURST:
-            self._log_lines += 1
-            log.warning("invalid message from %s dropped: %s (further ones from this peer are only counted)",
-                        self._describe(peer), reason)
-        else:
-            self._log_suppressed += 1
+        self._log.warning("invalid message from %s dropped: %s (further ones from this peer are only counted)",
+                          self._describe(peer), reason)
 
     def reject_due(self, peer: bytes, now: float, interval: float) -> bool:
         """Whether to tell an unregistered ``peer`` to say HELLO: at most once per ``interval``."""

@@ -1,4 +1,4 @@
-"""The staging thread (DESIGN §6.2): from the reorder buffer to batches the training loop can use.
+"""The staging thread (docs/ARCHITECTURE.md#staging): from the reorder buffer to batches the training loop can use.
 
 * CPU (``device=None`` or ``"cpu"``): every array leaf becomes a tensor over the received frame
   (``torch.from_numpy``), no copy. A large leaf that arrived in several frames (see
@@ -27,31 +27,24 @@ import torch
 
 from ferry.common.codec import Chunked
 from ferry.common.constants import POLL_SLICE_S
+from ferry.common.tree import iter_leaves, map_tree
 
 from ferry.consumer.buffer import Delivery, ReorderBuffer, is_eof
 
 
-def map_arrays(tree: Any, fn: Callable[[np.ndarray | Chunked], Any]) -> Any:
-    if isinstance(tree, (np.ndarray, Chunked)):
-        return fn(tree)
-    if isinstance(tree, dict):
-        return {k: map_arrays(v, fn) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [map_arrays(v, fn) for v in tree]
-    if isinstance(tree, tuple):
-        return tuple(map_arrays(v, fn) for v in tree)
-    return tree
+def map_arrays(tree: Any, fn: Callable[[np.ndarray | Chunked], torch.Tensor]) -> Any:
+    """The tree with ``fn(leaf)``, a tensor, in place of each array leaf. A bfloat16 leaf (its int16 bits on
+    the wire) becomes a bfloat16 tensor over the same memory."""
+    return map_tree(lambda leaf: _tensor_of(leaf, fn) if isinstance(leaf, (np.ndarray, Chunked)) else leaf, tree)
+
+
+def _tensor_of(leaf: np.ndarray | Chunked, fn: Callable[[np.ndarray | Chunked], torch.Tensor]) -> torch.Tensor:
+    tensor = fn(leaf)
+    return tensor.view(torch.bfloat16) if getattr(leaf, "bfloat16", False) else tensor
 
 
 def iter_tensors(tree: Any):
-    if isinstance(tree, torch.Tensor):
-        yield tree
-    elif isinstance(tree, dict):
-        for v in tree.values():
-            yield from iter_tensors(v)
-    elif isinstance(tree, (list, tuple)):
-        for v in tree:
-            yield from iter_tensors(v)
+    return (leaf for leaf in iter_leaves(tree) if isinstance(leaf, torch.Tensor))
 
 
 class HostPool:

@@ -1,4 +1,4 @@
-"""Counters and figures of a consumer (DESIGN §9).
+"""Counters and figures of a consumer (docs/ARCHITECTURE.md#observability), and the declaration of what ``stats()`` returns.
 
 Each counter has one writer: the io thread counts what arrives, the training thread what it yields and how
 long it waited. ``stats()`` reads them all; a read of an int is atomic in CPython, so no lock is needed.
@@ -7,7 +7,13 @@ long it waited. ``stats()`` reads them all; a read of an int is atomic in CPytho
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
+from typing import Any
+
+from ferry.common.metrics import COUNTER, GAUGE, Figure
+
+__all__ = ["Counters", "STATS", "stats_figures", "stall_fraction", "WeakStats"]
 
 
 @dataclass
@@ -32,3 +38,80 @@ class Counters:
 
 def stall_fraction(wait_s: float, active_s: float) -> float:
     return wait_s / active_s if active_s > 0 else 0.0
+
+
+#: The fields of ``RemoteLoader.stats()``, declared once: a counter only grows over the loader's life, a gauge
+#: goes up and down (``epoch_*`` restart each epoch). The Prometheus export takes its types from here.
+STATS: tuple[Figure, ...] = (
+    Figure("batches", COUNTER, "batches yielded to the training loop"),
+    Figure("bytes", COUNTER, "bytes of the batches yielded"),
+    Figure("mb_per_s", GAUGE, "MB yielded per second of iteration"),
+    Figure("producers", GAUGE, "producers alive now"),
+    Figure("producers_seen", COUNTER, "producers admitted since the start"),
+    Figure("buffered", GAUGE, "batches received and not yet yielded"),
+    Figure("in_flight", GAUGE, "tasks sent and not yet answered"),
+    Figure("capacity", GAUGE, "the bound on buffered + in flight (buffer_batches)"),
+    Figure("wait_s", COUNTER, "seconds the training loop waited for a batch"),
+    Figure("active_s", COUNTER, "seconds of iteration"),
+    Figure("step_s", GAUGE, "mean seconds of the training step between batches"),
+    Figure("stall_fraction", GAUGE, "wait_s / active_s"),
+    Figure("epoch", GAUGE, "the epoch being iterated"),
+    Figure("epoch_wait_s", GAUGE, "seconds waited in this epoch"),
+    Figure("epoch_stall_fraction", GAUGE, "the stall fraction of this epoch"),
+    Figure("received", COUNTER, "batches received"),
+    Figure("received_bytes", COUNTER, "bytes received"),
+    Figure("reissued", COUNTER, "tasks sent again after a producer was lost"),
+    Figure("duplicates", COUNTER, "batches received twice (dropped)"),
+    Figure("stale", COUNTER, "results of an old session (dropped)"),
+    Figure("invalid_messages", COUNTER, "malformed messages (dropped)"),
+    Figure("skipped_samples", COUNTER, "samples dropped by on_error='skip'"),
+    Figure("uptime_s", GAUGE, "seconds since the loader was built"),
+    Figure("per_producer", None, "figures per producer (name -> dict)"),
+    Figure("shared_memory", None, "the shared-memory slab: slots, free, lost (None without one)"),
+    Figure("shared_batches", COUNTER, "batches received through shared memory"),
+)
+
+
+def stats_figures(c: Counters, io: dict[str, Any], *, capacity: int, epoch: int) -> dict[str, Any]:
+    """The ``stats()`` dict, from the training thread's counters and the io thread's snapshot ``io``."""
+    values = {
+        "batches": c.batches,
+        "bytes": c.bytes_yielded,
+        "mb_per_s": c.bytes_yielded / 1e6 / c.active_s if c.active_s > 0 else 0.0,
+        "producers": io.get("producers", 0),
+        "producers_seen": io.get("producers_seen", 0),
+        "buffered": io.get("buffered", 0),
+        "in_flight": io.get("in_flight", 0),
+        "capacity": capacity,
+        "wait_s": c.wait_s,
+        "active_s": c.active_s,
+        "step_s": (c.active_s - c.wait_s) / c.batches if c.batches else 0.0,
+        "stall_fraction": stall_fraction(c.wait_s, c.active_s),
+        "epoch": epoch,
+        "epoch_wait_s": c.epoch_wait_s,
+        "epoch_stall_fraction": stall_fraction(c.epoch_wait_s, c.epoch_active_s),
+        "received": c.received,
+        "received_bytes": c.bytes,
+        "reissued": io.get("reissued", 0),
+        "duplicates": c.duplicates,
+        "stale": c.stale,
+        "invalid_messages": c.invalid_messages,
+        "skipped_samples": c.skipped_samples,
+        "uptime_s": max(1e-9, time.monotonic() - c.created),
+        "per_producer": io.get("per_producer", {}),
+        "shared_memory": io.get("shared_memory"),
+        "shared_batches": c.shared_batches,
+    }
+    return {f.name: values[f.name] for f in STATS}  # a KeyError here: a field declared but not computed
+
+
+class WeakStats:
+    """The metrics thread's view of a loader's ``stats()``: a weak reference, so that it never keeps the loader
+    alive ({} once the loader is closed or gone)."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = weakref.ref(loader)
+
+    def __call__(self) -> dict[str, Any]:
+        loader = self._loader()
+        return loader.stats() if loader is not None and not loader.closed else {}

@@ -3,7 +3,8 @@
 Producers (``python -m ferry.producer``) read and collate batches on any machine and stream them over
 ZeroMQ to :class:`RemoteLoader`, a bounded, staged iterator inside the training script.
 
-The public API is this module: ``from ferry import RemoteLoader`` and the error types below. Importing
+The public API is this module: ``from ferry import RemoteLoader``, its option groups (``LocalOptions``,
+``TransportOptions``, ``CurveOptions``) and the error types below. Importing
 ``ferry`` does not import torch (the producer image has none): ``RemoteLoader`` is loaded on first use.
 """
 
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ferry.common.sampleinfo import SampleInfo, sample_info
 from ferry.common.errors import (
     ConfigError,
+    ConfigTypeError,
     DatasetError,
     DatasetSpecError,
     FerryError,
@@ -20,24 +23,33 @@ from ferry.common.errors import (
     LoaderClosedError,
     MissingExtraError,
     NoProducersError,
+    ProducerDiedError,
     ProducerStartupError,
     ProtocolError,
     RemoteSampleError,
     SampleLoadError,
     VersionMismatch,
 )
+from ferry.consumer.options import CurveOptions, LocalOptions, TransportOptions
 
 __all__ = [
     "RemoteLoader",
+    "sample_info",
+    "SampleInfo",
+    "LocalOptions",
+    "TransportOptions",
+    "CurveOptions",
     "FerryError",
     "FerryThreadError",
     "LoaderClosedError",
     "ConfigError",
+    "ConfigTypeError",
     "DatasetSpecError",
     "DatasetError",
     "SampleLoadError",
     "MissingExtraError",
     "NoProducersError",
+    "ProducerDiedError",
     "ProducerStartupError",
     "ProtocolError",
     "RemoteSampleError",

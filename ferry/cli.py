@@ -13,14 +13,15 @@ EPILOG = """\
 subcommand examples:
   ferry demo                                    # synthetic 13-channel data, 2 local producers, 1 epoch
   ferry demo --epochs 2 --producers 3 --samples 1024
-  ferry produce --connect tcp://trainer:5555 --dataset npy-folder --dataset-arg root=/data
+  ferry produce --connect tcp://10.0.0.5:5555 --dataset npy-folder --dataset-arg root=/data
   ferry produce --help                          # every producer flag, with examples
   ferry keys ./keys                             # CURVE keys: server + one authorized producer
   ferry pack /data/train /data/train-packed     # fixed-size records: one read per sample
 
 In a training script:
   from ferry import RemoteLoader
-  with RemoteLoader(endpoint="tcp://*:5555", batch_size=32, shuffle=True) as loader:
+  # bind a private address: without CURVE, anyone who reaches the port can join
+  with RemoteLoader(endpoint="tcp://10.0.0.5:5555", batch_size=32, shuffle=True) as loader:
       for x, y in loader: ...
 """
 
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     pack = sub.add_parser("pack", help="convert an npy-folder dataset into packed shards (one read per sample)",
                           formatter_class=argparse.RawDescriptionHelpFormatter,
                           epilog="example:\n  ferry pack /data/train /data/train-packed\n"
-                                 "  python -m ferry.producer --connect tcp://trainer:5555 --dataset packed "
+                                 "  python -m ferry.producer --connect tcp://10.0.0.5:5555 --dataset packed "
                                  "--dataset-arg root=/data/train-packed")
     pack.add_argument("source", help="the npy-folder root (class subfolders of .npy files)")
     pack.add_argument("out", help="folder for the shards and index.json")

@@ -11,6 +11,7 @@ This package never imports ``consumer``, and imports torch only if the dataset d
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import signal
@@ -38,7 +39,8 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
     Raises:
         DatasetSpecError: the dataset spec cannot be resolved.
     """
-    from ferry.common.datasets import resolve_dataset
+    from ferry.common.datasets import Transformed, resolve_callable, resolve_dataset
+    from ferry.common.sampleinfo import seed_process
 
     from ferry.producer.service import Producer
 
@@ -48,9 +50,13 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
     if dataset is None:
         dataset = resolve_dataset(config.dataset, config.dataset_args)
     if config.transform:
-        from ferry.common.datasets import Transformed, resolve_callable
-
-        dataset = Transformed(dataset, resolve_callable(config.transform), config.transform)
+        dataset = Transformed(dataset, config.transform)
+    if isinstance(config.collate, str):
+        config = dataclasses.replace(config, collate=resolve_callable(config.collate, "collate function"))
+    seed_process(config.seed, worker_id=config.worker_id, num_workers=config.num_workers, dataset=dataset)
+    if config.init is not None:
+        init = resolve_callable(config.init, "init function") if isinstance(config.init, str) else config.init
+        init(config.worker_id)
     producer = Producer(config, dataset)
     if threading.current_thread() is threading.main_thread():
         install_signal_handlers(producer)

@@ -44,6 +44,7 @@ from ferry.common import protocol
 from ferry.common.codec import encode_tree
 from ferry.common.constants import FRAME_CHUNK_BYTES, REMOTE_MESSAGE_CHARS, REMOTE_TRACEBACK_CHARS
 from ferry.common.shm import SLOT_ALIGN, populate
+from ferry.common.sampleinfo import loading
 from ferry.common.waker import Waker
 
 from ferry.producer.buffers import BufferPool
@@ -62,6 +63,7 @@ class Job:
     indices: list[int]
     on_error: str
     slot: Any = None  # a ferry.common.shm.SlotWriter: the consumer's shared memory to write this batch into
+    seed: int = 0  # the loader's seed: sample_info().seed derives from (seed, epoch, index)
 
 
 @dataclass
@@ -90,17 +92,18 @@ def _retry_ast_race(fn: Any, *args: Any) -> Any:
         return fn(*args)
 
 
-def _get(dataset: Any, index: int) -> Any:
-    return _retry_ast_race(dataset.__getitem__, index)
+def _get(dataset: Any, index: int, job: Job) -> Any:
+    with loading(job.seed, job.epoch, index):
+        return _retry_ast_race(dataset.__getitem__, index)
 
 
-def _load_row(dataset: Any, index: int, layout: RowLayout | None, dests: list[np.ndarray], row: int,
+def _load_row(dataset: Any, index: int, job: Job, layout: RowLayout | None, dests: list[np.ndarray], row: int,
               fresh: bool = False) -> tuple[Any, bool]:
     """On a loading thread: ``dataset[index]``, with its arrays copied into row ``row`` of ``dests`` at once
     when it fits ``layout`` (the per-sample arrays are then garbage as soon as this returns). Returns the
     sample (its arrays replaced by their rows when it fits) and whether it fit. ``fresh``: the rows are
     shared-memory pages this process never wrote; they are populated first (:func:`_populate_row`)."""
-    sample = _get(dataset, index)
+    sample = _get(dataset, index, job)
     if layout is None:
         return sample, False
     if fresh:
@@ -110,12 +113,13 @@ def _load_row(dataset: Any, index: int, layout: RowLayout | None, dests: list[np
     return (sample, False) if written is None else (written, True)
 
 
-def _read_row(dataset: Any, index: int, out: np.ndarray, fresh: bool) -> Any:
+def _read_row(dataset: Any, index: int, out: np.ndarray, job: Job, fresh: bool) -> Any:
     """The fast path's loading thread: ``dataset.read_into(index, out)``, with ``out`` populated first when
     it is fresh shared memory."""
     if fresh:
         _populate_row(out)
-    return _retry_ast_race(dataset.read_into, index, out)
+    with loading(job.seed, job.epoch, index):
+        return _retry_ast_race(dataset.read_into, index, out)
 
 
 def _populate_row(row: np.ndarray) -> None:
@@ -179,10 +183,12 @@ class Batcher:
     """Loads and collates batches on thread pools. ``close()`` waits for running work, bounded."""
 
     def __init__(self, dataset: Any, *, threads: int, batch_workers: int, done: "queue.SimpleQueue[Outcome]",
-                 waker: Waker) -> None:
+                 waker: Waker, collate_fn: Any = None) -> None:
         self._dataset = dataset
+        self._collate_fn = collate_fn  # the user's own: then samples reach it as they are, no row layout
         layout = dataset.array_layout() if callable(getattr(dataset, "array_layout", None)) else None
-        self._layout = layout if callable(getattr(dataset, "read_into", None)) else None
+        # the fast path makes default_collate's [array, labels] itself: not with the user's own collate_fn
+        self._layout = layout if callable(getattr(dataset, "read_into", None)) and collate_fn is None else None
         self.pool = BufferPool(limit=batch_workers + 2)
         self._rows: RowLayout | None = None  # the general path's sample layout, learned from a batch
         self._populated: set[tuple[int, int]] = set()  # slot regions this process has faulted in
@@ -213,14 +219,14 @@ class Batcher:
             return self._assemble_fast(job)
         layout = self._rows  # learned from an earlier batch; None until then (or when samples defeat it)
         futures: list[Future] = []
-        if layout is None:  # learn it from this batch's first sample, so that even the first batch takes rows
-            futures.append(self._samples.submit(_load_row, self._dataset, job.indices[0], None, [], 0))
+        if layout is None and self._collate_fn is None:  # learn it from this batch's first sample, so that even the first batch takes rows
+            futures.append(self._samples.submit(_load_row, self._dataset, job.indices[0], job, None, [], 0))
             layout = self._learn_first(futures[0])
         dests, pooled = self._destinations(layout, job) if layout is not None else ([], None)
         fresh = pooled is None and self._fresh(job)
         if futures and layout is not None:
             futures[0] = _written_first(futures[0], layout, dests, fresh)
-        futures += [self._samples.submit(_load_row, self._dataset, i, layout, dests, row, fresh)
+        futures += [self._samples.submit(_load_row, self._dataset, i, job, layout, dests, row, fresh)
                     for row, i in enumerate(job.indices) if row >= len(futures)]
         samples, indices, errors, fitted = [], [], [], 0
         for index, future in zip(job.indices, futures):
@@ -271,6 +277,8 @@ class Batcher:
 
     def _learn(self, sample: Any) -> None:
         """Take the layout of a batch that collated normally for the next ones."""
+        if self._collate_fn is not None:
+            return
         layout = RowLayout.learn(sample)
         if layout is not None and (self._rows is None or layout.signature != self._rows.signature):
             self._rows = layout
@@ -316,8 +324,9 @@ class Batcher:
         Raises:
             _BatchFailed: with the records that explain why the batch cannot be sent.
         """
+        collate_fn = self._collate_fn or collate
         try:
-            return collate(samples), samples, []
+            return collate_fn(samples), samples, []
         except Exception as exc:
             first_error = exc
         odd, majority = odd_ones_out(samples)
@@ -337,7 +346,7 @@ class Batcher:
         kept = [s for p, s in enumerate(samples) if p not in set(odd)]
         kept_indices = [i for p, i in enumerate(indices) if p not in set(odd)]
         try:
-            return collate(kept), kept, records
+            return collate_fn(kept), kept, records
         except Exception as exc:
             raise _BatchFailed(records + self._whole_batch(job, kept_indices, exc))
 
@@ -357,7 +366,7 @@ class Batcher:
         # ignores what the pool did not hand out, so a slot view needs no special case there
         buffer = room.view(dtype).reshape(batch_shape) if room is not None else self.pool.acquire(batch_shape, dtype)
         fresh = room is not None and self._fresh(job)
-        futures = [self._samples.submit(_read_row, self._dataset, i, buffer[row], fresh)
+        futures = [self._samples.submit(_read_row, self._dataset, i, buffer[row], job, fresh)
                    for row, i in enumerate(job.indices)]
         labels, good, errors = [], [], []
         for row, (index, future) in enumerate(zip(job.indices, futures)):

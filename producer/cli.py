@@ -6,8 +6,12 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any, Mapping
 
 from ferry.common.constants import DEFAULT_SLOTS, DEFAULT_THREADS, HEARTBEAT_S, LIVENESS
+from ferry.common.errors import ConfigError
+
+from ferry.producer.config import LOG_LEVELS, UNREACHABLE_WARNING_S, read_env
 
 EXAMPLES = """\
 examples:
@@ -26,7 +30,9 @@ examples:
       --dataset-arg length=10000 --dataset-arg 'shape=[13,299,299]' --dataset-arg delay=0.005
 
 Every flag can also come from the environment: FERRY_CONNECT (comma-separated), FERRY_DATASET,
-FERRY_DATASET_ARGS (JSON object), FERRY_THREADS, FERRY_SLOTS, FERRY_CURVE_KEY, FERRY_CURVE_SERVER_KEY.
+FERRY_DATASET_ARGS (JSON object), FERRY_TRANSFORM, FERRY_THREADS, FERRY_SLOTS, FERRY_CURVE_KEY,
+FERRY_CURVE_SERVER_KEY, FERRY_METRICS_PORT, FERRY_LOG_LEVEL. A flag wins over its variable; a variable
+that does not parse is an error (exit status 2), even with --help.
 
   # CURVE: encrypted, and only producers whose keys the consumer authorized get work
   python -m ferry.producer --connect tcp://trainer:5555 --dataset synthetic \\
@@ -36,7 +42,8 @@ Exit status: 0 after SIGTERM/SIGINT (it says BYE first), 2 on a configuration er
 """
 
 
-def build_parser(prog: str = "python -m ferry.producer") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m ferry.producer", env: Mapping[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The producer's flags; their defaults come from ``env``, the parsed variables of :func:`read_env`."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description=(
@@ -47,7 +54,7 @@ def build_parser(prog: str = "python -m ferry.producer") -> argparse.ArgumentPar
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    env = os.environ.get
+    env = (env or {}).get
     parser.add_argument("--connect", action="append", metavar="ENDPOINT",
                         help="consumer endpoint, tcp://HOST:PORT, tcp://HOST:PORT-PORT (a range of ranks) or "
                              "ipc://PATH; repeat for several consumers [env FERRY_CONNECT]")
@@ -60,9 +67,20 @@ def build_parser(prog: str = "python -m ferry.producer") -> argparse.ArgumentPar
     parser.add_argument("--transform", default=env("FERRY_TRANSFORM"), metavar="CALLABLE",
                         help="package.module:callable applied to every sample before collation, e.g. a crop "
                              "or a normalisation [env FERRY_TRANSFORM]")
-    parser.add_argument("--threads", type=int, default=int(env("FERRY_THREADS", DEFAULT_THREADS)),
+    parser.add_argument("--collate", default=env("FERRY_COLLATE"), metavar="CALLABLE",
+                        help="package.module:callable that collates a list of samples into a batch, in place of "
+                             "default_collate, like DataLoader's collate_fn (e.g. to pad sequences) "
+                             "[env FERRY_COLLATE]")
+    parser.add_argument("--init", default=env("FERRY_INIT"), metavar="CALLABLE",
+                        help="package.module:callable called once in this producer process with its worker id, "
+                             "like DataLoader's worker_init_fn [env FERRY_INIT]")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of this process's random, numpy and torch generators (default: drawn from the "
+                             "OS, so no two producers share a stream); for reproducible augmentation use "
+                             "ferry.sample_info().seed in the dataset instead")
+    parser.add_argument("--threads", type=int, default=env("FERRY_THREADS", DEFAULT_THREADS),
                         help=f"loader threads; the samples of a batch load concurrently (default {DEFAULT_THREADS})")
-    parser.add_argument("--slots", type=int, default=int(env("FERRY_SLOTS", DEFAULT_SLOTS)),
+    parser.add_argument("--slots", type=int, default=env("FERRY_SLOTS", DEFAULT_SLOTS),
                         help=f"batches taken at once from each consumer (default {DEFAULT_SLOTS})")
     parser.add_argument("--heartbeat", type=float, default=HEARTBEAT_S,
                         help=f"seconds between heartbeats before the consumer sets its own (default {HEARTBEAT_S})")
@@ -73,35 +91,36 @@ def build_parser(prog: str = "python -m ferry.producer") -> argparse.ArgumentPar
                              "encryption and authentication [env FERRY_CURVE_KEY]")
     parser.add_argument("--curve-server-key", default=env("FERRY_CURVE_SERVER_KEY"), metavar="FILE",
                         help="the consumer's CURVE public key (server.key) [env FERRY_CURVE_SERVER_KEY]")
-    parser.add_argument("--metrics-port", type=int, default=int(env("FERRY_METRICS_PORT", 0)) or None,
+    parser.add_argument("--metrics-port", type=int, default=env("FERRY_METRICS_PORT") or None,
                         metavar="PORT", help="serve Prometheus metrics on this port (needs ferry[metrics]) "
                                              "[env FERRY_METRICS_PORT]")
-    parser.add_argument("--log-level", default=env("FERRY_LOG_LEVEL", "INFO"),
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log verbosity (default INFO)")
+    parser.add_argument("--log-level", default=env("FERRY_LOG_LEVEL", "INFO"), type=str.upper, choices=LOG_LEVELS,
+                        help="log verbosity, in any case (default INFO) [env FERRY_LOG_LEVEL]")
     return parser
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m ferry.producer") -> int:
-    import json
-
     from ferry.common.datasets import parse_dataset_args
     from ferry.common.errors import FerryError
 
     from ferry.producer import ProducerConfig, serve
 
-    parser = build_parser(prog)
+    try:
+        env = read_env()  # before the flags, so that a bad variable is named even with --help
+    except ConfigError as exc:
+        print(f"ferry producer: error: {exc}", file=sys.stderr)
+        return 2
+    parser = build_parser(prog, env)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format=f"ferry-producer[{os.getpid()}] %(levelname)s %(message)s",
                         stream=sys.stderr)
-    endpoints = args.connect or [e for e in os.environ.get("FERRY_CONNECT", "").split(",") if e]
+    endpoints = args.connect or env.get("FERRY_CONNECT")
     if not endpoints:
         parser.error("--connect is required (or set FERRY_CONNECT)")
     if not args.dataset:
         parser.error("--dataset is required (or set FERRY_DATASET)")
     try:
-        dataset_args = json.loads(os.environ.get("FERRY_DATASET_ARGS") or "{}")
-        if not isinstance(dataset_args, dict):
-            raise ValueError("FERRY_DATASET_ARGS must be a JSON object")
+        dataset_args = dict(env.get("FERRY_DATASET_ARGS", {}))
         dataset_args.update(parse_dataset_args(args.dataset_arg))
         curve = None
         if args.curve_key or args.curve_server_key:
@@ -113,18 +132,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m ferry.producer") 
         config = ProducerConfig(
             endpoints=tuple(endpoints), dataset=args.dataset, dataset_args=dataset_args, threads=args.threads,
             slots=args.slots, heartbeat=args.heartbeat, liveness=args.liveness,
-            exit_with_parent=os.environ.get("FERRY_EXIT_WITH_PARENT") == "1", curve=curve,
-            transform=args.transform, metrics_port=args.metrics_port,
-            shared_memory=shared_memory_from_env(),
+            exit_with_parent=env.get("FERRY_EXIT_WITH_PARENT", False), curve=curve,
+            transform=args.transform, metrics_port=args.metrics_port, shared_memory=env.get("FERRY_SHARED_MEMORY"),
+            unreachable_warning_s=env.get("FERRY_UNREACHABLE_WARNING_S", UNREACHABLE_WARNING_S),
+            init=args.init, collate=args.collate, seed=args.seed,
+            worker_id=env.get("FERRY_WORKER", (0, 1))[0], num_workers=env.get("FERRY_WORKER", (0, 1))[1],
         )
         return serve(config)
     except (FerryError, ValueError) as exc:
         print(f"ferry producer: error: {exc}", file=sys.stderr)
         return 2
-
-
-def shared_memory_from_env() -> tuple[str, str] | None:
-    """``FERRY_SHARED_MEMORY=TOKEN:PATH``, set by a consumer for the producers it starts (local mode)."""
-    value = os.environ.get("FERRY_SHARED_MEMORY", "")
-    token, _, path = value.partition(":")
-    return (path, token) if token and path else None

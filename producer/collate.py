@@ -1,10 +1,13 @@
 """Collation in numpy, with the output types of ``torch.utils.data.default_collate``.
 
-* arrays (and torch CPU tensors) are stacked and keep their dtype;
+* arrays (and torch CPU tensors) are stacked and keep their dtype (bfloat16 tensors travel as their bits,
+  :class:`ferry.common.codec.Bfloat16Bits`);
 * numpy scalars keep their dtype; Python ``bool`` -> bool, ``int`` -> int64, ``float`` -> float64;
-* ``str`` and ``bytes`` stay a list;
-* mappings collate per key; a tuple collates into a *list* of fields (default_collate's own
-  backwards-compatible behaviour); other sequences collate element-wise into a list.
+* ``str`` and ``bytes`` stay as the batch holds them: a list at the top, a tuple inside a tuple sample
+  (default_collate returns the column ``zip`` made);
+* mappings collate per key; a namedtuple collates field by field into the same namedtuple; a tuple
+  collates into a *list* of fields (default_collate's own backwards-compatible behaviour); other
+  sequences collate element-wise into a list.
 
 No torch import: a producer stays light unless its dataset needs torch.
 
@@ -23,6 +26,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ferry.common.codec import Bfloat16Bits, as_array
+
 from ferry.common.errors import FerryError
 
 __all__ = ["collate", "CollateError", "RowLayout", "signature", "odd_ones_out", "describe"]
@@ -36,7 +41,7 @@ def _to_array(value: Any) -> np.ndarray | None:
     if isinstance(value, np.ndarray):
         return value
     if type(value).__module__ == "torch" and type(value).__name__ == "Tensor":
-        return value.detach().cpu().numpy()
+        return as_array(value)  # the codec's own conversion: bfloat16 becomes its marked bits
     return None
 
 
@@ -51,9 +56,13 @@ def collate(samples: Sequence[Any], path: str = "sample") -> Any:
             if a is None or a.shape != array.shape or a.dtype != array.dtype:
                 got = "not an array" if a is None else f"{a.dtype}{list(a.shape)}"
                 raise CollateError(f"{path}: batch item {i} is {got}, item 0 is {array.dtype}{list(array.shape)}")
+        bfloat16 = isinstance(array, Bfloat16Bits)
+        if any(isinstance(a, Bfloat16Bits) != bfloat16 for a in arrays):
+            raise CollateError(f"{path}: bfloat16 and int16 values in one batch")
         if array.dtype.kind in "OUSV":
             raise CollateError(f"{path}: arrays of dtype {array.dtype} cannot be collated")
-        return np.stack(arrays)
+        stacked = np.stack(arrays)
+        return stacked.view(Bfloat16Bits) if bfloat16 else stacked
     if isinstance(elem, np.generic):
         return np.array(samples, dtype=elem.dtype)
     if isinstance(elem, bool):
@@ -67,6 +76,9 @@ def collate(samples: Sequence[Any], path: str = "sample") -> Any:
         return samples if isinstance(samples, tuple) else list(samples)
     if isinstance(elem, Mapping):
         return {key: collate([s[key] for s in samples], f"{path}[{key!r}]") for key in elem}
+    if isinstance(elem, tuple) and hasattr(type(elem), "_fields"):  # a namedtuple stays one
+        return type(elem)(*(collate(column, f"{path}.{field}")
+                            for field, column in zip(type(elem)._fields, zip(*samples))))
     if isinstance(elem, Sequence):
         size = len(elem)
         if any(len(s) != size for s in samples):
@@ -90,6 +102,8 @@ def signature(sample: Any) -> tuple:
     if array is not None:
         if array.dtype.kind in "OUSV":
             return ("x", f"array of {array.dtype}")
+        if isinstance(array, Bfloat16Bits):  # collated, but as marked bits: rows leave it to collate
+            return ("b", array.shape, "bfloat16")
         return ("a", array.shape, array.dtype.str)
     if isinstance(sample, _VALUE_TYPES):
         return ("v", type(sample))
@@ -106,6 +120,8 @@ def describe(sig: tuple) -> str:
     kind = sig[0]
     if kind == "a":
         return f"{np.dtype(sig[2])}{list(sig[1])}"
+    if kind == "b":
+        return f"bfloat16{list(sig[1])}"
     if kind == "v":
         return sig[1].__name__
     if kind == "d":
@@ -125,11 +141,12 @@ def odd_ones_out(samples: Sequence[Any]) -> tuple[list[int], tuple | None]:
     return [i for i, sig in enumerate(sigs) if sig != majority], majority
 
 
-def _uncollatable(sig: tuple) -> bool:
-    if sig[0] == "x":
+def _not_rowable(sig: tuple) -> bool:
+    """Holds something collate refuses ("x"), or a leaf it marks (bfloat16 bits, "b")."""
+    if sig[0] in ("x", "b"):
         return True
     if sig[0] in ("d", "s"):
-        return any(_uncollatable(c) for c in sig[2])
+        return any(_not_rowable(c) for c in sig[2])
     return False
 
 
@@ -154,7 +171,7 @@ class RowLayout:
     def learn(cls, sample: Any) -> "RowLayout | None":
         """The layout of ``sample``, or None if it has no array to place or holds what collate refuses."""
         sig = signature(sample)
-        if _uncollatable(sig):
+        if _not_rowable(sig):
             return None
         layout = cls(sig)
         return layout if layout.leaves else None
@@ -197,7 +214,10 @@ def _write(sample: Any, sig: tuple, dests: list[np.ndarray], row: int, leaf: Any
         return sample
     if kind == "d":
         return {k: _write(sample[k], child, dests, row, leaf) for k, child in zip(sig[1], sig[2])}
-    return [_write(v, child, dests, row, leaf) for v, child in zip(sample, sig[2])]
+    values = [_write(v, child, dests, row, leaf) for v, child in zip(sample, sig[2])]
+    if isinstance(sample, tuple):  # the same kind of tuple, so that a fallback collate sees what it would have
+        return type(sample)(*values) if hasattr(type(sample), "_fields") else tuple(values)
+    return values
 
 
 def _assemble(samples: Sequence[Any], sig: tuple, dests: list[np.ndarray], leaf: Any, path: str) -> Any:
@@ -209,5 +229,9 @@ def _assemble(samples: Sequence[Any], sig: tuple, dests: list[np.ndarray], leaf:
     if kind == "d":
         return {k: _assemble([s[k] for s in samples], child, dests, leaf, f"{path}[{k!r}]")
                 for k, child in zip(sig[1], sig[2])}
+    kind_type = sig[1]
+    if issubclass(kind_type, tuple) and hasattr(kind_type, "_fields"):  # a namedtuple stays one, as in collate
+        return kind_type(*(_assemble(tuple(s[i] for s in samples), child, dests, leaf, f"{path}.{field}")
+                           for i, (field, child) in enumerate(zip(kind_type._fields, sig[2]))))
     return [_assemble(tuple(s[i] for s in samples), child, dests, leaf, f"{path}[{i}]")  # a tuple, as collate's zip
             for i, child in enumerate(sig[2])]

@@ -76,6 +76,7 @@ class Producer:
         self._slab = self._map_slab(config.shared_memory)
         self._batcher = Batcher(
             dataset,
+            collate_fn=config.collate,
             threads=config.threads,
             batch_workers=config.slots * max(1, len(config.endpoints)),
             done=self._done,
@@ -175,7 +176,7 @@ class Producer:
         link.conn.task_started()
         self._batcher.submit(
             Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
-                header["on_error"], slot)
+                header["on_error"], slot, header.get("seed", 0))
         )
 
     # --- sockets ------------------------------------------------------------------------------------

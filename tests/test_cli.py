@@ -85,3 +85,49 @@ def test_sigterm_says_bye_and_exits_zero(endpoint, spawn):
         assert producer.terminate() == 0
         wait_for(lambda: loader.stats()["producers"] == 0, 10, "the consumer to see the producer leave")
     assert "stopped after" in producer.output()
+
+
+@pytest.mark.parametrize("variable, value, expected", [
+    ("FERRY_THREADS", "abc", "is not an integer"),
+    ("FERRY_SLOTS", "2.5", "is not an integer"),
+    ("FERRY_METRICS_PORT", "http", "is not a port number"),
+    ("FERRY_DATASET_ARGS", "[1, 2]", "is not a JSON object"),
+    ("FERRY_LOG_LEVEL", "loud", "is not one of DEBUG"),
+    ("FERRY_UNREACHABLE_WARNING_S", "soon", "is not a number of seconds"),
+])
+@pytest.mark.parametrize("flags", [["--help"], ["--connect", "tcp://127.0.0.1:5", "--dataset", "synthetic"]])
+def test_a_bad_environment_variable_is_one_line_and_exit_2_even_with_help(variable, value, expected, flags):
+    out = subprocess.run([sys.executable, "-m", "ferry.producer", *flags], capture_output=True, text=True,
+                         env={**producer_env(), variable: value}, cwd=REPO, timeout=60)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"ferry producer: error: environment variable {variable}={value!r} {expected}")
+
+
+def test_environment_values_are_typed_and_read_only_when_asked():
+    from ferry.producer.config import read_env
+
+    env = read_env({"FERRY_THREADS": " 8 ", "FERRY_CONNECT": "tcp://a:1, tcp://b:2", "FERRY_LOG_LEVEL": "debug",
+                    "FERRY_DATASET_ARGS": '{"length": 4}', "FERRY_EXIT_WITH_PARENT": "1", "FERRY_SLOTS": "",
+                    "FERRY_SHARED_MEMORY": "tok:/memfd/x", "UNRELATED": "x"})
+    assert env == {"FERRY_THREADS": 8, "FERRY_CONNECT": ["tcp://a:1", "tcp://b:2"], "FERRY_LOG_LEVEL": "DEBUG",
+                   "FERRY_DATASET_ARGS": {"length": 4}, "FERRY_EXIT_WITH_PARENT": True,
+                   "FERRY_SHARED_MEMORY": ("/memfd/x", "tok")}
+    # nothing reads the environment at import time: importing with bad values succeeds
+    code = "import ferry.producer.cli, ferry.producer.config, ferry.consumer.options, ferry"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60,
+                         env={**producer_env(), "FERRY_THREADS": "abc", "FERRY_UNREACHABLE_WARNING_S": "x",
+                              "RANK": "x", "LOCAL_RANK": "y"})
+    assert out.returncode == 0, out.stderr
+
+
+def test_log_level_is_case_insensitive():
+    for level in (["--log-level", "debug"], ["--log-level", "Warning"]):
+        out = run("-m", "ferry.producer", "--connect", "tcp://127.0.0.1:5", "--dataset", "synthetic", "--slots", "0",
+                  *level)
+        assert out.returncode == 2 and "slots must be" in out.stderr and "invalid choice" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "ferry.producer", "--connect", "tcp://127.0.0.1:5", "--dataset",
+                          "synthetic", "--slots", "0"], capture_output=True, text=True, cwd=REPO, timeout=60,
+                         env={**producer_env(), "FERRY_LOG_LEVEL": "error"})
+    assert out.returncode == 2 and "slots must be" in out.stderr

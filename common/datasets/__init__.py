@@ -82,12 +82,24 @@ def resolve_dataset(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
     return dataset
 
 
-class Transformed:
-    """A dataset whose samples pass through ``transform`` (a producer-side, per-sample hook)."""
+def transformed_fingerprint(fingerprint: str, transform: Any) -> str:
+    """The fingerprint of a dataset whose samples pass through ``transform`` (a spec, or a callable, named
+    by its module and qualified name): a producer applying another transform serves another stream."""
+    if not isinstance(transform, str):
+        module = getattr(transform, "__module__", "?")
+        module = "__main__" if module == "__mp_main__" else module
+        transform = f"{module}:{getattr(transform, '__qualname__', type(transform).__qualname__)}"
+    return f"{fingerprint}|transform={transform}"
 
-    def __init__(self, dataset: Any, transform: Any, spec: str) -> None:
-        self.dataset, self.transform, self.spec = dataset, transform, spec
-        self.fingerprint = f"{dataset_fingerprint(dataset)}|transform={spec}"
+
+class Transformed:
+    """A dataset whose samples pass through ``transform`` (a producer-side, per-sample hook): a callable, or
+    the ``package.module:callable`` spec of one."""
+
+    def __init__(self, dataset: Any, transform: Any) -> None:
+        self.dataset, self.spec = dataset, transform
+        self.transform = resolve_callable(transform) if isinstance(transform, str) else transform
+        self.fingerprint = transformed_fingerprint(dataset_fingerprint(dataset), transform)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -137,4 +149,6 @@ def dataset_fingerprint(dataset: Any) -> str:
     if own is not None:
         return str(own)
     cls = type(dataset)
-    return f"{cls.__module__}.{cls.__qualname__}:{len(dataset)}"
+    # a class defined in the training script is __main__.X there and __mp_main__.X in a spawned producer
+    module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
+    return f"{module}.{cls.__qualname__}:{len(dataset)}"

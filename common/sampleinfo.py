@@ -1,0 +1,96 @@
+"""Randomness that does not depend on who loads a sample: :func:`sample_info` and the producers' seeding.
+
+DataLoader seeds each worker with ``base_seed + worker_id``, so a dataset's augmentations change whenever
+``num_workers`` changes. Ferry does that too (:func:`seed_process`, so that no two producers draw the same
+numbers), and goes further: while a producer runs ``dataset[i]``, :func:`sample_info` returns the epoch,
+the index and a seed derived only from ``(seed, epoch, index)``. A dataset that draws its augmentation from
+``np.random.default_rng(ferry.sample_info().seed)`` gets the same augmentation for the same sample whatever
+the number of producers, whichever producer serves it, and after a re-issue when a producer dies.
+
+This module does not import torch; :func:`seed_process` seeds torch only where torch is already loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import sys
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+__all__ = ["SampleInfo", "sample_info", "sample_seed", "seed_process"]
+
+_SEED_MASK = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class SampleInfo:
+    """What a producer is loading right now.
+
+    Attributes:
+        epoch: the epoch of the batch this sample belongs to.
+        index: the sample's index in the dataset.
+        seed: a 63-bit seed derived only from the loader's ``seed``, ``epoch`` and ``index``.
+    """
+
+    epoch: int
+    index: int
+    seed: int
+
+
+_current = threading.local()
+
+
+def sample_info() -> SampleInfo | None:
+    """The sample being loaded on this thread, or None outside a producer's ``dataset[i]``.
+
+    A thread-local, like ``torch.utils.data.get_worker_info()``: each of a producer's loader threads sees
+    its own sample.
+    """
+    return getattr(_current, "info", None)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A seed that depends only on ``(seed, epoch, index)``: the same on every machine and every run."""
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & _SEED_MASK
+
+
+@contextmanager
+def loading(seed: int, epoch: int, index: int) -> Iterator[None]:
+    """Make :func:`sample_info` describe sample ``index`` of ``epoch`` on this thread while it loads."""
+    previous = getattr(_current, "info", None)
+    _current.info = SampleInfo(epoch=epoch, index=index, seed=sample_seed(seed, epoch, index))
+    try:
+        yield
+    finally:
+        _current.info = previous
+
+
+def seed_process(seed: int | None, *, worker_id: int = 0, num_workers: int = 1, dataset: Any = None) -> int:
+    """Seed ``random``, numpy's global generator and (if loaded) torch in this producer process.
+
+    ``seed`` is the process's own seed (the loader's base seed plus the producer's index, in local mode);
+    None draws one from the OS, so that no two producers started by hand share a stream. Where torch is
+    loaded, ``torch.utils.data.get_worker_info()`` then returns a WorkerInfo for this producer, so datasets
+    that consult it behave as in a DataLoader worker. Returns the seed used.
+    """
+    if seed is None:
+        seed = int.from_bytes(os.urandom(8), "little") & _SEED_MASK
+    seed &= _SEED_MASK
+    random.seed(seed)
+    if "numpy" in sys.modules:
+        import numpy as np
+
+        np.random.seed(seed % (1 << 32))  # the legacy global generator takes 32 bits
+    if "torch" in sys.modules:
+        import torch
+        from torch.utils.data._utils import worker as torch_worker
+
+        torch.manual_seed(seed)
+        torch_worker._worker_info = torch_worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed,
+                                                            dataset=dataset)
+    return seed

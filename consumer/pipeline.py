@@ -1,0 +1,142 @@
+"""The parts a RemoteLoader runs: started in order, stopped in reverse.
+
+Start (``Pipeline(...)``): local producers, if any (and their shared-memory slab); the io thread, which
+binds the ROUTER; the staging thread; the metrics server, if asked for. A failure part-way stops what
+already started, and raises.
+
+Shutdown order (``shutdown``, run once: by the loader's finalizer, or by a start that failed): close the metrics server; set the stop event; join the staging
+thread (its waits are bounded by POLL_SLICE_S); stop and join the io thread (it says BYE and closes the
+ROUTER); stop the local producers (SIGTERM, then SIGKILL after JOIN_TIMEOUT_S) and remove their folder.
+
+Nothing here references the loader (the metrics server reads it through a weak reference), so that the
+loader's ``weakref.finalize`` can run ``shutdown`` for a user who forgets ``close()``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from ferry.common.constants import JOIN_TIMEOUT_S, STAGED_BATCHES
+from ferry.common.datasets import dataset_fingerprint, transformed_fingerprint
+from ferry.common.errors import ConfigError
+from ferry.common.waker import Waker
+
+from ferry.consumer.buffer import ReorderBuffer
+from ferry.consumer.io_thread import IoConfig, IoThread
+from ferry.consumer.local import LocalProducers
+from ferry.consumer.options import LoaderOptions
+from ferry.consumer.staging import make_stager, staging_loop
+from ferry.consumer.stats import STATS, Counters
+
+__all__ = ["Pipeline", "resolve_device"]
+
+
+def resolve_device(device: Any, pin_memory: bool | None) -> tuple[torch.device | None, bool]:
+    """The staging device (None: the CPU, no copy) and whether to pin; checked before anything starts.
+
+    Raises:
+        ConfigError: not a device, or a CUDA device without CUDA.
+    """
+    if device is not None:
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ConfigError(f"device must be None, a device string like 'cuda:0' or a torch.device; "
+                              f"got {device!r} ({exc})") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device {device} requested, but CUDA is not available")
+    if pin_memory is None:
+        pin_memory = device is not None and device.type == "cuda"
+    if pin_memory and not torch.cuda.is_available():
+        warnings.warn("pin_memory=True but CUDA is not available; batches stay in pageable memory", stacklevel=3)
+        pin_memory = False
+    return device, pin_memory
+
+
+class Pipeline:
+    """Local producers -> io thread -> ReorderBuffer -> staging thread -> ``staged`` (the training thread's)."""
+
+    def __init__(self, opts: LoaderOptions, counters: Counters, *, device: Any, pin_memory: bool,
+                 figures: Callable[[], dict[str, Any]]) -> None:
+        self.stop = threading.Event()
+        self.staging_failure: list[BaseException] = []
+        self.staged: queue.Queue[Any] = queue.Queue(maxsize=STAGED_BATCHES)
+        self.local: LocalProducers | None = None
+        self.io: IoThread | None = None
+        self.staging: threading.Thread | None = None
+        self.metrics: Any = None
+        try:
+            self._start(opts, counters, device, pin_memory, figures)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self, opts: LoaderOptions, counters: Counters, device: Any, pin_memory: bool,
+               figures: Callable[[], dict[str, Any]]) -> None:
+        dataset, dataset_len, fingerprint = opts.dataset, opts.dataset_len, None
+        if dataset is not None and not isinstance(dataset, str):
+            dataset_len = len(dataset) if dataset_len is None else dataset_len
+            fingerprint = dataset_fingerprint(dataset)
+            if opts.local is not None and opts.local.transform is not None:  # what its producers will announce
+                fingerprint = transformed_fingerprint(fingerprint, opts.local.transform)
+        curve = None
+        if opts.curve is not None:
+            from ferry.common.security import CurveServer
+
+            curve = CurveServer.load(opts.curve.secret_key, opts.curve.authorized_keys)
+        transport, local, endpoints = opts.transport, opts.local, list(opts.endpoints)
+        if local is not None:
+            self.local = LocalProducers(
+                local.count, dataset, dataset_args=opts.dataset_args, threads=local.threads, slots=local.slots,
+                heartbeat=transport.heartbeat, liveness=transport.liveness, mp_context=local.mp_context,
+                transform=local.transform, init=local.init, collate=local.collate,
+                # as DataLoader draws its workers' base seed: from torch's RNG, so torch.manual_seed in the
+                # script makes the producers' own random streams reproducible
+                base_seed=int(torch.empty((), dtype=torch.int64).random_(generator=opts.generator).item()),
+                # a slot per batch that can be in flight, buffered, staged or held by the loop at once
+                shared_memory=(opts.buffer_batches + STAGED_BATCHES + 2, transport.max_batch_bytes)
+                if local.shared_memory else None,
+            )
+            endpoints.append(self.local.endpoint)
+        if not endpoints:
+            raise ConfigError("no endpoint to bind")
+        self.endpoints = tuple(endpoints)
+        waker = Waker()  # owned by the io thread from here on
+        self.buffer = ReorderBuffer(in_order=opts.in_order, on_release=waker.wake)
+        self.io = IoThread(
+            IoConfig(endpoints=self.endpoints, capacity=opts.buffer_batches, heartbeat=transport.heartbeat,
+                     liveness=transport.liveness, on_error=opts.on_error, max_batch_bytes=transport.max_batch_bytes,
+                     task_timeout=transport.task_timeout, dataset_len=dataset_len, fingerprint=fingerprint,
+                     curve=curve, slab=self.local.slab if self.local is not None else None,
+                     seed=opts.seed % (1 << 63)),
+            self.buffer, counters, waker,
+        )
+        self.io.start()
+        self.stager = make_stager(device, pin_memory, opts.buffer_batches + STAGED_BATCHES + 4)
+        self.staging = threading.Thread(
+            target=staging_loop, name="ferry-staging", daemon=True,
+            args=(self.buffer, self.staged, self.stop, self.stager, self.staging_failure),
+        )
+        self.staging.start()
+        if opts.metrics_port:
+            from ferry.common.metrics import MetricsServer
+
+            self.metrics = MetricsServer(opts.metrics_port, figures, "ferry_consumer", declared=STATS)
+
+    def shutdown(self) -> None:
+        """Stop everything, in the order of the module docstring."""
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+        self.stop.set()
+        if self.staging is not None and self.staging.is_alive():
+            self.staging.join(JOIN_TIMEOUT_S)
+        if self.io is not None:
+            self.io.close(JOIN_TIMEOUT_S)
+        if self.local is not None:
+            self.local.close()

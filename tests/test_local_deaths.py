@@ -1,0 +1,120 @@
+"""Acceptance 5 (deaths): a local producer's death is seen at once, through its process sentinel, and reported
+with its exit code or signal and the tail of its stderr; the error's type fits the moment."""
+
+import logging
+import os
+import signal
+import time
+
+import pytest
+
+from ferry import ProducerDiedError, ProducerStartupError, RemoteLoader
+from ferry.consumer.local import describe_exit
+from tests.datasets import PairDataset
+
+from .helpers import wait_for
+
+SLOW = {"length": 4000, "shape": [2], "delay": 0.01}  # an epoch far longer than any of these tests
+
+
+def _slow(kind):
+    return ("synthetic", SLOW) if kind == "spec" else (PairDataset(length=4000, shape=(2,), delay=0.01), None)
+
+
+def _context(kind):
+    return "spawn" if kind == "spawn" else None
+
+
+@pytest.mark.parametrize("kind", ["spec", "object"])
+def test_sigkill_of_one_of_two_producers_is_logged_at_once_and_the_run_goes_on(kind, caplog):
+    dataset, args = _slow(kind)
+    # the default liveness window (5 heartbeats of 1 s) is what the old code waited before noticing
+    with RemoteLoader(dataset=dataset, dataset_args=args, local_producers=2, batch_size=4, timeout=30) as loader:
+        it = iter(loader)
+        next(it)
+        wait_for(lambda: loader.stats()["producers"] == 2, 20, "both producers to join")
+        victim = loader._local.pids[0]
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+
+        def reported():
+            return [r for r in caplog.records if r.levelno == logging.WARNING and f"pid {victim}" in r.getMessage()]
+
+        records = wait_for(reported, 2.0, f"a WARNING about producer {victim}")
+        assert time.monotonic() - killed < 2.0
+        text = records[0].getMessage()
+        assert "killed by SIGKILL" in text and "1 of 2 local producers live" in text, text
+        for _ in range(5):  # not fatal: the other producer serves on
+            next(it)
+
+
+@pytest.mark.parametrize("kind", ["spec", "object", "spawn"])
+def test_sigkill_of_the_last_producer_raises_producer_died_error_within_2_s(kind):
+    dataset, args = _slow(kind)
+    with RemoteLoader(dataset=dataset, dataset_args=args, local_producers=1, batch_size=4, timeout=30,
+                      buffer_batches=2, mp_context=_context(kind)) as loader:
+        it = iter(loader)
+        next(it)
+        victim = loader._local.pids[0]
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(ProducerDiedError) as info:
+            for _ in range(1000):  # what was buffered comes first; then the loop must learn of the death
+                next(it)
+        assert time.monotonic() - killed < 2.0
+    text = str(info.value)
+    assert f"pid {victim}" in text and "killed by SIGKILL" in text and "mid-run" in text, text
+    assert not isinstance(info.value, ProducerStartupError)
+
+
+def test_a_producer_that_dies_at_start_up_is_a_startup_error_quoting_its_stderr(capfd):
+    with RemoteLoader(dataset="no_such_module_for_ferry:Thing", local_producers=2, batch_size=4,
+                      timeout=30) as loader:
+        started = time.monotonic()
+        with pytest.raises(ProducerStartupError) as info:
+            iter(loader)
+        assert time.monotonic() - started < 20
+    text = str(info.value)
+    assert "all 2 local producers exited before serving" in text and "exit code" in text, text
+    assert text.count("no_such_module_for_ferry") >= 2, text  # each producer's own words, not "see above"
+    assert "no_such_module_for_ferry" in capfd.readouterr().err  # and still shown live, as before
+
+
+class BrokenOnArrival(PairDataset):
+    """Fine here; raises when a spawned producer unpickles it (an archive that cannot be reopened there)."""
+
+    def __setstate__(self, state):
+        raise RuntimeError("cannot reopen the archive in the producer")
+
+
+def test_a_spawned_producer_that_dies_at_start_up_is_reported_with_its_traceback(capfd):
+    with RemoteLoader(dataset=BrokenOnArrival(length=8), local_producers=1, mp_context="spawn", batch_size=4,
+                      timeout=30) as loader:
+        it = iter(loader)
+        with pytest.raises(ProducerStartupError) as info:
+            next(it)
+    text = str(info.value)
+    assert "exit code 1" in text and "cannot reopen the archive in the producer" in text, text
+    assert "cannot reopen the archive" in capfd.readouterr().err  # shown live too
+
+
+def test_describe_exit_names_the_signal_or_the_code():
+    assert describe_exit(-9) == "killed by SIGKILL"
+    assert describe_exit(-15) == "killed by SIGTERM"
+    assert describe_exit(3) == "exit code 3"
+    assert describe_exit(-200) == "killed by signal 200"
+
+
+def test_dead_local_producers_are_not_fatal_while_a_remote_producer_serves(endpoint, spawn, caplog):
+    dataset, args = _slow("spec")
+    with RemoteLoader(endpoint=endpoint, dataset=dataset, dataset_args=args, local_producers=1, batch_size=4,
+                      heartbeat=0.2, timeout=30) as loader:
+        spawn(endpoint, "synthetic", SLOW, threads=1, slots=2)
+        it = iter(loader)
+        next(it)
+        wait_for(lambda: loader.stats()["producers"] == 2, 20, "the local and the remote producer to join")
+        victim = loader._local.pids[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: any(f"pid {victim}" in r.getMessage() for r in caplog.records), 2.0, "the death's WARNING")
+        for _ in range(40):  # the remote producer carries the run; nothing raises
+            next(it)

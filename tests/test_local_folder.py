@@ -1,0 +1,145 @@
+"""Acceptance 5 (leftovers): the trainer's private folder goes away on SIGTERM and SIGINT, and one left by a
+SIGKILLed trainer is swept at the next start; a folder of a live process, or of no one we know, never is."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+
+from ferry import RemoteLoader
+from ferry.consumer import local_folder
+
+from .helpers import REPO, producer_env, wait_for
+
+TRAINER = textwrap.dedent("""
+    import signal, sys
+    from ferry import RemoteLoader
+    if sys.argv[1] == "own-handler":  # the program's own SIGTERM handler, installed before the loader
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))
+    loader = RemoteLoader(dataset="synthetic", dataset_args={"length": 100000, "shape": [2], "delay": 0.01},
+                          local_producers=1, batch_size=4, timeout=60)
+    it = iter(loader)
+    next(it)
+    print("READY", loader._local.folder, *loader._local.pids, flush=True)
+    while True:
+        next(it)
+""")
+
+
+def _start_trainer(mode="plain"):
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, mode], env=producer_env(), cwd=REPO,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = trainer.stdout.readline()  # bounded: the trainer's own timeout=60 ends it if nothing starts
+    assert line.startswith("READY"), line + trainer.stderr.read()
+    _, folder, *pids = line.split()
+    assert os.path.isfile(os.path.join(folder, local_folder.OWNER_FILE))
+    return trainer, folder, [int(p) for p in pids]
+
+
+def _folders_of(pid):
+    found = []
+    for entry in os.scandir(tempfile.gettempdir()):
+        try:
+            with open(os.path.join(entry.path, local_folder.OWNER_FILE)) as f:
+                if entry.name.startswith("ferry-") and f.read().split()[0] == str(pid):
+                    found.append(entry.path)
+        except OSError:
+            pass
+    return found
+
+
+def _assert_all_gone(trainer, folder, pids):
+    assert not os.path.exists(folder), f"{folder} outlived its trainer"
+    assert _folders_of(trainer.pid) == []
+    for pid in pids:  # they die with their parent (PR_SET_PDEATHSIG); a zombie counts as gone
+        wait_for(lambda: local_folder._start_time(pid) is None, 15, f"producer {pid} to exit")
+
+
+@pytest.mark.parametrize("signum,mode,code", [
+    (signal.SIGTERM, "plain", -signal.SIGTERM),  # the default action: folder removed, then death by SIGTERM
+    (signal.SIGINT, "plain", None),  # KeyboardInterrupt: the loader's finalizer removes it on the way out
+    (signal.SIGTERM, "own-handler", 7),  # the program's handler still runs (chained)
+], ids=["sigterm", "sigint", "sigterm-own-handler"])
+def test_no_folder_remains_after_the_trainer_is_signalled(signum, mode, code):
+    trainer, folder, pids = _start_trainer(mode)
+    try:
+        trainer.send_signal(signum)
+        rc = trainer.wait(30)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait(10)
+        trainer.stdout.close()
+        stderr = trainer.stderr.read()
+        trainer.stderr.close()
+    if code is not None:
+        assert rc == code, stderr
+    _assert_all_gone(trainer, folder, pids)
+
+
+def test_the_folder_of_a_sigkilled_trainer_is_swept_at_the_next_start():
+    trainer, folder, pids = _start_trainer()
+    trainer.kill()
+    trainer.wait(30)
+    trainer.stdout.close()
+    trainer.stderr.close()
+    assert os.path.isdir(folder)  # nothing can run on SIGKILL
+    with RemoteLoader(dataset="synthetic", dataset_args={"length": 8, "shape": [2]}, local_producers=1,
+                      batch_size=4, timeout=30) as loader:
+        assert not os.path.exists(folder)
+        assert os.path.exists(loader._local.folder)  # its own folder is not a stale one
+        assert len(list(loader)) == 2
+    _assert_all_gone(trainer, folder, pids)
+
+
+def _folder(root, name, owner):
+    path = root / f"ferry-{name}"
+    path.mkdir()
+    if owner is not None:
+        (path / local_folder.OWNER_FILE).write_text(owner + "\n")
+    return path
+
+
+def test_sweep_takes_only_folders_whose_owner_is_surely_dead(tmp_path):
+    child = subprocess.Popen(["sleep", "30"])
+    dead = local_folder._identity(child.pid)
+    child.kill()
+    child.wait(10)
+    me = local_folder._identity(os.getpid())
+    pid, started, namespace = me.split()
+    stale = _folder(tmp_path, "dead", dead)
+    reused = _folder(tmp_path, "reused", f"{pid} {int(started) - 1} {namespace}")  # our pid, not our start
+    live = _folder(tmp_path, "live", me)
+    elsewhere = _folder(tmp_path, "elsewhere", dead.rsplit(" ", 1)[0] + " pid:[1]")  # another pid namespace
+    unmarked = _folder(tmp_path, "unmarked", None)
+    garbage = _folder(tmp_path, "garbage", "not an owner")
+    (live / "keep.txt").write_text("x")
+    other = tmp_path / "not-ferry"
+    other.mkdir()
+    (other / local_folder.OWNER_FILE).write_text(dead)
+
+    swept = local_folder.sweep_stale(str(tmp_path))
+
+    assert sorted(swept) == sorted([str(stale), str(reused)])
+    assert not stale.exists() and not reused.exists()
+    for kept in (live, elsewhere, unmarked, garbage, other):
+        assert kept.is_dir(), kept
+    assert (live / "keep.txt").read_text() == "x"
+
+
+def test_a_made_folder_names_its_owner_and_is_removed_with_its_handlers():
+    handler = signal.getsignal(signal.SIGTERM)
+    folder = local_folder.create()
+    try:
+        assert os.path.basename(folder).startswith("ferry-")
+        with open(os.path.join(folder, local_folder.OWNER_FILE)) as f:
+            assert f.read().strip() == local_folder._identity(os.getpid())
+        assert signal.getsignal(signal.SIGTERM) is local_folder._on_signal
+    finally:
+        local_folder.remove(folder)
+    assert not os.path.exists(folder)
+    assert signal.getsignal(signal.SIGTERM) is handler  # restored once no folder is left
