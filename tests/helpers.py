@@ -195,3 +195,86 @@ class LeakCheck:
                     f"child processes {sorted(children)}"
                 )
             time.sleep(0.05)
+
+
+# --- private internals of the loader, each read in ONE place ----------------------------------------
+# consumer/io_thread.py and consumer/loader.py are being split into smaller modules. Tests that must see
+# state that stats() does not show read it only through these accessors, so that a refactor has a single
+# place to fix. Prefer loader.stats() wherever it is enough.
+def producer_pids(loader: Any) -> dict[str, int]:
+    """Live producers' pids by name (public: the ``host:pid`` names of ``stats()["per_producer"]``)."""
+    return {name: int(name.rsplit(":", 1)[1]) for name in loader.stats()["per_producer"]}
+
+
+def lost_slots(loader: Any) -> list[tuple[int, int]]:
+    """``(offset, nbytes)`` of the slab slots given up with lost producers whose process may still write.
+    PRIVATE: a list of ``(slot, pid)``: ``IoThread._ledger._lost`` (the SlotLedger), or ``IoThread._lost_slots``
+    before the io thread was split."""
+    io = loader._io
+    ledger = getattr(io, "_ledger", None)
+    entries = ledger._lost if ledger is not None else io._lost_slots
+    return [tuple(slot) for slot, _pid in list(entries)]
+
+
+def slab_base_address(loader: Any) -> int:
+    """Address at which this process maps the local producers' shared-memory slab.
+    PRIVATE: ``LocalProducers.slab._mapping``."""
+    return loader._local.slab._mapping.__array_interface__["data"][0]
+
+
+def slab_mapped(pid: int | None = None) -> int:
+    """How many mappings of a ``ferry-slab`` memfd the process ``pid`` (default: this one) holds."""
+    with open(f"/proc/{pid or os.getpid()}/maps") as f:
+        return sum(1 for line in f if "memfd:ferry-slab" in line)
+
+
+class FullLeakCheck(LeakCheck):
+    """LeakCheck plus the shared-memory slab: no ``memfd:ferry-slab`` mapping may outlive the test's batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slab_mappings = slab_mapped()
+
+    def assert_clean(self, timeout: float = 10.0) -> None:
+        super().assert_clean(timeout)
+        import gc
+
+        gc.collect()
+        wait_for(lambda: slab_mapped() <= self.slab_mappings, timeout,
+                 f"the slab's mappings to go (still {slab_mapped()}, {self.slab_mappings} before)")
+
+
+def producer_buffer_pool(producer: Any) -> Any:
+    """The BufferPool of an in-process ``ferry.producer.service.Producer``. PRIVATE: ``Producer._batcher.pool``."""
+    return producer._batcher.pool
+
+
+def pooled_buffer_ids(pool: Any) -> set[int]:
+    """ids of the buffers a producer's BufferPool owns. PRIVATE: ``BufferPool._owned``."""
+    return set(pool._owned)
+
+
+def cuda_pinned_pool(loader: Any) -> Any:
+    """The PinnedPool of a loader staging to CUDA with pinned memory. PRIVATE: ``RemoteLoader._staging_stager.pool``
+    (a ``CudaStager``)."""
+    return loader._staging_stager.pool
+
+
+def local_producer_pids(loader: Any) -> list[int]:
+    """pids of the producers a loader started itself, live or not. PRIVATE: ``RemoteLoader._local.pids``."""
+    return list(loader._local.pids)
+
+
+def local_folder(loader: Any) -> str:
+    """The private folder of a local-mode loader's ipc socket. PRIVATE: ``RemoteLoader._local.folder``."""
+    return loader._local.folder
+
+
+def host_pool(loader: Any) -> Any:
+    """The reused host buffers of a CPU loader's staging. PRIVATE: ``RemoteLoader._staging_stager.host``."""
+    return loader._staging_stager.host
+
+
+def consumer_threads_alive(loader: Any) -> bool:
+    """The io thread and the staging thread both run. PRIVATE: ``RemoteLoader._io`` and ``._staging``."""
+    return loader._io.alive and loader._staging.is_alive()

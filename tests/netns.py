@@ -8,6 +8,14 @@ import subprocess
 import pytest
 
 
+def cannot_run(reason: str) -> None:
+    """Skip a root-only test that cannot run here, saying why; under ``CI=true`` fail instead: CI runs as root
+    with namespaces available, so a skip there would hide a test that never ran."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true, but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
 
@@ -58,12 +66,12 @@ class Hosts:
 
 def make_hosts(tag: str) -> Hosts:
     if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
+        cannot_run("network namespaces need root")
     try:
         return Hosts(tag)
     except (subprocess.CalledProcessError, FileNotFoundError) as exc:
         detail = getattr(exc, "stderr", b"") or b""
-        pytest.skip(f"cannot create network namespaces here: {exc} {detail.decode(errors='replace').strip()}")
+        cannot_run(f"cannot create network namespaces here: {exc} {detail.decode(errors='replace').strip()}")
 
 
 class Network:
@@ -120,9 +128,9 @@ class Network:
 
 def make_network(hosts: list[str]) -> Network:
     if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
+        cannot_run("network namespaces need root")
     try:
         return Network(hosts)
     except (subprocess.CalledProcessError, FileNotFoundError, PermissionError) as exc:
         detail = getattr(exc, "stderr", b"") or b""
-        pytest.skip(f"cannot create network namespaces here: {exc} {detail.decode(errors='replace').strip()}")
+        cannot_run(f"cannot create network namespaces here: {exc} {detail.decode(errors='replace').strip()}")

@@ -3,7 +3,12 @@
 The second test reads compose.yaml and each Dockerfile's ENTRYPOINT, then runs every service's command
 with its environment as a real process, each in its own network namespace named after the service (the
 producers scaled to 3), with /etc/netns/<name>/hosts so that 'trainer' resolves. The shared volume is a
-temporary folder. It checks that the scaled-out run completes with every batch.
+temporary folder. It checks that the scaled-out run completes with every batch; then the same running
+producers serve a second trainer in the trainer's namespace (tests/compose_checker.py), which compares every
+batch with torch's DataLoader over the dataset in the volume.
+
+Where these cannot run (no root, no namespaces, no PyYAML, no docker-compose) they skip, saying why; under
+``CI=true`` they fail instead.
 """
 
 import json
@@ -13,15 +18,16 @@ import shutil
 import subprocess
 import sys
 
-import pytest
 
 from .helpers import REPO, producer_env
-from .netns import make_network
-
-yaml = pytest.importorskip("yaml", reason="PyYAML (the test extra) is not installed")
+from .netns import cannot_run, make_network
 
 
 def compose() -> dict:
+    try:
+        import yaml
+    except ImportError:
+        cannot_run("PyYAML (the test extra) is not installed")
     with open(os.path.join(REPO, "compose.yaml")) as f:
         return yaml.safe_load(f)
 
@@ -36,9 +42,7 @@ def entrypoint(dockerfile: str) -> list[str]:
 
 def test_compose_file_is_valid_for_docker_compose():
     if shutil.which("docker-compose") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("docker-compose is missing in CI: .ci/run should have installed Debian's package")
-        pytest.skip("docker-compose is not installed (.ci/run installs Debian's package)")
+        cannot_run("docker-compose is not installed (.ci/run installs Debian's package)")
     out = subprocess.run(["docker-compose", "-f", "compose.yaml", "config", "-q"], capture_output=True, text=True,
                          cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -87,6 +91,14 @@ def test_compose_services_run_as_namespaced_processes_and_train_on_every_batch(t
         done_line = re.search(r"done\. (\d+) batches from (\d+) producer", out)
         assert done_line and int(done_line.group(1)) == 12, out  # every batch: 384 / 32
         assert int(done_line.group(2)) == scale, f"the scaled-out producers did not all join: {out}"
+        # the same producers move on to the next trainer on that endpoint, which checks every batch's contents
+        argv, env = command("trainer")
+        root = env["FERRY_DATA_DIR"]
+        check = subprocess.run(["ip", "netns", "exec", net.ns["trainer"], sys.executable, "-m", "tests.compose_checker",
+                                env["FERRY_ENDPOINT"], root, "32", str(scale)], env=env, cwd=REPO,
+                               capture_output=True, text=True, timeout=180)
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert f"checked 12 batches from {scale} producers" in check.stdout, check.stdout + check.stderr
         for p in procs[1:]:  # docker compose down: SIGTERM, and each producer exits 0 after BYE
             p.terminate()
         assert [p.wait(20) for p in procs[1:]] == [0] * scale

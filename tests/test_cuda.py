@@ -1,12 +1,20 @@
-"""The CUDA staging path: reused pinned buffers, a side stream and events. Skipped without CUDA."""
+"""The CUDA staging path: reused pinned buffers, a side stream and events. Skipped without CUDA.
 
+What must hold on the first GPU these tests meet: pinned buffers are reused (not allocated per batch); a
+pinned buffer is never overwritten before its host-to-device copy completed (every batch on the device equals
+the dataset, with large batches, a slow loop and a fast one); and a loader on CUDA leaves nothing behind."""
+
+import gc
+
+import numpy as np
 import pytest
 import torch
 
 from ferry import RemoteLoader
+from ferry.common.datasets import SyntheticDataset
 from tests.datasets import DictDataset
 
-from .helpers import assert_tree_equal, reference_batches
+from .helpers import FullLeakCheck, assert_tree_equal, cuda_pinned_pool, reference_batches
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
 
@@ -37,14 +45,88 @@ def test_batches_arrive_on_the_device_equal_to_dataloader(pin_memory):
         assert_tree_equal(g, e)
 
 
+def _watch_acquisitions(pool) -> list[int]:
+    """Spy on the real pinned pool: the address of every buffer it hands out."""
+    handed: list[int] = []
+    real = pool.acquire
+
+    def acquire(nbytes: int):
+        buffer = real(nbytes)
+        handed.append(buffer.data_ptr())
+        return buffer
+
+    pool.acquire = acquire
+    return handed
+
+
+def _expected_on_device(dataset: SyntheticDataset, indices) -> torch.Tensor:
+    return torch.from_numpy(np.stack([dataset.sample_array(int(i)) for i in indices])).cuda()
+
+
 @cuda
 def test_pinned_buffers_are_reused_and_device_transform_runs_on_device():
-    with RemoteLoader(dataset="synthetic", dataset_args={"length": 256, "shape": [3, 32, 32], "dtype": "uint8"},
-                      local_producers=1, batch_size=16, device="cuda", heartbeat=0.2, timeout=60,
-                      device_transform=lambda b: [b[0].float().div_(255), b[1]]) as loader:
-        for x, y in loader:
-            assert x.is_cuda and x.dtype == torch.float32 and float(x.max()) <= 1.0
+    args = {"length": 256, "shape": [3, 32, 32], "dtype": "uint8"}
+    dataset = SyntheticDataset(**args)
+    with RemoteLoader(dataset="synthetic", dataset_args=args, local_producers=1, batch_size=16, device="cuda",
+                      heartbeat=0.2, timeout=60, device_transform=lambda b: [b[0].float().div_(255), b[1]]) as loader:
+        handed = _watch_acquisitions(cuda_pinned_pool(loader))  # before the first batch is staged
+        for seq, (x, y) in enumerate(loader):
+            indices = range(seq * 16, seq * 16 + 16)
+            assert x.is_cuda and x.dtype == torch.float32
+            assert torch.equal(x, _expected_on_device(dataset, indices).float().div_(255)), f"batch {seq}"
+            assert y.is_cuda and y.cpu().tolist() == [i % dataset.num_classes for i in indices]
         assert loader.stats()["batches"] == 16
+    assert len(handed) == 2 * 16, "one pinned buffer per leaf per batch"
+    # a fresh pinned allocation per batch would be 32 buffers; reuse keeps a handful
+    assert len(set(handed)) <= 8, f"{len(set(handed))} distinct pinned buffers for {len(handed)} leaves: not reused"
+
+
+@cuda
+@pytest.mark.parametrize("step_s", [0.05, 0.0], ids=["slow loop", "fast loop"])
+def test_no_batch_sees_its_pinned_buffer_overwritten_before_its_copy_completed(step_s):
+    """32 MiB batches: each host-to-device copy takes long enough that a pinned buffer handed out again too
+    early (before the copy's event completed) would be overwritten under the copy."""
+    import time
+
+    args = {"length": 96, "shape": [4, 1024, 1024], "dtype": "uint8"}
+    dataset = SyntheticDataset(**args)
+    with RemoteLoader(dataset="synthetic", dataset_args=args, local_producers=2, batch_size=8, shuffle=True, seed=9,
+                      device="cuda", heartbeat=0.2, timeout=60, log_every=None) as loader:
+        expected = reference_batches(dataset, batch_size=8, drop_last=False, world_size=1, rank=0, shuffle=True,
+                                     seed=9, epoch=0)
+        kept: list[tuple[int, torch.Tensor]] = []
+        for seq, (x, y) in enumerate(loader):
+            assert x.is_cuda and torch.equal(x, expected[seq][0].cuda()), f"batch {seq} differs on the device"
+            assert torch.equal(y.cpu(), expected[seq][1])
+            kept = (kept + [(seq, x)])[-3:]  # the loop holds a few batches while later ones are staged
+            time.sleep(step_s)
+            for old, tensor in kept:
+                assert torch.equal(tensor, expected[old][0].cuda()), f"batch {old} changed while the loop held it"
+        assert seq + 1 == len(expected)
+
+
+@cuda
+def test_a_cuda_loader_leaves_nothing():
+    args = {"length": 64, "shape": [3, 64, 64], "dtype": "uint8"}
+
+    def one_loader() -> None:
+        with RemoteLoader(dataset="synthetic", dataset_args=args, local_producers=2, batch_size=8, device="cuda",
+                          heartbeat=0.2, timeout=60, log_every=None) as loader:
+            for _ in range(2):
+                for batch in loader:
+                    assert batch[0].is_cuda
+            del batch
+
+    one_loader()  # the first use of CUDA opens driver fds and starts driver threads: not ours to count
+    gc.collect()
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated()
+    check = FullLeakCheck()
+    one_loader()
+    gc.collect()
+    torch.cuda.synchronize()
+    check.assert_clean()
+    assert torch.cuda.memory_allocated() == allocated, "device memory of the loader's batches was not freed"
 
 
 def test_cuda_request_without_cuda_is_a_clear_error():

@@ -11,7 +11,7 @@ from ferry.common.errors import RemoteSampleError
 from ferry import RemoteLoader
 from ferry.producer.buffers import BufferPool
 
-from .helpers import assert_tree_equal, reference_batches
+from .helpers import assert_tree_equal, host_pool, reference_batches
 
 
 @pytest.fixture
@@ -94,6 +94,6 @@ def test_chunked_batches_land_in_reused_host_buffers_released_by_the_loop():
             assert np.array_equal(x[0].numpy(), expected.astype(np.uint8))
             seen.append(x.data_ptr())
             del x
-        host = loader._staging_stager.host
+        host = host_pool(loader)
         assert host.reused >= 6, f"pooled buffers were not reused: {host.reused}"
         assert len(set(seen)) < len(seen)

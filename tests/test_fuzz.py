@@ -1,10 +1,15 @@
 """Hostile input: at least 10,000 random and mutated messages hit the consumer's socket and the
 producers' sockets while real producers serve a training loop. The loop still gets exact batches,
-invalid messages are counted, no thread or process dies, and the consumer's RSS stays bounded."""
+invalid messages are counted, no thread or process dies, and the RSS of the consumer and of every producer,
+sampled all through the attack, stays bounded.
+
+The attack's seed is printed; ``FERRY_FUZZ_SEED=<seed> python -m pytest tests/test_fuzz.py`` replays it."""
 
 import multiprocessing
+import os
 import random
 import threading
+import time
 
 import pytest
 import zmq
@@ -19,18 +24,57 @@ from ferry import RemoteLoader
 from tests.datasets import PairDataset
 
 from .fuzzing import bad_tree, hostile_frames, mutate, pack
-from .helpers import assert_tree_equal, dealer, free_port, hello, reference_batches, wait_for
+from .helpers import assert_tree_equal, consumer_threads_alive, dealer, free_port, hello, reference_batches, wait_for
 
 MESSAGES = 10_000
 RSS_BOUND_MB = 64  # what the consumer process may grow by while it is fuzzed (about 8 MB measured)
+# its peak during the attack: the end's bound plus room for hostile messages (up to max_batch_bytes = 1 MiB
+# each) queued in libzmq at once (25 to 50 MB measured on the reference machine)
+RSS_PEAK_BOUND_MB = 128
+PRODUCER_RSS_BOUND_MB = 64  # what each producer may grow by while it is fuzzed
 
 
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
+def rss_mb(pid: int | str = "self") -> float:
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS")
+
+
+def fuzz_seed() -> int:
+    """The attack's seed: FERRY_FUZZ_SEED if set (to replay a failure), else a fresh one. Printed either way."""
+    value = os.environ.get("FERRY_FUZZ_SEED")
+    seed = int(value) if value else random.randrange(1 << 30)
+    print(f"fuzz seed {seed} (replay: FERRY_FUZZ_SEED={seed})")
+    return seed
+
+
+class RssSampler:
+    """Samples the RSS of some processes every ``interval`` seconds, in a thread, until ``stop``; keeps the peak
+    of each. A spike during an attack that is gone by its end still counts."""
+
+    def __init__(self, pids: dict[str, int | str], interval: float = 0.01) -> None:
+        self.pids, self.interval = pids, interval
+        self.peak = {name: rss_mb(pid) for name, pid in pids.items()}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            for name, pid in self.pids.items():
+                try:
+                    self.peak[name] = max(self.peak[name], rss_mb(pid))
+                except FileNotFoundError:  # a producer that died; asserted on by the test
+                    pass
+            self.samples += 1
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(10)
+        return self.peak
 
 
 def consumer_templates(fingerprint_len: int):
@@ -186,7 +230,7 @@ def hostile_peers(endpoint: str, fake_endpoint: str, seed: int, length: int, sto
 
 
 def test_fuzzed_consumer_and_producers_keep_serving_exact_batches(endpoint, spawn):
-    seed = random.randrange(1 << 30)
+    seed = fuzz_seed()
     length = 400
     fake_endpoint = f"tcp://127.0.0.1:{free_port()}"
     producers = [spawn([endpoint, fake_endpoint], "tests.datasets:PairDataset", {"length": length}, threads=2)
@@ -199,7 +243,10 @@ def test_fuzzed_consumer_and_producers_keep_serving_exact_batches(endpoint, spaw
                           task_timeout=2.0, max_batch_bytes=1 << 20) as loader:
             wait_for(lambda: loader.stats()["producers"] == 2, 20, "2 producers")
             list(loader)  # warm up: allocations of a first epoch are not growth
-            rss_before = rss_mb()
+            pids: dict[str, int | str] = {"consumer": "self"}
+            pids.update({f"producer {p.pid}": p.pid for p in producers})
+            before = {name: rss_mb(pid) for name, pid in pids.items()}
+            sampler = RssSampler(pids)
             attackers.start()
             try:
                 epoch = 1
@@ -215,9 +262,10 @@ def test_fuzzed_consumer_and_producers_keep_serving_exact_batches(endpoint, spaw
             finally:
                 stop.set()
                 attackers.join(60)
+                peak = sampler.stop()
             stats = loader.stats()
-            growth = rss_mb() - rss_before
-            assert loader._io.alive and loader._staging.is_alive(), "a consumer thread died"
+            after = rss_mb()
+            assert consumer_threads_alive(loader), "a consumer thread died"
     finally:
         if attackers.is_alive():
             attackers.kill()
@@ -225,7 +273,16 @@ def test_fuzzed_consumer_and_producers_keep_serving_exact_batches(endpoint, spaw
     assert attackers.exitcode == 0, f"the attacking process failed (exit {attackers.exitcode}, seed {seed})"
     assert counts[0] >= MESSAGES and counts[1] >= MESSAGES, list(counts)
     assert stats["invalid_messages"] > MESSAGES // 4, stats  # about half of what is sent is malformed
-    assert growth < RSS_BOUND_MB, f"consumer RSS grew by {growth:.0f} MB under fuzzing (seed {seed})"
+    assert sampler.samples > 50, f"RSS sampled only {sampler.samples} times during the attack"
+    growth = {name: peak[name] - before[name] for name in pids}
+    print("RSS growth at its peak during the attack (MB):", {name: round(g, 1) for name, g in growth.items()})
+    assert after - before["consumer"] < RSS_BOUND_MB, (
+        f"consumer RSS grew by {after - before['consumer']:.0f} MB under fuzzing (seed {seed})")
+    assert growth["consumer"] < RSS_PEAK_BOUND_MB, (
+        f"consumer RSS peaked {growth['consumer']:.0f} MB above its start under fuzzing (seed {seed})")
+    for name, grew in growth.items():
+        if name != "consumer":
+            assert grew < PRODUCER_RSS_BOUND_MB, f"{name} RSS peaked {grew:.0f} MB above its start (seed {seed})"
     for producer in producers:
         assert producer.proc.poll() is None, f"producer died under fuzzing: {producer.output()[-2000:]}"
         assert "invalid message" in producer.output()
@@ -344,6 +401,9 @@ def test_insider_with_well_formed_but_wrong_batches_never_reaches_the_loop(endpo
         worker = threading.Thread(target=serve)
         worker.start()
         try:
+            # registered before the loop goes on, or (on a loaded machine) the real producer could finish the
+            # epoch alone and the liar would never be tested
+            wait_for(lambda: loader.stats()["producers_seen"] == 2, 10, "the insider to register")
             rest = [y.tolist() for _, y in it]
             wait_for(lambda: rejections, 10, "the liar's permanent REJECT")
         finally:

@@ -8,7 +8,7 @@ import pytest
 from ferry import RemoteLoader
 from tests.datasets import PairDataset
 
-from .helpers import LeakCheck, wait_for
+from .helpers import LeakCheck, local_folder, local_producer_pids, wait_for
 
 
 def test_remote_mode_leaves_nothing(endpoint, spawn):
@@ -30,7 +30,7 @@ def test_local_mode_leaves_no_producer_even_when_the_loop_raises(dataset):
     with pytest.raises(KeyError, match="boom"):
         with RemoteLoader(dataset=dataset, dataset_args={"length": 40} if dataset == "synthetic" else None,
                           local_producers=2, batch_size=4, heartbeat=0.2, timeout=30) as loader:
-            pids = loader._local.pids
+            pids = local_producer_pids(loader)
             for i, _ in enumerate(loader):
                 if i == 2:
                     raise KeyError("boom")
@@ -62,7 +62,7 @@ def test_close_without_iterating_and_use_after_close(endpoint):
 def test_local_folder_is_removed(tmp_path):
     with RemoteLoader(dataset="synthetic", dataset_args={"length": 8, "shape": [2]}, local_producers=1,
                       batch_size=4, heartbeat=0.2, timeout=30) as loader:
-        folder = loader._local.folder
+        folder = local_folder(loader)
         assert os.path.isdir(folder)
         assert len(list(loader)) == 2
     wait_for(lambda: not os.path.exists(folder), 5, "the ipc folder to be removed")

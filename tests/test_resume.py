@@ -53,20 +53,23 @@ def test_state_dict_is_small_and_round_trips_through_json_and_torch(endpoint, sp
     spawn(endpoint, "tests.datasets:PairDataset", {"length": 40})
     with RemoteLoader(endpoint=endpoint, batch_size=4, shuffle=True, seed=3, heartbeat=0.2, timeout=30) as loader:
         loader.set_epoch(2)
+        expected = [b[1].tolist() for b in reference_batches(PairDataset(40), batch_size=4, drop_last=False,
+                                                              world_size=1, rank=0, shuffle=True, seed=3, epoch=2)]
         it = iter(loader)
-        for _ in range(3):
-            next(it)
+        first = [next(it)[1].tolist() for _ in range(3)]
+        assert first == expected[:3]
         state = loader.state_dict()
         assert state["epoch"] == 2 and state["batches_delivered"] == 3
         assert len(json.dumps(state)) < 512
         torch.save(state, tmp_path / "s.pt")
         assert torch.load(tmp_path / "s.pt") == json.loads(json.dumps(state)) == state
         rest = [b[1].tolist() for b in it]
+        assert rest == expected[3:]  # torch's reference, not this loader's own word
         done = loader.state_dict()
         assert done["epoch"] == 3 and done["batches_delivered"] == 0
     with RemoteLoader(endpoint=endpoint, batch_size=4, shuffle=True, seed=3, heartbeat=0.2, timeout=30) as loader:
         loader.load_state_dict(state)
-        assert [b[1].tolist() for b in loader] == rest
+        assert [b[1].tolist() for b in loader] == expected[3:]
         assert loader.epoch == 3
 
 
