@@ -20,6 +20,9 @@ MAX_WELCOME_HEARTBEAT_S = 60.0
 #: A producer that holds one task longer than this is dropped like a silent one, and its tasks are
 #: re-issued: it guards against a hung dataset and against a live peer that never answers. [Unit: second]
 DEFAULT_TASK_TIMEOUT_S = 120.0
+#: A task lost this many times (dead producer, timeout, unusable answer) is poison: it raises instead of
+#: being issued again, so one bad sample cannot stall a run forever.
+DEFAULT_MAX_ATTEMPTS = 3
 
 #: How long a producer lets a BYE leave its socket on shutdown. [Unit: millisecond]
 BYE_LINGER_MS = 500

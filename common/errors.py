@@ -131,3 +131,51 @@ class ProducerDiedError(FerryError, RuntimeError):
 
     The message names each one's pid, its exit code or signal, and the tail of its error output.
     """
+
+
+class SampleIndexError(FerryError, IndexError):
+    """A planned sample index lies outside the dataset (a user sampler's ``99`` for 20 samples).
+
+    Raised in the training loop at that batch's position, at once: the task is never re-issued.
+    Attributes: ``index``, ``length`` (the dataset's), and the ``epoch`` and ``seq`` of the batch.
+    """
+
+    def __init__(self, *, index: int, length: int, epoch: int | None = None, seq: int | None = None) -> None:
+        self.index, self.length, self.epoch, self.seq = index, length, epoch, seq
+        where = f" (epoch {epoch}, batch {seq})" if epoch is not None else ""
+        super().__init__(f"sample index {index} is out of range for a dataset of {length} samples{where}")
+
+    def __reduce__(self):
+        return (_rebuild_sample_index_error, (self.index, self.length, self.epoch, self.seq))
+
+
+def _rebuild_sample_index_error(index, length, epoch, seq):
+    return SampleIndexError(index=index, length=length, epoch=epoch, seq=seq)
+
+
+class PoisonTaskError(FerryError, RuntimeError):
+    """A batch's task was lost ``max_attempts`` times (its producer died, it timed out, or its answer was
+    unusable): it is not issued again.
+
+    Attributes: ``epoch``, ``seq``, ``indices`` (the batch's samples), and ``attempts``: one
+    ``(producer, cause)`` pair per failed attempt, oldest first.
+    """
+
+    def __init__(self, *, epoch: int, seq: int, indices: list[int], attempts: list[tuple[str, str]]) -> None:
+        self.epoch, self.seq, self.indices = epoch, seq, list(indices)
+        self.attempts = [tuple(a) for a in attempts]
+        shown = self.indices if len(self.indices) <= 16 else [*self.indices[:16], "..."]
+        lines = "".join(f"\n  attempt {n}: producer {producer}: {cause}"
+                        for n, (producer, cause) in enumerate(self.attempts, 1))
+        super().__init__(f"batch {seq} of epoch {epoch} (samples {', '.join(map(str, shown))}) was lost on "
+                         f"{len(self.attempts)} attempts; it is not issued again (max_attempts):{lines}")
+
+    def __reduce__(self):
+        return (_rebuild_poison_task_error, (self.epoch, self.seq, self.indices, self.attempts))
+
+
+def _rebuild_poison_task_error(epoch, seq, indices, attempts):
+    return PoisonTaskError(epoch=epoch, seq=seq, indices=indices, attempts=attempts)
+
+
+__all__ += ["SampleIndexError", "PoisonTaskError"]

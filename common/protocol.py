@@ -103,7 +103,11 @@ SCHEMAS: dict[str, dict[str, Check]] = {
 OPTIONAL: dict[str, dict[str, Check]] = {
     HELLO: {"shm": _str},
     TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0,
-           "seed": _uint},  # the loader's seed, from which each sample's sample_info().seed is derived
+           "seed": _uint,  # the loader's seed, from which each sample's sample_info().seed is derived
+           # a sharded dataset's task: [batch k, batch_size, drop_last, shuffle] of the shard indices[0] names
+           "shard": lambda v: isinstance(v, list) and len(v) == 4 and all(_uint(x) for x in v) and v[1] > 0},
+    # a sharded dataset's answer: its sample count (0: the shard has no such batch) and whether it is the last
+    BATCH: {"count": _uint, "last": lambda v: isinstance(v, bool)},
 }
 
 

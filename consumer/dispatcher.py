@@ -8,6 +8,10 @@
 * Seqs go out in plan order; the seqs of a lost producer go back to the *front* of the queue.
 * Credits: :meth:`assign` never lets ``in flight + held`` exceed the capacity, and never gives a producer
   more than its ``slots``. A new task goes to the live producer with the most free slots.
+* Attempts: each loss of a seq's task that may be the task's fault (its producer died or fell silent, it
+  timed out, its answer was unusable) is an :class:`Attempt`, kept per seq for the run, across re-issues.
+  A seq lost ``max_attempts`` times is *poisoned*: not queued again, but handed to the io thread
+  (:meth:`take_poisoned`) to be raised in its place. An orderly leave (BYE) or a restart costs no attempt.
 """
 
 from __future__ import annotations
@@ -43,6 +47,23 @@ class ProducerInfo:
 
 
 @dataclass(frozen=True)
+class Attempt:
+    """One lost issuance of a seq: who held it, and why it was lost."""
+
+    producer: str  # host:pid
+    cause: str
+
+
+@dataclass(frozen=True)
+class Poisoned:
+    """A seq lost on ``max_attempts`` attempts: it is not issued again."""
+
+    run: int
+    seq: int
+    attempts: tuple[Attempt, ...]
+
+
+@dataclass(frozen=True)
 class Task:
     task: int
     run: int
@@ -53,8 +74,11 @@ class Task:
 
 
 class Dispatcher:
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_attempts: int = 3) -> None:
         self.capacity = capacity
+        self.max_attempts = max_attempts
+        self._attempts: dict[int, list[Attempt]] = {}  # seq -> its lost attempts in this run
+        self._poisoned: list[Poisoned] = []  # not yet taken by the io thread
         self.producers: dict[bytes, ProducerInfo] = {}
         self.tasks: dict[int, Task] = {}  # in flight, by task id
         self._ids = itertools.count(1)
@@ -67,6 +91,7 @@ class Dispatcher:
         """Forget the old run's tasks (their late results become duplicates) and queue the new seqs."""
         self.run = run
         self._queue = deque(order)
+        self._attempts, self._poisoned = {}, []
         for producer in self.producers.values():
             producer.in_flight.clear()
         self.tasks.clear()
@@ -96,21 +121,61 @@ class Dispatcher:
             self.tasks[task_id] = Task(old.task, old.run, old.seq, old.identity, new_peer, old.issued)
         return info
 
-    def lose(self, peer: bytes) -> ProducerInfo | None:
-        """Remove a producer; its in-flight seqs go to the front of the queue, in seq order."""
+    def lose(self, peer: bytes, cause: str | None = None, charged: Iterable[int] | None = None) -> ProducerInfo | None:
+        """Remove a producer; its in-flight seqs go to the front of the queue, in seq order.
+
+        With a ``cause``, each task it held (or only those in ``charged``, by task id) costs its seq an
+        attempt; a seq out of attempts is poisoned instead of queued again."""
         info = self.producers.pop(peer, None)
         if info is None:
             return None
-        seqs = sorted(self.tasks.pop(t).seq for t in info.in_flight)
+        charge = set(info.in_flight if charged is None else charged) if cause is not None else set()
+        seqs = []
+        for task_id in info.in_flight:
+            task = self.tasks.pop(task_id)
+            if task_id not in charge or not self._charge(task.seq, Attempt(info.name, cause or "")):
+                seqs.append(task.seq)
+        seqs.sort()
         self._queue.extendleft(reversed(seqs))
         self.reissued += len(seqs)
         info.in_flight.clear()
         return info
 
+    def _charge(self, seq: int, attempt: Attempt) -> bool:
+        """Count a lost attempt of ``seq``; True if that was its last (it is poisoned, not to be queued)."""
+        attempts = self._attempts.setdefault(seq, [])
+        attempts.append(attempt)
+        if len(attempts) < self.max_attempts:
+            return False
+        self._poisoned.append(Poisoned(self.run, seq, tuple(attempts)))
+        return True
+
+    def take_poisoned(self) -> list[Poisoned]:
+        """The seqs poisoned since the last call (each given once)."""
+        taken, self._poisoned = self._poisoned, []
+        return taken
+
+    def drop(self, task_id: int) -> Task | None:
+        """Remove a task in flight without a result and without re-issue (its seq ends in an error)."""
+        task = self.tasks.pop(task_id, None)
+        if task is not None:
+            producer = self.producers.get(task.peer)
+            if producer is not None:
+                producer.in_flight.discard(task_id)
+        return task
+
     # --- tasks ----------------------------------------------------------------------------------------
     def overdue(self, deadline: float) -> set[bytes]:
         """Peers holding a task issued before ``deadline``."""
         return {t.peer for t in self.tasks.values() if t.issued < deadline}
+
+    def overdue_tasks(self, deadline: float) -> dict[bytes, set[int]]:
+        """By peer, the ids of its tasks issued before ``deadline``."""
+        out: dict[bytes, set[int]] = {}
+        for t in self.tasks.values():
+            if t.issued < deadline:
+                out.setdefault(t.peer, set()).add(t.task)
+        return out
 
     def assign(self, held: int, now: float = 0.0) -> list[Task]:
         """Issue as many tasks as credits and free slots allow."""
@@ -135,7 +200,9 @@ class Dispatcher:
         producer.in_flight.discard(task_id)
         return task
 
-    def requeue(self, task: Task) -> None:
-        """A task's result was unusable: issue its seq again, first."""
+    def requeue(self, task: Task, attempt: Attempt | None = None) -> None:
+        """A task's result was unusable: issue its seq again, first (unless that ``attempt`` was its last)."""
+        if attempt is not None and self._charge(task.seq, attempt):
+            return
         self._queue.appendleft(task.seq)
         self.reissued += 1

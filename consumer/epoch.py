@@ -15,7 +15,7 @@ from typing import Any, Callable
 from ferry.consumer.buffer import Delivery
 from ferry.consumer.stats import Counters
 
-__all__ = ["EpochHooks", "EpochIterator", "WaitTally"]
+__all__ = ["EpochHooks", "EpochIterator"]
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,10 @@ class EpochIterator:
     """One pass over one epoch's plan. Only the newest iterator of a loader may advance.
 
     ``first_seq`` is the plan position of its first batch (more than 0 after a resume); ``total`` the batches
-    of this pass; ``yielded`` how many positions were consumed (a failed batch consumes its position too).
+    of this pass (None when not known in advance: a sharded dataset without shard lengths); ``yielded`` how many positions were consumed (a failed batch consumes its position too).
     """
 
-    def __init__(self, hooks: EpochHooks, run: int, epoch: int, first_seq: int, total: int) -> None:
+    def __init__(self, hooks: EpochHooks, run: int, epoch: int, first_seq: int, total: int | None) -> None:
         self._hooks = hooks
         self.run = run
         self.epoch = epoch
@@ -66,6 +66,8 @@ class EpochIterator:
         return self
 
     def __len__(self) -> int:
+        if self.total is None:  # a sharded dataset without shard lengths: discovered while reading
+            raise TypeError("the length of this epoch is not known: the dataset gives no shard_len")
         return self.total - self.yielded
 
     def __next__(self) -> Any:
@@ -99,7 +101,8 @@ class EpochIterator:
         finally:
             done = time.monotonic()
             self._account(done)
-            hooks.progress(done, self.epoch, self.first_seq + self.yielded, self.first_seq + self.total)
+            total = -1 if self.total is None else self.first_seq + self.total  # -1: not known
+            hooks.progress(done, self.epoch, self.first_seq + self.yielded, total)
 
     def _account(self, now: float) -> None:
         counters = self._hooks.counters
@@ -107,28 +110,3 @@ class EpochIterator:
         counters.active_s += span
         counters.epoch_active_s += span
         self._last = now
-
-
-class WaitTally:
-    """Why the training loop waited in one epoch, for the diagnosis: read from io-thread snapshots.
-
-    A wait is counted when ``__next__`` finds nothing staged. It was *window full* when buffered + in flight
-    had reached the capacity (the producers had every task they could get), *idle* when a producer had a
-    free slot while tasks were queued (the transport or the consumer is slow to hand them out).
-    """
-
-    def __init__(self, snapshot: dict[str, Any]) -> None:
-        self.waits = self.window_full = self.idle = 0
-        self._start_batches = {name: p["batches"] for name, p in snapshot["per_producer"].items()}
-
-    def note(self, snapshot: dict[str, Any], capacity: int) -> None:
-        self.waits += 1
-        free_slot = any(p["in_flight"] < p["slots"] for p in snapshot["per_producer"].values())
-        if snapshot["buffered"] + snapshot["in_flight"] >= capacity:
-            self.window_full += 1
-        elif free_slot and snapshot["queued"] > 0:  # with nothing queued: the end of the epoch, not idleness
-            self.idle += 1
-
-    def batches_by_producer(self, snapshot: dict[str, Any]) -> dict[str, int]:
-        """Batches each producer delivered in this epoch."""
-        return {name: p["batches"] - self._start_batches.get(name, 0) for name, p in snapshot["per_producer"].items()}

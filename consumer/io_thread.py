@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import queue
 import random
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -31,16 +32,17 @@ from typing import Any, Iterable
 import zmq
 
 from ferry.common import protocol
-from ferry.common.errors import ProtocolError, VersionMismatch
+from ferry.common.errors import PoisonTaskError, ProtocolError, SampleIndexError, VersionMismatch
 from ferry.common.shm import SlotLedger
 from ferry.common.waker import Waker
 
 from ferry.consumer.buffer import Delivery, ReorderBuffer
-from ferry.consumer.dispatcher import Dispatcher, ProducerInfo, Task
+from ferry.consumer.dispatcher import Attempt, Poisoned, ProducerInfo, Task
 from ferry.consumer.peers import BadPeers, Loss, Peers
 from ferry.consumer.results import BatchDecoder, check_fail, count_skips, fail_delivery
 from ferry.consumer.router import Router
 from ferry.consumer.stats import Counters
+from ferry.consumer.streaming import ShardDispatcher, read_answer, task_fields
 
 log = logging.getLogger("ferry.consumer")
 
@@ -61,6 +63,8 @@ class IoConfig:
     curve: Any = None
     slab: Any = None  # ferry.common.shm.Slab shared with local producers, owned by LocalProducers
     seed: int = 0  # the loader's seed, sent with every TASK for sample_info()
+    max_attempts: int = 3  # a seq lost this many times raises PoisonTaskError in its place
+    dataset_spec: str | None = None  # admit only producers announcing this spec (dataset= given as a string)
 
 
 @dataclass(frozen=True)
@@ -80,10 +84,21 @@ class IoHealth:
     live_producers: int
     producers_seen: int  # registered, in all
     no_producer_since: float  # time.monotonic() when the last live producer was lost (or the thread began)
+    progress_at: float = 0.0  # when a result last arrived, or nothing was owed by producers
+    churn: int = 0  # producers lost since progress_at
+    last_loss: str = ""  # the latest of those losses, in words
 
 
 class _Close:
     pass
+
+
+@dataclass(frozen=True)
+class _Died:
+    """A local producer's process died (its sentinel said so): lose it now, not after the liveness window."""
+
+    pid: int
+    why: str
 
 
 class IoThread:
@@ -94,14 +109,16 @@ class IoThread:
         self.buffer = buffer
         self.counters = counters
         self.session = random.getrandbits(62) | 1
-        self.dispatcher = Dispatcher(config.capacity)
+        self.dispatcher = ShardDispatcher(config.capacity, config.max_attempts)  # and sharded runs (consumer/streaming.py)
         self.slab = config.slab
         self._peers = Peers(self.dispatcher, dataset_len=config.dataset_len, fingerprint=config.fingerprint,
-                            shm_token=self.slab.token if self.slab is not None else None, now=time.monotonic())
+                            shm_token=self.slab.token if self.slab is not None else None, now=time.monotonic(),
+                            dataset_spec=config.dataset_spec)
         self._bad_peers = BadPeers(self._peers.describe)
         self._ledger = SlotLedger(self.slab)
         self._decoder = BatchDecoder(config.max_batch_bytes)
         self._dataset_known = threading.Event()
+        self.sharded = threading.Event()  # an admitted producer serves a sharded dataset (HELLO dataset.sharded)
         if self._peers.dataset_known:
             self._dataset_known.set()
         self._failure: BaseException | None = None
@@ -127,6 +144,11 @@ class IoThread:
         self._commands.put(command)
         self.waker.wake()
 
+    def producer_died(self, pid: int, why: str) -> None:
+        """From any thread: the producer process ``pid`` on this host has died (a local producer)."""
+        self._commands.put(_Died(pid, why))
+        self.waker.wake()
+
     def close(self, timeout: float) -> None:
         if self._thread.is_alive():
             self._commands.put(_Close())
@@ -144,7 +166,9 @@ class IoThread:
         alive = self._thread.is_alive()  # before the failure: a thread that failed has set it before it ended
         with self._lock:
             return IoHealth(alive=alive, failure=self._failure, live_producers=len(self.dispatcher.producers),
-                            producers_seen=self._peers.seen, no_producer_since=self._peers.none_since)
+                            producers_seen=self._peers.seen, no_producer_since=self._peers.none_since,
+                            progress_at=self._peers.progress_at, churn=self._peers.churn,
+                            last_loss=self._peers.last_loss)
 
     def wait_dataset_len(self, timeout: float) -> int | None:
         """The dataset's length once known (given, or from the first producer admitted); None if it is not
@@ -210,10 +234,16 @@ class IoThread:
                 return False
             if isinstance(command, _Close):
                 return True
+            if isinstance(command, _Died):
+                name = f"{socket.gethostname()}:{command.pid}"
+                for peer in [p.peer for p in self.dispatcher.producers.values() if p.name == name]:
+                    self._lose(peer, command.why, charge=True)
+                continue
             with self._lock:
                 self._plan, self._epoch = command.plan, command.epoch
                 self.buffer.reset(command.run, command.order)
                 self.dispatcher.start_run(command.run, command.order)
+                self._peers.progressed(time.monotonic())
 
     # --- receiving ----------------------------------------------------------------------------------
     def _receive(self) -> None:
@@ -286,6 +316,10 @@ class IoThread:
             log.warning("rejected producer %s: %s", admission.name, admission.reject)
             self._router.send(peer, [protocol.pack(protocol.REJECT, reason=admission.reject, permanent=True)])
             return
+        if header["dataset"].get("sharded") is True:
+            self.sharded.set()
+        if admission.adopted:
+            log.info("producer %s set the dataset: %s", admission.name, admission.adopted)
         self._dataset_known.set()
         self._settle(admission.losses)
         if admission.joined is not None:
@@ -301,6 +335,8 @@ class IoThread:
             return None
         with self._lock:
             task = self.dispatcher.complete(header["task"], info.peer)
+            if task is not None:
+                self._peers.progressed(time.monotonic())
         if task is None:
             self.counters.duplicates += 1
             self._ledger.give_back(header["task"], holder=info.identity)  # it has finished with the slot
@@ -311,18 +347,26 @@ class IoThread:
         if task is None:
             return
         try:
-            batch = self._decoder.decode(header, data, task, epoch=self._epoch, indices=self._plan.batch(task.seq),
-                                         ledger=self._ledger)
+            answer = read_answer(header, self._plan, task.seq, self._epoch)  # a sharded run's (consumer/streaming.py)
+            batch = None if answer.empty else self._decoder.decode(header, data, task, epoch=self._epoch,
+                                                                   indices=answer.indices, ledger=self._ledger)
         except ProtocolError as exc:
             # it answered its own task with a batch we cannot use: broken or hostile. Re-issue the seq,
             # and drop and reject the producer, or a peer with many free slots would take the seq back
             # every time and stall the epoch.
             with self._lock:
-                self.dispatcher.requeue(task)
+                self.dispatcher.requeue(task, Attempt(info.name, f"sent an unusable batch: {exc}"))
+                poisoned = self.dispatcher.take_poisoned()
+            self._poison(poisoned)
             self._lose(info.peer, f"sent an unusable batch: {exc}")
             reason = f"rejected: your batch for seq {task.seq} was unusable: {exc}"
             self._router.send(info.peer, [protocol.pack(protocol.REJECT, permanent=True, reason=reason)])
             raise
+        if answer.sharded:
+            self.buffer.end_shard(task.run, task.seq, last=answer.last, empty=answer.empty)
+        if batch is None:  # the shard has no batch k: nothing to hand on, no credit held
+            self._ledger.give_back(task.task)
+            return
         with self._lock:
             info.batches += 1
             info.bytes += batch.nbytes
@@ -339,6 +383,14 @@ class IoThread:
         if task is None:
             return
         self._ledger.give_back(task.task)
+        out_of_range = next((e for e in header["errors"] if e["exc_type"] == SampleIndexError.__name__), None)
+        if out_of_range is not None:  # never skipped, never retried: the plan itself is wrong
+            error = SampleIndexError(index=out_of_range["index"], length=self._peers.dataset_len or 0,
+                                     epoch=self._epoch, seq=task.seq)
+            self.buffer.put(Delivery(run=task.run, seq=task.seq, error=error))
+            return
+        if task_fields(self._plan, task.seq):  # a shard whose iterator raised ends there
+            self.buffer.end_shard(task.run, task.seq, last=True, empty=False)
         self.buffer.put(fail_delivery(header, task, info.name, epoch=self._epoch, on_error=self.config.on_error,
                                       counters=self.counters))
 
@@ -348,13 +400,16 @@ class IoThread:
         with self._lock:
             losses, alive = self._peers.expire(now, heartbeat=self.config.heartbeat, liveness=self.config.liveness,
                                                task_timeout=self.config.task_timeout)
+            if not self.dispatcher.in_flight and (not self.dispatcher.queued
+                                                  or self.buffer.held >= self.config.capacity):
+                self._peers.progressed(now)  # nothing owed: waiting on the training loop, not on producers
         self._settle(losses)
         for peer in alive:
             self._router.send(peer, [protocol.pack(protocol.PING, load={})])
 
-    def _lose(self, peer: bytes, why: str) -> None:
+    def _lose(self, peer: bytes, why: str, *, charge: bool = False) -> None:
         with self._lock:
-            loss = self._peers.lose(peer, why, time.monotonic())
+            loss = self._peers.lose(peer, why, time.monotonic(), charge=charge)
         self._settle([loss] if loss is not None else [])
 
     def _settle(self, losses: Iterable[Loss]) -> None:
@@ -362,6 +417,25 @@ class IoThread:
         for loss in losses:
             self._ledger.set_aside(loss.tasks, loss.pid)  # it may still be writing into their slots
             log.warning("producer %s lost (%s); %d live", loss.name, loss.why, loss.live)
+            self._poison(loss.poisoned)
+
+    def _poison(self, poisoned: Iterable[Poisoned]) -> None:
+        """Seqs out of attempts: their error takes their place in the reorder buffer (the credit their task
+        held passes to it)."""
+        for p in poisoned:
+            error = PoisonTaskError(epoch=self._epoch, seq=p.seq, indices=list(self._plan.batch(p.seq)),
+                                    attempts=[(a.producer, a.cause) for a in p.attempts])
+            log.error("%s", error)
+            if task_fields(self._plan, p.seq):  # a shard ends at its poisoned batch, as at a failed one
+                self.buffer.end_shard(p.run, p.seq, last=True, empty=False)
+            self.buffer.put(Delivery(run=p.run, seq=p.seq, error=error))
+
+    def _out_of_range(self, indices: list[int]) -> int | None:
+        """The first of ``indices`` outside the dataset, or None."""
+        length = self._peers.dataset_len
+        if length is None:
+            return None
+        return next((i for i in indices if not 0 <= i < length), None)
 
     def _dispatch(self) -> None:
         if self._plan is None:
@@ -370,6 +444,13 @@ class IoThread:
             tasks = self.dispatcher.assign(self.buffer.held, time.monotonic())
         for task in tasks:
             indices = self._plan.batch(task.seq)
+            bad = self._out_of_range(indices)
+            if bad is not None:  # raised at this batch's position, at once; its credit passes to the error
+                with self._lock:
+                    self.dispatcher.drop(task.task)
+                self.buffer.put(Delivery(run=task.run, seq=task.seq, error=SampleIndexError(
+                    index=bad, length=self._peers.dataset_len, epoch=self._epoch, seq=task.seq)))
+                continue
             extra = {}
             info = self.dispatcher.producers.get(task.peer)
             if info is not None and info.shared:
@@ -379,7 +460,8 @@ class IoThread:
             ok = self._router.send(task.peer, [protocol.pack(
                 protocol.TASK, session=self.session, task=task.task, epoch=self._epoch, seq=task.seq,
                 indices=indices, on_error=self.config.on_error, seed=self.config.seed, **extra,
+                **task_fields(self._plan, task.seq),
             )])
             if not ok:
                 self._ledger.give_back(task.task)  # the TASK never reached the producer
-                self._lose(task.peer, "unreachable")
+                self._lose(task.peer, "unreachable", charge=True)

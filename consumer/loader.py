@@ -29,16 +29,19 @@ import torch
 from ferry.common import validate as check
 from ferry.common.constants import DEFAULT_BUFFER_BATCHES, POLL_SLICE_S
 from ferry.common.errors import ConfigError, FerryThreadError, LoaderClosedError, NoProducersError
-from ferry.common.plan import build_plan, plan_length
+from ferry.common.shardplan import ShardPlan, decode_seq
 
 from ferry.consumer.buffer import Delivery, is_eof
-from ferry.consumer.diagnosis import EpochFigures, EpochLog, diagnose
-from ferry.consumer.epoch import EpochHooks, EpochIterator, WaitTally
+from ferry.consumer.epoch import EpochHooks, EpochIterator
+from ferry.consumer.observer import EpochObserver
+from ferry.consumer.planning import EpochPlanner
+from ferry.consumer.resume import RESUME_OPTIONS, ResumePoint, capture_state, restore_state
 from ferry.consumer.io_thread import StartRun
 from ferry.consumer.options import UNSET, check_unknown_keywords, CurveOptions, LocalOptions, TransportOptions, resolve_options
 from ferry.consumer.pipeline import Pipeline, resolve_device
 from ferry.consumer.staging import iter_tensors
 from ferry.consumer.stats import Counters, WeakStats, stats_figures
+from ferry.consumer.streaming import ShardRun
 
 __all__ = ["RemoteLoader"]
 
@@ -72,14 +75,21 @@ class RemoteLoader:
         no_producer_timeout: seconds without any live producer before ``__next__`` raises
             NoProducersError; ``None`` or 0: wait forever. Default 60. Unlike DataLoader's ``timeout``, a
             limit on each batch, it counts only while no producer is alive: a slow batch from a live
-            producer never times out here (``task_timeout`` guards against a hung one). [Unit: second]
+            producer never times out here (``task_timeout`` guards against a hung one). It also fires when no
+            batch arrives for that long while producers keep joining and leaving. [Unit: second]
         timeout: the same option under its old name; give one of the two.
         dataset_len: the dataset length, if known up front (else learned from the first producer).
         device: ``None`` / ``"cpu"`` (tensors over the received bytes, no copy) or a CUDA device.
         pin_memory: stage through page-locked memory. Default: True on CUDA, False otherwise.
         device_transform: a callable applied to each batch on the device, in the training thread.
         dataset: a dataset object or a spec string (see ``ferry.common.datasets``), served by local producers.
-            An object also gives the dataset length and its fingerprint.
+            Without them it says what remote producers must serve: an object gives the dataset length and its
+            fingerprint, a spec admits only producers announcing that spec (the first one sets the length and
+            fingerprint; ``dataset_args`` are not compared). Others are refused for good, with the reason.
+            A *sharded* dataset (``shards()`` and
+            ``iter_shard(name)``, optionally ``shard_len(name)`` and ``shuffle_buffer``; a torch
+            ``IterableDataset`` must have them) is planned over its shards: see ``ferry.common.shardplan`` and
+            docs/datasets.md. ``len()`` then needs ``shard_len``, else raises TypeError.
         dataset_args: keyword arguments of a dataset spec.
         on_error: ``"raise"`` (RemoteSampleError in the loop) or ``"skip"`` (drop the failed samples).
         metrics_port: serve ``stats()`` as Prometheus metrics on this port (needs ``ferry[metrics]``).
@@ -90,7 +100,7 @@ class RemoteLoader:
             Flat shorthand: ``local_producers`` (the count; 0: none), ``producer_threads``,
             ``producer_slots``, ``mp_context``, ``producer_transform``, ``shared_memory``.
         transport: a :class:`TransportOptions`: heartbeats, liveness, the task timeout, the batch size bound.
-            Flat shorthand: ``heartbeat``, ``liveness``, ``task_timeout``, ``max_batch_bytes``.
+            Flat shorthand: ``heartbeat``, ``liveness``, ``task_timeout``, ``max_batch_bytes``, ``max_attempts``.
         curve: a :class:`CurveOptions`: encrypt, and let in only authorized producers.
             Flat shorthand: ``curve_secret_key``, ``curve_authorized_keys``.
 
@@ -121,6 +131,7 @@ class RemoteLoader:
         mp_context: str | None = UNSET, producer_transform: Any = UNSET, shared_memory: bool = UNSET,
         collate_fn: Any = UNSET, producer_init: Any = UNSET,
         heartbeat: float = UNSET, liveness: int = UNSET, task_timeout: float = UNSET, max_batch_bytes: int = UNSET,
+        max_attempts: int = UNSET,
         curve_secret_key: str | None = UNSET, curve_authorized_keys: str | None = UNSET,
         **dataloader_options: Any,
     ) -> None:
@@ -147,13 +158,14 @@ class RemoteLoader:
         self.device_transform = opts.device_transform
         self.on_error = opts.on_error
         self.log_every = opts.log_every
-        self._last_log = time.monotonic()
-        self._waits = WaitTally({"per_producer": {}})
-        self._last_diagnosis: str | None = None
 
         self._counters = Counters()
         self._epoch = 0  # the epoch the next iteration runs
         self._resume_from = 0  # seqs of that epoch already delivered (from load_state_dict)
+        # a sharded dataset (common/shardplan.py): where the next run starts, and where the loop is now
+        self._resume_shard = (0, 0)  # (shard position, batch k)
+        self._shard_next = (0, 0)  # after the last batch the training loop got
+        self._sharded_run = False  # the current run is over shards
         self._run = 0
         self._active: EpochIterator | None = None
         # starts local producers, the io and staging threads; nothing it holds references `self`
@@ -163,7 +175,10 @@ class RemoteLoader:
         self._local, self._io, self._staging = pipeline.local, pipeline.io, pipeline.staging
         self._stop, self._staged, self._staging_failure = pipeline.stop, pipeline.staged, pipeline.staging_failure
         self._buffer, self._staging_stager = pipeline.buffer, pipeline.stager
-        self._epoch_log = EpochLog((self._io._thread, self._staging))  # their CPU time: the consumer's load
+        self._planner = EpochPlanner(opts, self._io)
+        self._observer = EpochObserver(self._counters, self._io.snapshot, WeakStats(self),
+                                       capacity=self.buffer_batches, log_every=self.log_every,
+                                       threads=(self._io._thread, self._staging))
         self._closed = False
         self._finalizer = weakref.finalize(self, pipeline.shutdown)
         # from here on the options are read-only: assigning one would silently do nothing
@@ -183,17 +198,24 @@ class RemoteLoader:
     # --- iteration ----------------------------------------------------------------------------------
     def __iter__(self) -> EpochIterator:
         self._check_open()
-        plan = self._build_plan(self._epoch)
-        order = list(range(self._resume_from, len(plan)))
+        plan = self._planner.build(self._epoch, self._health_until_timeout())
+        self._sharded_run = isinstance(plan, ShardPlan)
+        if self._sharded_run:  # batches are discovered shard by shard (consumer/streaming.py)
+            order: Any = ShardRun(plan.positions, *self._resume_shard)
+            first_seq, self._shard_next = self._resume_from, self._resume_shard
+            total = len(plan) - first_seq if plan.lengths is not None else None
+            self._resume_shard = (0, 0)
+        else:
+            order = list(range(self._resume_from, len(plan)))
+            first_seq, total = (order[0] if order else len(plan)), len(order)
         self._resume_from = 0
         self._run += 1
-        first_seq = order[0] if order else len(plan)
         hooks = EpochHooks(  # built per iteration: a loader that is never iterated holds no cycle
             counters=self._counters, is_current=self._is_current, next_delivery=self._next_delivery,
-            deliver=self._deliver, began=self._epoch_started, ended=self._epoch_ended, progress=self._maybe_log,
-            first_wait=self._epoch_log.first_wait,
+            deliver=self._deliver, began=self._observer.started, ended=self._epoch_ended,
+            progress=self._observer.progress, first_wait=self._observer.first_wait,
         )
-        self._active = EpochIterator(hooks, self._run, self._epoch, first_seq, len(order))
+        self._active = EpochIterator(hooks, self._run, self._epoch, first_seq, total)
         self._io.start_run(StartRun(run=self._run, epoch=self._epoch, plan=plan, order=order))
         return self._active
 
@@ -203,39 +225,32 @@ class RemoteLoader:
     def _epoch_ended(self, epoch: int) -> None:
         """The iterator of ``epoch`` ran out: the next iteration runs the next epoch; say what bound this one."""
         self._epoch = epoch + 1
-        self._last_diagnosis = self._epoch_log.end_epoch(epoch, self._epoch_figures())
+        self._observer.ended(epoch, self._active)
 
     def __len__(self) -> int:
-        if self.batch_sampler is not None:
-            return len(self.batch_sampler)
-        if self.sampler is not None:
-            n = len(self.sampler)
-            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-        return plan_length(self._dataset_len(), world_size=self.world_size, batch_size=self.batch_size,
-                           drop_last=self.drop_last)
+        """Batches per epoch. For a sharded dataset only when it gives ``shard_len``, else TypeError."""
+        return self._planner.length(self._epoch, self._health_until_timeout())
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of the next iteration (the shuffle is seeded with ``seed + epoch``)."""
         self._epoch = check.integer("epoch", epoch, low=0)
         self._resume_from = 0
+        self._resume_shard = (0, 0)
 
     @property
     def epoch(self) -> int:
         return self._epoch
 
-    def _build_plan(self, epoch: int):
-        dataset_len = None if (self.sampler is not None or self.batch_sampler is not None) else self._dataset_len()
-        return build_plan(epoch=epoch, dataset_len=dataset_len, batch_size=self.batch_size, shuffle=self.shuffle,
-                          seed=self.seed, drop_last=self.drop_last, rank=self.rank, world_size=self.world_size,
-                          sampler=self.sampler, batch_sampler=self.batch_sampler)
-
-    def _dataset_len(self) -> int:
+    def _health_until_timeout(self) -> Callable[[], None]:
+        """A check for a wait that needs a producer: the loader's health, and at most ``timeout`` seconds."""
         deadline = time.monotonic() + self.timeout
-        while (dataset_len := self._io.wait_dataset_len(POLL_SLICE_S)) is None:
+
+        def check() -> None:
             self._check_health()
             if time.monotonic() > deadline:
                 raise self._no_producers_error(waited=self.timeout)
-        return dataset_len
+
+        return check
 
     # --- waiting for a batch (training thread) -------------------------------------------------------
     def _next_delivery(self, run: int) -> Delivery | None:
@@ -247,7 +262,7 @@ class RemoteLoader:
             except queue.Empty:
                 if not waited:
                     waited = True
-                    self._note_wait()
+                    self._observer.note_wait()
                     continue
                 self._check_health()
                 continue
@@ -275,6 +290,10 @@ class RemoteLoader:
             silent = time.monotonic() - io.no_producer_since
             if silent > self.timeout:
                 raise self._no_producers_error(waited=silent)
+        elif io.churn >= 2 and time.monotonic() - io.progress_at > self.timeout:  # joining and leaving, no batch
+            raise NoProducersError(
+                f"no batch arrived for {time.monotonic() - io.progress_at:.1f} s (timeout={self.timeout:g} s) while "
+                f"producers kept joining and leaving: {io.churn} lost in that time, the latest: {io.last_loss}")
 
     def _no_producers_error(self, waited: float) -> NoProducersError:
         seen = self._io.health().producers_seen
@@ -284,42 +303,16 @@ class RemoteLoader:
             f"python -m ferry.producer --connect tcp://<this-host>:<port> --dataset <spec>"
         )
 
-    def _note_wait(self) -> None:
-        """Called when __next__ finds nothing staged: was the window full, or were producers idle?"""
-        self._waits.note(self._io.snapshot(), self.buffer_batches)
-
-    def _epoch_started(self) -> None:
-        self._waits = WaitTally(self._io.snapshot())
-        self._epoch_log.start_epoch()
-
     def diagnosis(self) -> str:
         """What bounds the current (or last) epoch: the producers, the window, or the consumer, and about how
         many producers would remove the stall. See :mod:`ferry.consumer.diagnosis`."""
-        return diagnose(self._epoch_figures())
-
-    def _epoch_figures(self) -> EpochFigures:
-        c, snap, waits = self._counters, self._io.snapshot(), self._waits
-        active = self._active
-        return EpochFigures(
-            batches=active.yielded if active is not None else 0, wait_s=c.epoch_wait_s, active_s=c.epoch_active_s,
-            producers=snap["producers"], batches_by_producer=waits.batches_by_producer(snap),
-            window_full_waits=waits.window_full, idle_waits=waits.idle, waits=waits.waits,
-            startup_s=self._epoch_log.startup_s if active is not None and active.run == 1 else 0.0,
-            consumer_cpu_s=self._epoch_log.consumer_cpu_s(),
-        )
-
-    def _maybe_log(self, now: float, epoch: int, done: int, total: int) -> None:
-        if self.log_every is None or now - self._last_log < self.log_every:
-            return
-        self._last_log = now
-        s = self.stats()
-        log.info("ferry: epoch %d batch %d/%d | %.0f MB/s | stall %.1f %% | producers %d | buffered %d + in flight "
-                 "%d of %d | re-issued %d, duplicates %d, invalid %d", epoch, done, total, s["mb_per_s"],
-                 100 * s["epoch_stall_fraction"], s["producers"], s["buffered"], s["in_flight"], self.buffer_batches,
-                 s["reissued"], s["duplicates"], s["invalid_messages"])
+        return self._observer.diagnosis(self._active)
 
     def _deliver(self, item: Delivery) -> Any:
         self._buffer.release(item.run)
+        if self._sharded_run:
+            p, k = decode_seq(item.seq)
+            self._shard_next = (p, k + 1)  # state_dict resumes after it (an empty answer moves on)
         if item.error is not None:
             raise item.error
         tree = item.tree
@@ -345,31 +338,25 @@ class RemoteLoader:
         """A small, JSON-serialisable state: resume with ``load_state_dict`` in a new process."""
         active = self._active
         if active is not None and not active.finished:
-            epoch, delivered = active.epoch, active.first_seq + active.yielded
+            position = ResumePoint(active.epoch, active.first_seq + active.yielded, self._shard_next)
         else:
-            epoch, delivered = self._epoch, self._resume_from
-        state = {
-            "epoch": epoch, "batches_delivered": delivered, "seed": self.seed, "shuffle": self.shuffle,
-            "drop_last": self.drop_last, "batch_size": self.batch_size, "rank": self.rank,
-            "world_size": self.world_size, "in_order": self.in_order,
-        }
-        for name, obj in (("sampler", self.sampler), ("batch_sampler", self.batch_sampler)):
-            if obj is not None and callable(getattr(obj, "state_dict", None)):
-                state[name] = obj.state_dict()
-        return state
+            position = ResumePoint(self._epoch, self._resume_from, self._resume_shard)
+        return capture_state(position, self._resume_options(), self._samplers())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next iteration yields batch ``batches_delivered`` of ``epoch`` onwards."""
-        for key in ("seed", "shuffle", "drop_last", "batch_size", "rank", "world_size"):
-            if key in state and state[key] != getattr(self, key):
-                raise ConfigError(f"state was saved with {key}={state[key]!r}, this loader has {getattr(self, key)!r}")
-        if not state.get("in_order", True):
-            raise ConfigError("a state saved with in_order=False cannot be resumed exactly")
-        for name, obj in (("sampler", self.sampler), ("batch_sampler", self.batch_sampler)):
-            if name in state and callable(getattr(obj, "load_state_dict", None)):
-                obj.load_state_dict(state[name])
-        self._epoch = int(state["epoch"])
-        self._resume_from = int(state["batches_delivered"])
+        """Resume: the next iteration yields batch ``batches_delivered`` of ``epoch`` onwards.
+
+        Raises:
+            ConfigError: the state was saved by a loader with other options, or with ``in_order=False``.
+        """
+        position = restore_state(state, self._resume_options(), self._samplers())
+        self._epoch, self._resume_from, self._resume_shard = position.epoch, position.delivered, position.shard
+
+    def _resume_options(self) -> dict[str, Any]:
+        return {key: getattr(self, key) for key in RESUME_OPTIONS}
+
+    def _samplers(self) -> dict[str, Any]:
+        return {"sampler": self.sampler, "batch_sampler": self.batch_sampler}
 
     # --- lifecycle ----------------------------------------------------------------------------------
     @property

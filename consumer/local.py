@@ -40,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ferry.common import shm
 from ferry.common.constants import JOIN_TIMEOUT_S
@@ -215,6 +215,9 @@ class LocalProducers:
         self._stop = threading.Event()
         self._waker = Waker()
         self._watch = threading.Thread(target=self._watch_loop, name="ferry-local-watch", daemon=True)
+        #: called from the watch thread with (pid, why) for each death it sees, so that the io thread loses
+        #: that producer at once instead of after the liveness window; set by the pipeline
+        self.on_death: Callable[[int, str], None] | None = None
         try:
             if shared_memory is not None and shm.available():
                 try:
@@ -345,6 +348,8 @@ class LocalProducers:
                         dead.append(child)
             live = sum(child.exit_code is None for child in self.children)
         for child in dead:
+            if self.on_death is not None:
+                self.on_death(child.pid, f"died ({describe_exit(child.exit_code)})")
             what = "its tasks go to the others" if live else "none is left"
             log.warning("ferry: local %s\n%d of %d local producers live, %s", child.report(), live,
                         len(self.children), what)

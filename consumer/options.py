@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from ferry.common import validate as check
 from ferry.common.constants import (
-    DEFAULT_ENDPOINT, DEFAULT_MAX_BATCH_BYTES, DEFAULT_SLOTS, DEFAULT_TASK_TIMEOUT_S,
+    DEFAULT_ENDPOINT, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BATCH_BYTES, DEFAULT_SLOTS, DEFAULT_TASK_TIMEOUT_S,
     DEFAULT_THREADS, DEFAULT_TIMEOUT_S, HEARTBEAT_S, LIVENESS, MAX_HEARTBEAT_S, MAX_SLOTS, MAX_THREADS,
     MIN_HEARTBEAT_S, MIN_LIVENESS,
 )
@@ -147,18 +147,23 @@ class TransportOptions(_Group):
             (a hung sample, or a peer that never answers). [Unit: second]
         max_batch_bytes: the largest batch accepted (ZMQ_MAXMSGSIZE, and the total of a batch's arrays);
             a bigger one is dropped as invalid. [Unit: byte]
+        max_attempts: a batch whose task is lost this many times (its producer died or fell silent, it held
+            the task past ``task_timeout``, or its answer was unusable) raises PoisonTaskError in the loop
+            instead of being issued again. An orderly leave (BYE) costs no attempt.
     """
 
     heartbeat: float = HEARTBEAT_S
     liveness: int = LIVENESS
     task_timeout: float = DEFAULT_TASK_TIMEOUT_S
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
 
     _CHECKS = {
         "heartbeat": ("heartbeat", lambda n, v: check.number(n, v, low=MIN_HEARTBEAT_S, high=MAX_HEARTBEAT_S)),
         "liveness": ("liveness", lambda n, v: check.integer(n, v, low=MIN_LIVENESS)),
         "task_timeout": ("task_timeout", lambda n, v: check.number(n, v, low=0, low_open=True)),
         "max_batch_bytes": ("max_batch_bytes", lambda n, v: check.integer(n, v, low=1, high=2**63 - 1)),
+        "max_attempts": ("max_attempts", lambda n, v: check.integer(n, v, low=1)),
     }
 
 
@@ -258,6 +263,11 @@ def _iterable(name: str, value: Any) -> Any:
 
 def _dataset(value: Any) -> Any:
     if value is None or isinstance(value, str):
+        return value
+    from ferry.common.shardplan import check_sharded, looks_streaming
+
+    if looks_streaming(value):  # a stream of shards (common/shardplan.py), or an error naming the two methods
+        check_sharded(value)
         return value
     if not (hasattr(value, "__len__") and hasattr(value, "__getitem__")):
         raise ConfigTypeError(f"dataset must be a spec string or a map-style dataset (with __len__ and "

@@ -3,8 +3,12 @@
 :class:`Peers` decides, over the :class:`~ferry.consumer.dispatcher.Dispatcher`'s registry of producers, and
 returns what the io thread must then do (answer WELCOME or REJECT, log, set a lost producer's slots aside).
 The io thread calls it under its lock and acts after releasing it. A HELLO is admitted when
-* its dataset is the one this consumer serves: the length and fingerprint it was given, or else those of the
-  first producer admitted. Otherwise: a permanent REJECT saying why.
+* its dataset is the one this consumer serves: the length and fingerprint it was given (``dataset=`` an
+  object), or else those of the first producer admitted; with ``dataset=`` a spec string, only producers
+  announcing that spec are admitted, and the first of them sets the length and fingerprint (the consumer
+  does not build the dataset, which may be costly or need files it does not have; ``dataset_args`` are not
+  announced, so they are not compared: the fingerprint tells datasets apart where the dataset defines one).
+  Otherwise: a permanent REJECT saying why.
 * Then, by the producer's identity ``(producer id, nonce)``:
   - the same identity on the same routing id: a repeated HELLO, which changes nothing;
   - the same identity on another routing id: the producer reconnected, and keeps the tasks it holds;
@@ -12,7 +16,13 @@ The io thread calls it under its lock and acts after releasing it. A HELLO is ad
     restarted its work: it is lost, and its tasks go back to the front of the queue.
 
 A producer is lost when it says BYE, holds a task longer than ``task_timeout``, or is silent for ``liveness``
-heartbeats (:meth:`Peers.expire`).
+heartbeats (:meth:`Peers.expire`). A loss that may be a task's fault charges an attempt to its tasks (the
+overdue ones on a timeout, every one it held when it fell silent); see :mod:`ferry.consumer.dispatcher`.
+
+*Progress*: ``progress_at`` is when a result last arrived, or when the consumer last owed nothing to
+producers (nothing in flight); ``churn`` counts the producers lost since. Producers that keep joining and
+leaving without delivering leave ``live`` above zero, but not ``progress_at`` behind: the loader's
+no-progress timeout reads both.
 
 :class:`BadPeers` remembers peers that sent invalid messages or talked without a HELLO, so that each is
 logged once and told to say HELLO at most once per heartbeat.
@@ -28,7 +38,7 @@ from typing import Any, Callable
 from ferry.common.constants import MAX_TRACKED_PEERS
 from ferry.common.ratelimit import RateLimitedLog
 
-from ferry.consumer.dispatcher import Dispatcher, ProducerInfo
+from ferry.consumer.dispatcher import Dispatcher, Poisoned, ProducerInfo
 
 log = logging.getLogger("ferry.consumer")
 
@@ -44,6 +54,7 @@ class Loss:
     tasks: tuple[int, ...]  # ids of the tasks it held: it may still be writing into their slots
     why: str
     live: int  # producers left registered
+    poisoned: tuple[Poisoned, ...] = ()  # seqs whose last attempt this loss was
 
 
 @dataclass(frozen=True)
@@ -55,18 +66,27 @@ class Admission:
     joined: ProducerInfo | None = None  # a new registration (None: a repeated HELLO or a reconnection)
     losses: tuple[Loss, ...] = ()  # registrations it replaced
     live: int = 0  # producers registered after it
+    adopted: str = ""  # this producer's dataset became the consumer's: its length and fingerprint, in words
 
 
 class Peers:
     def __init__(self, dispatcher: Dispatcher, *, dataset_len: int | None, fingerprint: str | None,
-                 shm_token: str | None, now: float) -> None:
+                 shm_token: str | None, now: float, dataset_spec: str | None = None) -> None:
         self.dispatcher = dispatcher
+        self.dataset_spec = dataset_spec  # admit only producers announcing this spec
         self.dataset_len = dataset_len
         self.fingerprint = fingerprint
         self._first_name: str | None = None  # the producer whose dataset was adopted
         self._shm_token = shm_token  # of this consumer's shared-memory slab, if it has one
         self.seen = 0  # producers registered, in all
         self.none_since = now  # when the last live producer was lost (or when this began)
+        self.progress_at = now  # see the module docstring
+        self.churn = 0  # producers lost since progress_at
+        self.last_loss = ""  # the latest loss, in words, for the no-progress error
+
+    def progressed(self, now: float) -> None:
+        """A result arrived, or nothing is owed: producers are not merely coming and going."""
+        self.progress_at, self.churn = now, 0
 
     @property
     def dataset_known(self) -> bool:
@@ -75,13 +95,17 @@ class Peers:
     def admit(self, peer: bytes, hello: dict[str, Any], now: float) -> Admission:
         """Decide on a HELLO from ``peer`` and apply it to the registry."""
         name = f"{hello['host']}:{hello['pid']}"
+        known = self.dataset_known
         reason = self._check_dataset(hello["dataset"], name)
         if reason is not None:
             return Admission(name, reject=reason)
+        dataset = hello["dataset"]
+        adopted = "" if known else (f"{dataset['len']} samples, fingerprint {dataset['fingerprint']!r}, "
+                                    f"spec {dataset['spec']!r}")
         identity = (hello["producer"], hello["nonce"])
         current = self.dispatcher.producers.get(peer)
         if current is not None and current.identity == identity:
-            return Admission(name, live=len(self.dispatcher.producers))  # repeated: answer again, change nothing
+            return Admission(name, live=len(self.dispatcher.producers), adopted=adopted)  # repeated: change nothing
         losses: list[Loss | None] = []
         moved = self.dispatcher.find_identity(identity)
         joined = None
@@ -103,11 +127,14 @@ class Peers:
             self.dispatcher.add(joined)
             self.seen += 1
         return Admission(name, joined=joined, losses=tuple(loss for loss in losses if loss is not None),
-                         live=len(self.dispatcher.producers))
+                         live=len(self.dispatcher.producers), adopted=adopted)
 
     def _check_dataset(self, dataset: dict[str, Any], name: str) -> str | None:
         """Why ``dataset`` is not the one served here, or None (the first one known becomes the one)."""
         first = self._first_name
+        if self.dataset_spec is not None and dataset["spec"] != self.dataset_spec:
+            return (f"this producer serves dataset {dataset['spec']!r}, but the consumer was given "
+                    f"dataset={self.dataset_spec!r}")
         if self.dataset_len is not None and dataset["len"] != self.dataset_len:
             return (f"dataset length {dataset['len']} (spec {dataset['spec']!r}) differs from this consumer's "
                     f"{self.dataset_len}" + (f" (first producer {first})" if first else ""))
@@ -118,28 +145,35 @@ class Peers:
             self.dataset_len, self.fingerprint, self._first_name = dataset["len"], dataset["fingerprint"], name
         return None
 
-    def lose(self, peer: bytes, why: str, now: float) -> Loss | None:
-        """Drop ``peer``'s registration; its tasks go back to the front of the queue. None if not registered."""
+    def lose(self, peer: bytes, why: str, now: float, *, charge: bool = False,
+             charged: set[int] | None = None) -> Loss | None:
+        """Drop ``peer``'s registration; its tasks go back to the front of the queue. None if not registered.
+
+        With ``charge``, each task it held (or those in ``charged``) costs an attempt, for ``why``."""
         held = self.dispatcher.producers.get(peer)
         tasks = tuple(held.in_flight) if held is not None else ()
-        info = self.dispatcher.lose(peer)
+        info = self.dispatcher.lose(peer, why if charge else None, charged)
         if info is None:
             return None
         if not self.dispatcher.producers:
             self.none_since = now
-        return Loss(info.name, info.pid, tasks, why, len(self.dispatcher.producers))
+        self.churn += 1
+        self.last_loss = f"producer {info.name} {why}"
+        return Loss(info.name, info.pid, tasks, why, len(self.dispatcher.producers),
+                    tuple(self.dispatcher.take_poisoned()))
 
     def expire(self, now: float, *, heartbeat: float, liveness: int,
                task_timeout: float) -> tuple[list[Loss], list[bytes]]:
         """Lose the producers that held a task too long or fell silent. Returns those losses and the peers
         still registered, to be pinged."""
-        losses = [self.lose(peer, f"held a task for more than task_timeout={task_timeout:g} s", now)
-                  for peer in self.dispatcher.overdue(now - task_timeout)]
+        losses = [self.lose(peer, f"held a task for more than task_timeout={task_timeout:g} s", now, charge=True,
+                            charged=overdue)
+                  for peer, overdue in self.dispatcher.overdue_tasks(now - task_timeout).items()]
         deadline = now - liveness * heartbeat
         ping = []
         for info in list(self.dispatcher.producers.values()):
             if info.last_heard < deadline:
-                losses.append(self.lose(info.peer, f"silent for {now - info.last_heard:.1f} s", now))
+                losses.append(self.lose(info.peer, f"silent for {now - info.last_heard:.1f} s", now, charge=True))
             else:
                 ping.append(info.peer)
         return [loss for loss in losses if loss is not None], ping

@@ -24,13 +24,14 @@ import torch
 from ferry.common.constants import JOIN_TIMEOUT_S, STAGED_BATCHES
 from ferry.common.datasets import dataset_fingerprint, transformed_fingerprint
 from ferry.common.errors import ConfigError
+from ferry.common.shardplan import is_sharded, shard_names
 from ferry.common.waker import Waker
 
-from ferry.consumer.buffer import ReorderBuffer
 from ferry.consumer.io_thread import IoConfig, IoThread
 from ferry.consumer.local import LocalProducers
 from ferry.consumer.options import LoaderOptions
 from ferry.consumer.staging import make_stager, staging_loop
+from ferry.consumer.streaming import ShardBuffer
 from ferry.consumer.stats import STATS, Counters
 
 __all__ = ["Pipeline", "resolve_device"]
@@ -69,6 +70,7 @@ class Pipeline:
         self.local: LocalProducers | None = None
         self.io: IoThread | None = None
         self.staging: threading.Thread | None = None
+        self.buffer: ShardBuffer | None = None
         self.metrics: Any = None
         try:
             self._start(opts, counters, device, pin_memory, figures)
@@ -80,6 +82,8 @@ class Pipeline:
                figures: Callable[[], dict[str, Any]]) -> None:
         dataset, dataset_len, fingerprint = opts.dataset, opts.dataset_len, None
         if dataset is not None and not isinstance(dataset, str):
+            if is_sharded(dataset):  # its "length" is the shard count (common/shardplan.py)
+                dataset_len = len(shard_names(dataset))
             dataset_len = len(dataset) if dataset_len is None else dataset_len
             fingerprint = dataset_fingerprint(dataset)
             if opts.local is not None and opts.local.transform is not None:  # what its producers will announce
@@ -107,16 +111,20 @@ class Pipeline:
             raise ConfigError("no endpoint to bind")
         self.endpoints = tuple(endpoints)
         waker = Waker()  # owned by the io thread from here on
-        self.buffer = ReorderBuffer(in_order=opts.in_order, on_release=waker.wake)
+        self.buffer = ShardBuffer(in_order=opts.in_order, on_release=waker.wake)  # a ReorderBuffer, and shards
         self.io = IoThread(
             IoConfig(endpoints=self.endpoints, capacity=opts.buffer_batches, heartbeat=transport.heartbeat,
                      liveness=transport.liveness, on_error=opts.on_error, max_batch_bytes=transport.max_batch_bytes,
                      task_timeout=transport.task_timeout, dataset_len=dataset_len, fingerprint=fingerprint,
                      curve=curve, slab=self.local.slab if self.local is not None else None,
-                     seed=opts.seed % (1 << 63)),
+                     seed=opts.seed % (1 << 63), max_attempts=transport.max_attempts,
+                     # dataset= a spec, no local producers: remote producers must serve that spec
+                     dataset_spec=dataset if isinstance(dataset, str) and local is None else None),
             self.buffer, counters, waker,
         )
         self.io.start()
+        if self.local is not None:  # a local producer's death, seen through its sentinel, loses it at once
+            self.local.on_death = self.io.producer_died
         self.stager = make_stager(device, pin_memory, opts.buffer_batches + STAGED_BATCHES + 4)
         self.staging = threading.Thread(
             target=staging_loop, name="ferry-staging", daemon=True,
@@ -136,7 +144,17 @@ class Pipeline:
         self.stop.set()
         if self.staging is not None and self.staging.is_alive():
             self.staging.join(JOIN_TIMEOUT_S)
+        if self.local is not None:
+            self.local.on_death = None  # deaths from here on are the shutdown's own
         if self.io is not None:
             self.io.close(JOIN_TIMEOUT_S)
+        # batches staged or buffered and never yielded: a closed loader must not keep them (nor their slots)
+        while True:
+            try:
+                self.staged.get_nowait()
+            except queue.Empty:
+                break
+        if self.buffer is not None:
+            self.buffer.reset(-1, [])
         if self.local is not None:
             self.local.close()

@@ -25,8 +25,10 @@ from ferry.common.errors import (
     NoProducersError,
     ProducerDiedError,
     ProducerStartupError,
+    PoisonTaskError,
     ProtocolError,
     RemoteSampleError,
+    SampleIndexError,
     SampleLoadError,
     VersionMismatch,
 )
@@ -53,6 +55,8 @@ __all__ = [
     "ProducerStartupError",
     "ProtocolError",
     "RemoteSampleError",
+    "SampleIndexError",
+    "PoisonTaskError",
     "VersionMismatch",
 ]
 

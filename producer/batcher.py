@@ -45,6 +45,7 @@ from ferry.common.codec import encode_tree
 from ferry.common.constants import FRAME_CHUNK_BYTES, REMOTE_MESSAGE_CHARS, REMOTE_TRACEBACK_CHARS
 from ferry.common.shm import SLOT_ALIGN, populate
 from ferry.common.sampleinfo import loading
+from ferry.common.shardplan import is_sharded
 from ferry.common.waker import Waker
 
 from ferry.producer.buffers import BufferPool
@@ -64,6 +65,7 @@ class Job:
     on_error: str
     slot: Any = None  # a ferry.common.shm.SlotWriter: the consumer's shared memory to write this batch into
     seed: int = 0  # the loader's seed: sample_info().seed derives from (seed, epoch, index)
+    shard: Any = None  # a sharded dataset's task: [k, batch_size, drop_last] of shard indices[0] (producer/shards.py)
 
 
 @dataclass
@@ -198,11 +200,31 @@ class Batcher:
         self._waker = waker
         self._lock = threading.Lock()
         self.pending = 0  # jobs submitted and not yet in `done`
+        self._shards = None  # a sharded dataset's tasks run through producer/shards.py
+        if is_sharded(dataset):
+            from ferry.producer.shards import ShardRunner
+
+            self._shards = ShardRunner(dataset, pool=self._batches, collate=self._collate, finish=self._finish,
+                                       fail=self._fail, error_record=_error_record)
 
     def submit(self, job: Job) -> None:
         with self._lock:
             self.pending += 1
+        if self._shards is not None:
+            if job.shard is None:  # the consumer planned a map-style dataset: answer, never crash the loop
+                self._finish(job, self._fail(job, [_error_record(job.indices[0], TypeError(
+                    "this producer serves a sharded dataset; the consumer sent a map-style task (was it given "
+                    "dataset_len? a sharded dataset needs none)"))]))
+                return
+            self._shards.submit(job)
+            return
         self._batches.submit(self._run, job)
+
+    def _finish(self, job: Job, outcome: Outcome) -> None:
+        with self._lock:
+            self.pending -= 1
+        self._done.put(outcome)
+        self._waker.wake()
 
     def _run(self, job: Job) -> None:
         try:
@@ -400,3 +422,5 @@ class Batcher:
     def close(self) -> None:
         self._batches.shutdown(wait=True, cancel_futures=True)
         self._samples.shutdown(wait=True, cancel_futures=True)
+        if self._shards is not None:
+            self._shards.close()

@@ -40,7 +40,8 @@ class ProducerConfig:
         slots: batches this producer takes at once from each consumer.
         heartbeat: seconds between PINGs until the consumer sets its own. [Unit: second]
         liveness: heartbeats of silence after which a consumer is considered gone.
-        unreachable_warning_s: warn once when no consumer answered for this long. [Unit: second]
+        unreachable_warning_s: first warn when no consumer answered for this long (w), then after 3w, 6w and
+            every 30w more (see producer/connection.py). [Unit: second]
         exit_with_parent: die with the parent process (local mode).
         curve: CURVE client keys, or None for plaintext.
         transform: a callable, or its ``package.module:callable`` spec, applied to every sample on the producer (disables the

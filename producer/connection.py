@@ -16,7 +16,13 @@ LIVENESS heartbeats on a socket that had been welcomed, the machine asks for a f
 or hostile peer would otherwise cut this endpoint off for good. A connection that merely waits (a cut
 link, a consumer not started yet) keeps its socket.
 
+While GREETING, no answer is warned about with back-off: after ``unreachable_warning_s`` (w, 10 s by
+default), 3w, 6w, then every 30w (10 s, 30 s, 60 s, then every 5 minutes). Each warning asks the loop to
+resolve the endpoint's host again (:class:`CheckAddress`, done off the loop); a host that does not resolve
+is named as a DNS failure in the next warning.
+
 Events: :meth:`Connection.receive` (a parsed message), :meth:`~Connection.tick` (time passes),
+:meth:`~Connection.address_checked` (what resolving the host found),
 :meth:`~Connection.sent` / :meth:`~Connection.hello_unsent` (what became of a send),
 :meth:`~Connection.stop`, and the task ledger :meth:`~Connection.task_started` /
 :meth:`~Connection.task_finished`.
@@ -35,7 +41,8 @@ from ferry.common.constants import MAX_PENDING_TASKS, MAX_WELCOME_HEARTBEAT_S, M
 from ferry.common.errors import ProtocolError
 
 __all__ = [
-    "Phase", "Connection", "SendHello", "SendPing", "SendBye", "RunTask", "Stale", "Rebuild", "Log", "Action",
+    "Phase", "Connection", "SendHello", "SendPing", "SendBye", "RunTask", "FailTask", "CheckAddress", "Stale",
+    "Rebuild", "Log", "Action",
     "exit_code", "EXIT_OK", "EXIT_REJECTED",
 ]
 
@@ -78,6 +85,21 @@ class RunTask:
 
 
 @dataclass(frozen=True)
+class FailTask:
+    """Answer the TASK in ``header`` with a FAIL at once, without running it: ``index`` is outside the
+    dataset (the consumer's plan is wrong; dropping the TASK would only have it re-issued)."""
+
+    header: dict
+    index: int
+    message: str
+
+
+@dataclass(frozen=True)
+class CheckAddress:
+    """Resolve this endpoint's host off the main loop; report with :meth:`Connection.address_checked`."""
+
+
+@dataclass(frozen=True)
 class Stale:
     """A message of a session this connection has left (sent before the consumer saw our new HELLO); count it."""
 
@@ -93,7 +115,7 @@ class Log:
     message: str
 
 
-Action = Union[SendHello, SendPing, SendBye, RunTask, Stale, Rebuild, Log]
+Action = Union[SendHello, SendPing, SendBye, RunTask, FailTask, CheckAddress, Stale, Rebuild, Log]
 
 
 class Connection:
@@ -104,7 +126,8 @@ class Connection:
         now: the clock at creation. [Unit: second]
         heartbeat: seconds between HELLOs until a WELCOME sets the consumer's own. [Unit: second]
         liveness: heartbeats of silence after which a consumer is gone.
-        unreachable_warning_s: warn once when no consumer answered for this long. [Unit: second]
+        unreachable_warning_s: first warn when no consumer answered for this long, then with back-off.
+            [Unit: second]
         dataset_len: samples in the dataset; a TASK index beyond it is a protocol error.
         new_nonce: draws a fresh nonce (the loop's randomness, injected).
     """
@@ -125,7 +148,8 @@ class Connection:
         self.started = now  # when the current GREETING began
         self.last_heard = 0.0
         self.last_sent = 0.0  # 0: say HELLO at the first tick
-        self.warned_unreachable = False
+        self.warnings = 0  # "no consumer answers" warnings given in this GREETING
+        self.address_problem: str | None = None  # the endpoint's host does not resolve: why
         self.unsendable_since: float | None = None  # GREETING, and no HELLO could be queued, since when
         self.welcomed_here = False  # a consumer welcomed us on this socket (so a connection existed)
 
@@ -172,10 +196,12 @@ class Connection:
             self.last_sent = now  # also when the send finds no peer: retry next heartbeat
             actions: list[Action] = [SendHello(self.nonce)]
             waited = now - self.started
-            if not self.warned_unreachable and waited > self.unreachable_warning_s:
-                self.warned_unreachable = True
-                actions.append(Log(logging.WARNING,
-                                   f"no consumer has answered at {self.endpoint} for {waited:.0f} s; still trying"))
+            if waited > self._warning_due(self.warnings):
+                self.warnings += 1
+                dns = f"; {self.address_problem}" if self.address_problem else ""
+                actions += [Log(logging.WARNING, f"no consumer has answered at {self.endpoint} for {waited:.0f} s"
+                                                 f"{dns}; still trying (next warning after "
+                                                 f"{self._warning_due(self.warnings):.0f} s)"), CheckAddress()]
             return actions
         if self.phase is Phase.SERVING:
             silent = now - self.last_heard
@@ -186,6 +212,15 @@ class Connection:
             if now - self.last_sent >= self.heartbeat:
                 return [SendPing(self.pending)]
         return []
+
+    def _warning_due(self, given: int) -> float:
+        """Seconds of GREETING after which warning number ``given`` (from 0) is due: w, 3w, 6w, then every 30w."""
+        w = self.unreachable_warning_s
+        return (w, 3 * w, 6 * w)[given] if given < 3 else 6 * w + 30 * w * (given - 2)
+
+    def address_checked(self, problem: str | None) -> None:
+        """What resolving the endpoint's host found: None (it resolves, or it has no host), else why not."""
+        self.address_problem = problem
 
     def sent(self, now: float) -> None:
         """A message left on this connection's socket (any message: a batch postpones the next PING)."""
@@ -224,7 +259,7 @@ class Connection:
         self.phase, self.session = Phase.SERVING, header["session"]
         self.welcomed_here = True
         self.heartbeat = min(max(float(header["heartbeat"]), MIN_WELCOME_HEARTBEAT_S), MAX_WELCOME_HEARTBEAT_S)
-        self.last_heard, self.warned_unreachable = now, False
+        self.last_heard, self.warnings, self.address_problem = now, 0, None
         return [Log(logging.INFO, f"serving consumer at {self.endpoint} (session {self.session:x})")]
 
     def _reject(self, header: dict[str, Any], now: float) -> list[Action]:
@@ -236,22 +271,22 @@ class Connection:
                                f"consumer at {self.endpoint} asks for a new HELLO: {header['reason']}")
         return []
 
-    def _task(self, header: dict[str, Any], nframes: int) -> RunTask:
+    def _task(self, header: dict[str, Any], nframes: int) -> RunTask | FailTask:
         if nframes != 1:
             raise ProtocolError(f"TASK with {nframes} frames")
         if header["session"] != self.session:
             raise ProtocolError(f"TASK for session {header['session']:x}, serving {self.session:x}")
-        bad = next((i for i in header["indices"] if i >= self.dataset_len), None)
-        if bad is not None:
-            raise ProtocolError(f"TASK index {bad} out of range for {self.dataset_len} samples")
         if self.pending >= MAX_PENDING_TASKS:
             raise ProtocolError(f"TASK beyond {MAX_PENDING_TASKS} pending tasks")
+        bad = next((i for i in header["indices"] if i >= self.dataset_len), None)
+        if bad is not None:
+            return FailTask(header, bad, f"sample index {bad} is out of range for {self.dataset_len} samples")
         return RunTask(header)
 
     def _reset(self, phase: Phase, now: float, level: int, why: str) -> list[Action]:
         self.phase, self.session, self.pending = phase, None, 0
         self.nonce = self._new_nonce()
-        self.started = now
+        self.started, self.warnings = now, 0
         self.last_sent = 0.0  # say HELLO at the next tick
         return [Log(level, why)]
 

@@ -35,13 +35,15 @@ from ferry.common.constants import (
 from ferry.common.datasets import dataset_fingerprint
 from ferry.common.errors import ConfigError, ProtocolError
 from ferry.common.ratelimit import RateLimitedLog
+from ferry.common.shardplan import is_sharded, shard_names
 from ferry.common.waker import Waker
 
 from ferry.producer.batcher import Batcher, Job, Outcome
 from ferry.producer.buffers import tracked
 from ferry.producer.config import ProducerConfig
 from ferry.producer.connection import (
-    EXIT_OK, Action, Connection, Log, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale, exit_code,
+    EXIT_OK, Action, CheckAddress, Connection, FailTask, Log, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
+    exit_code,
 )
 
 log = logging.getLogger("ferry.producer")
@@ -64,7 +66,8 @@ class Producer:
     def __init__(self, config: ProducerConfig, dataset: Any) -> None:
         self.config = config
         self.dataset = dataset
-        self.dataset_len = len(dataset)
+        self.sharded = is_sharded(dataset)  # a stream of shards: "len" is the shard count (producer/shards.py)
+        self.dataset_len = len(shard_names(dataset)) if self.sharded else len(dataset)
         self.fingerprint = dataset_fingerprint(dataset)
         self.producer_id = uuid.uuid4().hex[:12]
         self.name = f"{pysocket.gethostname()}:{os.getpid()}"
@@ -73,6 +76,12 @@ class Producer:
         self._done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._ctx = zmq.Context()
         self._links: dict[int, Link] = {}
+        # resolves endpoint hosts off the main loop (a DNS lookup may take seconds): a daemon thread, so that
+        # a lookup hanging in the resolver never delays the producer's exit; results come back on _resolved,
+        # and the waker wakes the loop
+        self._to_resolve: queue.SimpleQueue[tuple[int, str] | None] = queue.SimpleQueue()
+        self._resolved: queue.SimpleQueue[tuple[int, str | None]] = queue.SimpleQueue()
+        self._resolver = threading.Thread(target=self._resolve_loop, name="ferry-resolve", daemon=True)
         self._slab = self._map_slab(config.shared_memory)
         self._batcher = Batcher(
             dataset,
@@ -95,6 +104,7 @@ class Producer:
             for endpoint in config.endpoints:
                 link = self._connect(endpoint)
                 self._links[link.key] = link
+                self._check_address(link)  # known before the first "no consumer answers" warning
             if config.metrics_port:
                 from ferry.common.metrics import MetricsServer
 
@@ -136,6 +146,7 @@ class Producer:
                     if link.sock in events:
                         self._receive(link)
                 self._send_outcomes()
+                self._address_results()
                 now = time.monotonic()
                 for link in self._links.values():
                     self._apply(link, link.conn.tick(now))
@@ -157,6 +168,10 @@ class Producer:
                                                 load={"pending": action.pending, "sent": self.batches_sent})])
             elif isinstance(action, RunTask):
                 self._run_task(link, action.header)
+            elif isinstance(action, FailTask):
+                self._send(link, [_index_fail(action)])
+            elif isinstance(action, CheckAddress):
+                self._check_address(link)
             elif isinstance(action, Stale):
                 self.stale_messages += 1
             elif isinstance(action, Rebuild):
@@ -176,7 +191,7 @@ class Producer:
         link.conn.task_started()
         self._batcher.submit(
             Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
-                header["on_error"], slot, header.get("seed", 0))
+                header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"))
         )
 
     # --- sockets ------------------------------------------------------------------------------------
@@ -203,6 +218,28 @@ class Producer:
             sock.close(0)
             raise ConfigError(f"cannot connect to {endpoint!r}: {exc}") from None
         return sock
+
+    def _check_address(self, link: Link) -> None:
+        host = endpoint_host(link.endpoint)
+        if host is None:
+            return
+        if not self._resolver.is_alive():
+            self._resolver.start()
+        self._to_resolve.put((link.key, host))
+
+    def _resolve_loop(self) -> None:
+        while (job := self._to_resolve.get()) is not None:
+            key, host = job
+            self._resolved.put((key, resolve_problem(host)))
+            self._waker.wake()
+
+    def _address_results(self) -> None:
+        while True:
+            try:
+                key, problem = self._resolved.get_nowait()
+            except queue.Empty:
+                return
+            self._links[key].conn.address_checked(problem)
 
     def _rebuild(self, link: Link) -> None:
         """A fresh socket for ``link``: libzmq never reconnects one that hit a protocol error."""
@@ -232,6 +269,7 @@ class Producer:
         if self._metrics is not None:
             self._metrics.close()
         self._batcher.close()
+        self._to_resolve.put(None)  # the resolver ends after the lookup in progress, if any (not waited for)
         for link in self._links.values():
             link.sock.close(linger=BYE_LINGER_MS if link.said_bye else 0)  # let a BYE leave, bounded
         self._ctx.term()
@@ -289,7 +327,8 @@ class Producer:
             host=pysocket.gethostname(),
             pid=os.getpid(),
             slots=self.config.slots,
-            dataset={"spec": self.config.dataset_label, "len": self.dataset_len, "fingerprint": self.fingerprint},
+            dataset={"spec": self.config.dataset_label, "len": self.dataset_len, "fingerprint": self.fingerprint,
+                     **({"sharded": True} if self.sharded else {})},
             **({"shm": self.config.shared_memory[1]} if self._slab is not None else {}),
         )
 
@@ -310,3 +349,32 @@ class Producer:
         beat = min((link.conn.heartbeat for link in self._links.values()), default=HEARTBEAT_S)
         return max(POLL_MIN_MS, int(beat * POLL_HEARTBEAT_FRACTION * 1000))
 
+
+
+def _index_fail(action: FailTask) -> bytes:
+    """The FAIL answering a TASK that names a sample outside the dataset (the consumer raises
+    SampleIndexError for it, whatever its on_error)."""
+    h = action.header
+    error = {"index": action.index, "exc_type": "SampleIndexError", "message": action.message, "traceback": ""}
+    return protocol.pack(protocol.FAIL, session=h["session"], task=h["task"], epoch=h["epoch"], seq=h["seq"],
+                         errors=[error])
+
+
+def endpoint_host(endpoint: str) -> str | None:
+    """The host name of a ``tcp://[source;]host:port`` endpoint, or None (ipc://, a wildcard)."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    address = endpoint[len("tcp://"):].rpartition(";")[2]
+    host = address.rpartition(":")[0].strip("[]")
+    return host if host and host != "*" else None
+
+
+def resolve_problem(host: str) -> str | None:
+    """Why ``host`` does not resolve (a DNS failure, in words), or None if it does (or the check itself failed)."""
+    try:
+        pysocket.getaddrinfo(host, None)
+    except pysocket.gaierror as exc:
+        return f"its host {host!r} does not resolve (DNS: {exc.strerror or exc})"
+    except (OSError, UnicodeError):
+        return None
+    return None

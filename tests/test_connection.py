@@ -12,7 +12,8 @@ from ferry.common import protocol
 from ferry.common.constants import MAX_PENDING_TASKS
 from ferry.common.errors import ProtocolError
 from ferry.producer.connection import (
-    EXIT_REJECTED, Connection, Log, Phase, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale, exit_code,
+    EXIT_REJECTED, CheckAddress, Connection, FailTask, Log, Phase, Rebuild, RunTask, SendBye, SendHello, SendPing,
+    Stale, exit_code,
 )
 
 HEARTBEAT = 1.0
@@ -110,14 +111,45 @@ def test_other_messages_before_welcome_are_protocol_errors():
         conn.receive(protocol.make_header(protocol.HELLO), 1, 100.0)
 
 
-def test_unreachable_consumer_is_warned_about_once():
+def unreachable_warnings(conn: Connection, start: float, seconds: int) -> list[tuple[int, Log, bool]]:
+    """(second, warning, whether an address check came with it), ticking once a second."""
+    out = []
+    for second in range(0, seconds):
+        actions = conn.tick(start + second)
+        conn.hello_unsent(start + second)
+        out += [(second, a, CheckAddress() in actions) for a in actions if isinstance(a, Log)
+                and a.level == logging.WARNING]
+    return out
+
+
+def test_unreachable_consumer_is_warned_with_back_off_10_30_60_then_every_5_minutes():
+    conn = make(100.0, unreachable_warning_s=10.0)
+    warnings = unreachable_warnings(conn, 100.0, 1000)
+    assert [second for second, _, _ in warnings] == [11, 31, 61, 361, 661, 961]
+    assert all("still trying" in w.message and checked for _, w, checked in warnings)
+    assert "for 11 s" in warnings[0][1].message and "next warning after 30 s" in warnings[0][1].message
+
+
+def test_a_host_that_does_not_resolve_is_named_as_a_dns_failure_and_forgotten_once_welcomed():
     conn = make(100.0, unreachable_warning_s=5.0)
-    warnings = []
-    for second in range(0, 20):
-        now = 100.0 + second
-        warnings += [a for a in conn.tick(now) if isinstance(a, Log) and a.level == logging.WARNING]
-        conn.hello_unsent(now)
-    assert len(warnings) == 1 and "still trying" in warnings[0].message
+    conn.address_checked("its host 'trainr' does not resolve (DNS: Name or service not known)")
+    first = unreachable_warnings(conn, 100.0, 8)
+    assert len(first) == 1 and "'trainr' does not resolve (DNS" in first[0][1].message
+    conn.address_checked(None)  # the name resolves now (a DNS record appeared)
+    later = unreachable_warnings(conn, 108.0, 10)
+    assert len(later) == 1 and "DNS" not in later[0][1].message
+    conn.address_checked("bad")
+    conn.receive(welcome(conn), 1, 120.0)
+    assert conn.address_problem is None and conn.warnings == 0
+
+
+def test_warnings_start_over_when_a_served_consumer_goes_silent():
+    conn = make(100.0)
+    assert len(unreachable_warnings(conn, 100.0, 40)) == 2  # 10 s and 30 s, the next one due at 60 s
+    conn.receive(welcome(conn), 1, 140.0)
+    conn.tick(150.0)  # silent for 10 s > LIVENESS heartbeats: back to GREETING, at 150
+    assert conn.phase is Phase.GREETING
+    assert [second for second, _, _ in unreachable_warnings(conn, 151.0, 40)] == [10, 30]
 
 
 # --- SERVING -------------------------------------------------------------------------------------------------
@@ -145,7 +177,6 @@ def test_task_is_run_and_counted_until_answered():
 
 @pytest.mark.parametrize("header, nframes, match", [
     (task(session=0xB), 1, "session b, serving a"),
-    (task(indices=(0, 50)), 1, "index 50 out of range"),
     (task(), 2, "2 frames"),
 ])
 def test_bad_tasks_are_protocol_errors(header, nframes, match):
@@ -153,6 +184,13 @@ def test_bad_tasks_are_protocol_errors(header, nframes, match):
     with pytest.raises(ProtocolError, match=match):
         conn.receive(header, nframes, 100.5)
     assert conn.phase is Phase.SERVING and conn.pending == 0
+
+
+def test_a_task_naming_a_sample_outside_the_dataset_is_answered_with_a_fail_naming_it():
+    conn = serving()
+    header = task(indices=(0, 50))
+    assert conn.receive(header, 1, 100.5) == [FailTask(header, 50, "sample index 50 is out of range for 50 samples")]
+    assert conn.phase is Phase.SERVING and conn.pending == 0  # answered at once, nothing runs
 
 
 def test_tasks_beyond_the_pending_bound_are_refused():

@@ -1,6 +1,6 @@
 """The dispatcher's rules, in isolation: credits, slots, re-issue order, identity of results."""
 
-from ferry.consumer.dispatcher import Dispatcher, ProducerInfo
+from ferry.consumer.dispatcher import Attempt, Dispatcher, ProducerInfo
 
 
 def producer(peer: bytes, slots: int = 2, nonce: int = 1) -> ProducerInfo:
@@ -77,3 +77,61 @@ def test_new_run_forgets_old_tasks_and_overdue_finds_stuck_peers():
     assert d.overdue(deadline=11.0) == {b"a"} and d.overdue(deadline=5.0) == set()
     d.start_run(2, range(5))
     assert d.in_flight == 0 and all(d.complete(t.task, b"a") is None for t in old)
+
+
+# --- attempts and poison tasks -------------------------------------------------------------------------------
+def test_a_seq_lost_max_attempts_times_is_poisoned_not_queued_and_its_attempts_survive_reissue():
+    d = Dispatcher(capacity=10, max_attempts=3)
+    d.start_run(1, range(2))
+    for n in range(3):
+        d.add(producer(b"p%d" % n, slots=1))
+        task = d.assign(held=0)[0]
+        assert task.seq == 0  # the lost seq is issued again, first
+        d.lose(task.peer, f"died {n}")
+    poisoned = d.take_poisoned()
+    assert [(p.seq, [a.cause for a in p.attempts]) for p in poisoned] == [(0, ["died 0", "died 1", "died 2"])]
+    assert [a.producer for a in poisoned[0].attempts] == ["p0", "p1", "p2"]
+    assert d.take_poisoned() == []  # given once
+    d.add(producer(b"q", slots=5))
+    assert [t.seq for t in d.assign(held=0)] == [1]  # seq 0 is never issued again
+    assert d.reissued == 2
+
+
+def test_a_loss_without_a_cause_costs_no_attempt_and_a_new_run_resets_the_count():
+    d = Dispatcher(capacity=10, max_attempts=2)
+    d.start_run(1, range(1))
+    for n in range(4):  # orderly leaves (BYE): re-issued each time
+        d.add(producer(b"a%d" % n, slots=1))
+        d.lose(d.assign(held=0)[0].peer)
+    assert d.take_poisoned() == [] and d.queued == 1
+    d.add(producer(b"b", slots=1))
+    d.lose(d.assign(held=0)[0].peer, "died")
+    d.start_run(2, range(1))  # a new run: attempts start over
+    d.add(producer(b"c", slots=1))
+    d.lose(d.assign(held=0)[0].peer, "died")
+    assert d.take_poisoned() == [] and d.queued == 1
+
+
+def test_a_producer_lost_holding_several_tasks_charges_each_or_only_those_named():
+    d = Dispatcher(capacity=10, max_attempts=1)
+    d.start_run(1, range(6))
+    d.add(producer(b"a", slots=3))
+    held = d.assign(held=0)
+    d.lose(b"a", "died")
+    assert sorted(p.seq for p in d.take_poisoned()) == [t.seq for t in held]
+    d.add(producer(b"b", slots=3))
+    tasks = d.assign(held=0)
+    d.lose(b"b", "timed out", charged={tasks[0].task})  # only the overdue one is charged
+    assert [p.seq for p in d.take_poisoned()] == [tasks[0].seq]
+    assert sorted(d._queue) == sorted(t.seq for t in tasks[1:])  # the others go back, uncharged
+
+
+def test_an_unusable_answer_costs_an_attempt():
+    d = Dispatcher(capacity=10, max_attempts=2)
+    d.add(producer(b"a", slots=1))
+    d.start_run(1, range(1))
+    for n in range(2):
+        task = d.assign(held=0)[0]
+        assert d.complete(task.task, b"a") is not None
+        d.requeue(task, Attempt("a", "unusable"))
+    assert [p.seq for p in d.take_poisoned()] == [0] and d.queued == 0

@@ -111,3 +111,20 @@ def test_a_loop_that_raises_holding_a_batch_keeps_its_memory_until_it_drops_it()
     assert slab_mapped() > check.slab_mappings, "the slab was unmapped under a batch the loop still holds"
     del kept
     check.assert_clean()
+
+
+def test_a_closed_loader_still_referenced_holds_no_batch_and_no_slab():
+    """close() drops the batches staged or buffered and never yielded: a loader object that lives on (an
+    attribute of a trainer, say) must not keep their memory, or the slab, mapped."""
+    check = FullLeakCheck()
+    loader = RemoteLoader(dataset="synthetic", dataset_args={"length": 64, "shape": [64, 64]}, local_producers=2,
+                          batch_size=4, buffer_batches=6, heartbeat=0.1, timeout=30)
+    it = iter(loader)
+    next(it)
+    wait_for(lambda: loader.stats()["buffered"] >= 3, 30, "batches staged and buffered ahead of the loop")
+    loader.close()
+    del it
+    gc.collect()
+    assert slab_mapped() == check.slab_mappings, "a closed loader still maps the slab (batches kept alive)"
+    check.assert_clean()
+    assert loader.closed  # the object itself is still here

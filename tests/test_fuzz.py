@@ -160,8 +160,6 @@ def fake_consumer(router: zmq.Socket, seed: int, count: int, stop: threading.Eve
     to each every 0.1 s so that they keep serving (and validate TASKs rather than set them aside as stale).
     Only sends that succeed are counted; a peer that vanished (libzmq drops a connection that sends an
     oversized frame; the producer comes back under a new routing id) is forgotten."""
-    import time
-
     rng = random.Random(seed)
     session = 424242
     templates = producer_templates(session)

@@ -147,3 +147,57 @@ def test_an_unregistered_peer_is_told_to_say_hello_at_most_once_per_interval():
     assert not bad.reject_due(b"x", now=100.5, interval=1.0)
     assert bad.reject_due(b"x", now=101.0, interval=1.0)
     assert bad.reject_due(b"y", now=101.0, interval=1.0)
+
+
+# --- attempts, progress, what producers must serve -----------------------------------------------------------
+def test_a_timeout_charges_only_the_overdue_task_and_silence_charges_every_task_held():
+    p = peers()
+    p.dispatcher.max_attempts = 1
+    p.admit(b"a", hello("a", slots=2), now=0.0)
+    p.dispatcher.start_run(1, range(10))
+    p.dispatcher.producers[b"a"].slots = 1
+    first = p.dispatcher.assign(held=0, now=0.0)[0]
+    p.dispatcher.producers[b"a"].slots = 2
+    assert len(p.dispatcher.assign(held=0, now=4.0)) == 1  # its second task, not overdue at 6.0
+    p.dispatcher.producers[b"a"].last_heard = 6.0
+    losses, _ = p.expire(6.0, heartbeat=1.0, liveness=3, task_timeout=5.0)
+    assert [(x.seq, x.attempts[0].producer) for x in losses[0].poisoned] == [(first.seq, "h:7")]
+    assert "task_timeout=5" in losses[0].poisoned[0].attempts[0].cause
+    p.admit(b"b", hello("b", slots=2), now=6.0)
+    held = sorted(t.seq for t in p.dispatcher.assign(held=0, now=6.0))
+    losses, _ = p.expire(20.0, heartbeat=1.0, liveness=3, task_timeout=100.0)  # silent: dead, charge each
+    assert sorted(x.seq for x in losses[0].poisoned) == held and "silent" in losses[0].poisoned[0].attempts[0].cause
+
+
+def test_a_bye_or_a_restart_costs_no_attempt():
+    p = peers()
+    p.dispatcher.max_attempts = 1
+    p.admit(b"a", hello("a"), now=0.0)
+    p.dispatcher.start_run(1, range(4))
+    p.dispatcher.assign(held=0)
+    assert p.lose(b"a", "said BYE", now=1.0).poisoned == ()
+    p.admit(b"a", hello("a", nonce=2), now=2.0)
+    p.dispatcher.assign(held=0)
+    restarted = p.admit(b"a", hello("a", nonce=3), now=3.0)  # a new nonce: it dropped its work
+    assert restarted.losses and restarted.losses[0].poisoned == () and p.dispatcher.take_poisoned() == []
+
+
+def test_churn_counts_losses_since_the_last_progress():
+    p = peers()
+    for n in range(3):
+        p.admit(b"a", hello("a", nonce=n + 1), now=float(n))
+        p.lose(b"a", "silent for 5.0 s", now=float(n) + 0.5)
+    assert p.churn == 3 and p.progress_at == 0.0 and "silent" in p.last_loss
+    p.progressed(9.0)
+    assert (p.churn, p.progress_at) == (0, 9.0)
+
+
+def test_a_consumer_given_a_spec_admits_only_producers_serving_it_and_logs_who_set_the_dataset():
+    p = Peers(Dispatcher(10), dataset_len=None, fingerprint=None, shm_token=None, now=0.0, dataset_spec="s")
+    other = dict(hello("x"), dataset={"spec": "other:ds", "len": 100, "fingerprint": "f"})
+    refused = p.admit(b"x", other, now=1.0)
+    assert "'other:ds'" in refused.reject and "dataset='s'" in refused.reject and not p.dataset_known
+    first = p.admit(b"a", hello("a", length=100, fingerprint="f"), now=2.0)
+    assert first.reject is None and "100 samples" in first.adopted and "'f'" in first.adopted
+    assert p.admit(b"b", hello("b", length=100, fingerprint="f"), now=3.0).adopted == ""  # only the first sets it
+    assert p.admit(b"c", hello("c", length=100, fingerprint="g"), now=3.0).reject is not None

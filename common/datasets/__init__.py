@@ -1,9 +1,11 @@
 """Dataset specs and the built-in datasets (one module each: :mod:`.synthetic`, :mod:`.npy`, :mod:`.images`,
 :mod:`.packed`; what they share is in :mod:`.base`).
 
-A *spec* names a map-style dataset (``__len__`` + ``__getitem__``) that a producer builds for itself:
+A *spec* names a map-style dataset (``__len__`` + ``__getitem__``), or a sharded one (``shards()`` +
+``iter_shard(name)``, see :mod:`ferry.common.shardplan`), that a producer builds for itself:
 
-* a built-in name: ``synthetic``, ``npy-folder``, ``image-folder`` or ``packed`` (see :data:`BUILTINS`);
+* a built-in name: ``synthetic``, ``npy-folder``, ``image-folder``, ``packed`` or ``tar-shards`` (see
+  :data:`BUILTINS`);
 * ``package.module:callable``: a class or factory, called with the spec's keyword arguments.
 
 ``--dataset-arg key=value`` values are parsed as JSON when they parse, else taken as strings.
@@ -24,7 +26,9 @@ from ferry.common.datasets.images import ImageFolderDataset
 from ferry.common.datasets.npy import NpyFolderDataset, read_npy_header, read_npy_into
 from ferry.common.datasets.packed import PackedDataset
 from ferry.common.datasets.synthetic import SyntheticDataset
+from ferry.common.datasets.tarshards import TarShardsDataset
 from ferry.common.errors import DatasetSpecError, MissingExtraError, SampleLoadError
+from ferry.common.shardplan import is_sharded, shard_fingerprint, shard_names
 
 __all__ = [
     "BUILTINS",
@@ -33,6 +37,7 @@ __all__ = [
     "SampleLoadError",
     "ImageFolderDataset",
     "PackedDataset",
+    "TarShardsDataset",
     "MissingExtraError",
     "Transformed",
     "resolve_dataset",
@@ -51,6 +56,7 @@ BUILTINS: dict[str, Callable[..., Any]] = {
     "npy-folder": NpyFolderDataset,
     "packed": PackedDataset,
     "image-folder": ImageFolderDataset,
+    "tar-shards": TarShardsDataset,  # a sharded (streaming) source: WebDataset .tar files
 }
 
 
@@ -77,8 +83,11 @@ def resolve_dataset(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
         dataset = factory(**kwargs)
     except Exception as exc:
         raise DatasetSpecError(f"dataset spec {spec!r} with {kwargs!r} failed: {type(exc).__name__}: {exc}") from exc
+    if is_sharded(dataset):
+        return dataset
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-        raise DatasetSpecError(f"dataset spec {spec!r} returned {type(dataset).__name__}, not a map-style dataset")
+        raise DatasetSpecError(f"dataset spec {spec!r} returned {type(dataset).__name__}, neither a map-style "
+                               "dataset (__len__, __getitem__) nor a sharded one (shards(), iter_shard(name))")
     return dataset
 
 
@@ -96,6 +105,11 @@ class Transformed:
     """A dataset whose samples pass through ``transform`` (a producer-side, per-sample hook): a callable, or
     the ``package.module:callable`` spec of one."""
 
+    def __new__(cls, dataset: Any, transform: Any) -> "Transformed":
+        if cls is Transformed and is_sharded(dataset):  # the sharded contract passes through, transformed
+            return super().__new__(TransformedShards)
+        return super().__new__(cls)
+
     def __init__(self, dataset: Any, transform: Any) -> None:
         self.dataset, self.spec = dataset, transform
         self.transform = resolve_callable(transform) if isinstance(transform, str) else transform
@@ -106,6 +120,24 @@ class Transformed:
 
     def __getitem__(self, index: int) -> Any:
         return self.transform(self.dataset[index])
+
+
+class TransformedShards(Transformed):
+    """A sharded dataset whose samples pass through ``transform``."""
+
+    def __len__(self) -> int:
+        raise TypeError("a sharded dataset has no len(); see shards() and shard_len()")
+
+    def shards(self) -> list[str]:
+        return self.dataset.shards()
+
+    def iter_shard(self, name: str) -> Any:
+        return (self.transform(sample) for sample in self.dataset.iter_shard(name))
+
+    def __getattr__(self, name: str) -> Any:  # shard_len, only where the dataset has it
+        if name in ("shard_len", "shuffle_buffer") and "dataset" in self.__dict__:
+            return getattr(self.dataset, name)
+        raise AttributeError(name)
 
 
 def resolve_callable(spec: str, what: str = "transform") -> Any:
@@ -148,6 +180,8 @@ def dataset_fingerprint(dataset: Any) -> str:
         own = own()
     if own is not None:
         return str(own)
+    if is_sharded(dataset):
+        return shard_fingerprint(dataset, shard_names(dataset))
     cls = type(dataset)
     # a class defined in the training script is __main__.X there and __mp_main__.X in a spawned producer
     module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__

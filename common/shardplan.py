@@ -1,0 +1,178 @@
+"""The epoch plan of a *sharded* (streaming) dataset: which shards, in which order, batched how.
+
+A sharded dataset is a stream of shards instead of a map (docs/ARCHITECTURE.md#streaming-sources)::
+
+    class MyShards:
+        def shards(self) -> list[str]: ...                 # stable names, the same on every producer
+        def iter_shard(self, name: str) -> Iterator[sample]: ...
+        def shard_len(self, name: str) -> int: ...         # optional: makes len(loader) known
+        shuffle_buffer = 1000                              # optional: shuffle within each shard
+
+The epoch's plan is over shard *positions*: this rank's shards, permuted by ``(seed, epoch)`` when
+shuffled and split across ranks exactly as ``DistributedSampler`` splits indices (so with padding, a rank may
+see a shard twice). A task is batch ``k`` of the shard at position ``p``; its ``seq`` is
+``p * SHARD_STRIDE + k``. Batches never cross shards; a shard's last batch may be short (``drop_last`` drops
+it). How many batches a shard has is discovered by reading it: the answer to ``(p, k)`` may say "end of
+shard". So the sequence of batches depends only on the dataset, seed, epoch, rank, world size, batch size
+and drop_last.
+
+With ``shuffle`` and a dataset attribute ``shuffle_buffer = N`` (an int, default 0: none), each shard's
+samples also pass through a shuffle buffer of N samples seeded from ``(seed, epoch, shard index)`` only
+(:func:`shuffled`), so the order within a shard is as reproducible as the shard order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from ferry.common.errors import ConfigError, ConfigTypeError
+from ferry.common.plan import distributed_indices
+
+__all__ = ["SHARD_STRIDE", "shuffle_buffer", "shuffled", "is_sharded", "check_sharded", "shard_names", "shard_fingerprint", "ShardPlan",
+           "build_shard_plan", "encode_seq", "decode_seq"]
+
+#: seq = position * SHARD_STRIDE + batch: room for 2**32 batches per shard and 2**30 shard positions.
+SHARD_STRIDE = 1 << 32
+
+_CONTRACT = "shards() -> list[str] and iter_shard(name) -> iterator of samples"
+
+
+def is_sharded(dataset: Any) -> bool:
+    """Whether ``dataset`` follows the sharded contract (both methods callable)."""
+    return callable(getattr(dataset, "shards", None)) and callable(getattr(dataset, "iter_shard", None))
+
+
+def check_sharded(dataset: Any) -> None:
+    """Raise a clear error for a streaming dataset that lacks the sharded contract.
+
+    Raises:
+        ConfigTypeError: an ``IterableDataset`` (or anything with only ``__iter__``) without both methods.
+    """
+    if is_sharded(dataset):
+        return
+    missing = [m for m in ("shards", "iter_shard") if not callable(getattr(dataset, m, None))]
+    raise ConfigTypeError(
+        f"{type(dataset).__name__} is a streaming dataset without {' and '.join(missing)}: Ferry plans an epoch "
+        f"over shards, so a streaming dataset must define {_CONTRACT} (docs/datasets.md, 'Sharded sources')")
+
+
+def looks_streaming(dataset: Any) -> bool:
+    """An iterable dataset (torch's ``IterableDataset``, or ``__iter__`` without ``__getitem__``)."""
+    if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") and not _is_torch_iterable(dataset):
+        return False
+    return _is_torch_iterable(dataset) or hasattr(dataset, "__iter__") or is_sharded(dataset)
+
+
+def _is_torch_iterable(dataset: Any) -> bool:
+    return any(c.__name__ == "IterableDataset" and c.__module__.startswith("torch.") for c in type(dataset).__mro__)
+
+
+def shard_names(dataset: Any) -> list[str]:
+    """``dataset.shards()``, checked: a non-empty list of distinct strings."""
+    names = list(dataset.shards())
+    if not names:
+        raise ConfigError(f"{type(dataset).__name__}.shards() returned no shard")
+    if not all(isinstance(n, str) for n in names):
+        raise ConfigTypeError(f"{type(dataset).__name__}.shards() must return strings, got {names[:3]!r}…")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{type(dataset).__name__}.shards() returned duplicate names")
+    return names
+
+
+def shard_fingerprint(dataset: Any, names: list[str]) -> str:
+    """Class, a digest of the shard names and the shuffle buffer: producers that differ are rejected."""
+    cls = type(dataset)
+    module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
+    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+    buffer = shuffle_buffer(dataset)
+    return f"{module}.{cls.__qualname__}:shards={len(names)}:{digest}" + (f":buffer={buffer}" if buffer else "")
+
+
+def shuffle_buffer(dataset: Any) -> int:
+    """The dataset's ``shuffle_buffer`` (samples; 0: none).
+
+    Raises:
+        ConfigTypeError: not an int >= 0.
+    """
+    value = getattr(dataset, "shuffle_buffer", 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigTypeError(f"{type(dataset).__name__}.shuffle_buffer must be an int >= 0, got {value!r}")
+    return value
+
+
+def shuffled(samples: Iterator[Any], size: int, *, seed: int, epoch: int, shard: int) -> Iterator[Any]:
+    """``samples`` through a shuffle buffer of ``size``, drawn from a generator seeded with (seed, epoch,
+    shard) only: the same order on every producer, and after a re-issue."""
+    rng = np.random.default_rng([seed, epoch, shard])
+    buffer: list[Any] = []
+    for sample in samples:
+        if len(buffer) < size:
+            buffer.append(sample)
+            continue
+        i = int(rng.integers(size))
+        buffer[i], sample = sample, buffer[i]
+        yield sample
+    for i in rng.permutation(len(buffer)):
+        yield buffer[int(i)]
+
+
+def encode_seq(position: int, batch: int) -> int:
+    return position * SHARD_STRIDE + batch
+
+
+def decode_seq(seq: int) -> tuple[int, int]:
+    return divmod(seq, SHARD_STRIDE)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """One epoch of a sharded dataset on one rank: ``order[p]`` is the index (into ``shards()``) of the shard
+    at position ``p``. ``lengths`` (samples per position) when the dataset gives ``shard_len``."""
+
+    epoch: int
+    order: tuple[int, ...]
+    batch_size: int
+    drop_last: bool
+    lengths: tuple[int, ...] | None = None
+    shuffle: bool = False  # shuffle within shards too, where the dataset has a shuffle_buffer
+
+    def __len__(self) -> int:
+        """Batches in the epoch, when the shard lengths are known.
+
+        Raises:
+            TypeError: the dataset gives no ``shard_len`` (as ``len()`` of a DataLoader over an IterableDataset).
+        """
+        if self.lengths is None:
+            raise TypeError("len() of a sharded dataset's loader needs the shard lengths: define "
+                            "shard_len(name) -> int on the dataset")
+        per = (lambda n: n // self.batch_size) if self.drop_last else (lambda n: math.ceil(n / self.batch_size))
+        return sum(per(n) for n in self.lengths)
+
+    @property
+    def positions(self) -> int:
+        return len(self.order)
+
+    def batch(self, seq: int) -> list[int]:
+        """What a TASK's ``indices`` carry for ``seq``: the one shard index (producers check its range)."""
+        return [self.order[decode_seq(seq)[0]]]
+
+    def task_fields(self, seq: int) -> dict[str, Any]:
+        """The TASK's ``shard`` field: ``[batch k, batch_size, drop_last, shuffle]``."""
+        return {"shard": [decode_seq(seq)[1], self.batch_size, int(self.drop_last), int(self.shuffle)]}
+
+
+def build_shard_plan(*, epoch: int, shard_count: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
+                     rank: int, world_size: int, lengths: list[int] | None = None) -> ShardPlan:
+    """Shard positions as DistributedSampler would give the indices ``0..shard_count-1`` to ``rank``."""
+    if batch_size is None:
+        raise ConfigError("a sharded dataset needs a batch_size")
+    order = distributed_indices(shard_count, epoch=epoch, rank=rank, world_size=world_size, shuffle=shuffle,
+                                seed=seed, drop_last=drop_last)
+    order = tuple(int(i) for i in np.asarray(order))
+    per_position = tuple(int(lengths[i]) for i in order) if lengths is not None else None
+    return ShardPlan(epoch, order, batch_size, drop_last, per_position, shuffle)

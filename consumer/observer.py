@@ -1,0 +1,107 @@
+"""What a loader learns about each epoch, for people: why the loop waited, the periodic progress line, and
+the end-of-epoch diagnosis (:mod:`ferry.consumer.diagnosis`). Everything here runs on the training thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from ferry.consumer.diagnosis import EpochFigures, EpochLog, diagnose
+from ferry.consumer.stats import Counters
+
+__all__ = ["EpochObserver", "WaitTally"]
+
+log = logging.getLogger("ferry.consumer")
+
+
+class EpochObserver:
+    """Per-epoch figures of one loader.
+
+    Args:
+        counters: the loader's counters (time spent waiting and working in this epoch).
+        snapshot: the io thread's snapshot (buffered, in flight, per-producer figures).
+        stats: the loader's ``stats()`` for the progress line (a weak view: no reference cycle).
+        capacity: ``buffer_batches``.
+        log_every: seconds between progress lines; None: never. [Unit: second]
+        threads: the consumer's own threads, whose CPU time is the consumer's load.
+    """
+
+    def __init__(self, counters: Counters, snapshot: Callable[[], dict[str, Any]],
+                 stats: Callable[[], dict[str, Any]], *, capacity: int, log_every: float | None,
+                 threads: tuple[Any, ...]) -> None:
+        self._counters, self._snapshot, self._stats = counters, snapshot, stats
+        self._capacity, self._log_every = capacity, log_every
+        self._waits = WaitTally({"per_producer": {}})
+        self._epoch_log = EpochLog(threads)
+        self._last_log = time.monotonic()
+        self.last_diagnosis: str | None = None
+
+    def started(self) -> None:
+        """The first ``__next__`` of an epoch."""
+        self._waits = WaitTally(self._snapshot())
+        self._epoch_log.start_epoch()
+
+    def first_wait(self, seconds: float) -> None:
+        """The loader's very first batch took ``seconds``: start-up, not stall."""
+        self._epoch_log.first_wait(seconds)
+
+    def note_wait(self) -> None:
+        """``__next__`` found nothing staged: was the window full, or were producers idle?"""
+        self._waits.note(self._snapshot(), self._capacity)
+
+    def ended(self, epoch: int, active: Any) -> None:
+        """The epoch ran out: log its diagnosis (INFO, or WARNING for a stall that persists)."""
+        self.last_diagnosis = self._epoch_log.end_epoch(epoch, self.figures(active))
+
+    def diagnosis(self, active: Any) -> str:
+        return diagnose(self.figures(active))
+
+    def figures(self, active: Any) -> EpochFigures:
+        c, snap, waits = self._counters, self._snapshot(), self._waits
+        return EpochFigures(
+            batches=active.yielded if active is not None else 0, wait_s=c.epoch_wait_s, active_s=c.epoch_active_s,
+            producers=snap["producers"], batches_by_producer=waits.batches_by_producer(snap),
+            window_full_waits=waits.window_full, idle_waits=waits.idle, waits=waits.waits,
+            startup_s=self._epoch_log.startup_s if active is not None and active.run == 1 else 0.0,
+            consumer_cpu_s=self._epoch_log.consumer_cpu_s(),
+        )
+
+    def progress(self, now: float, epoch: int, done: int, total: int) -> None:
+        """After each batch: one INFO line every ``log_every`` seconds."""
+        if self._log_every is None or now - self._last_log < self._log_every:
+            return
+        self._last_log = now
+        s = self._stats()
+        if not s:
+            return
+        log.info("ferry: epoch %d batch %d/%d | %.0f MB/s | stall %.1f %% | producers %d | buffered %d + in flight "
+                 "%d of %d | re-issued %d, duplicates %d, invalid %d", epoch, done, total, s["mb_per_s"],
+                 100 * s["epoch_stall_fraction"], s["producers"], s["buffered"], s["in_flight"], self._capacity,
+                 s["reissued"], s["duplicates"], s["invalid_messages"])
+
+
+class WaitTally:
+    """Why the training loop waited in one epoch, for the diagnosis: read from io-thread snapshots.
+
+    A wait is counted when ``__next__`` finds nothing staged. It was *window full* when buffered + in flight
+    had reached the capacity (the producers had every task they could get), *idle* when a producer had a
+    free slot while tasks were queued (the transport or the consumer is slow to hand them out).
+    """
+
+    def __init__(self, snapshot: dict[str, Any]) -> None:
+        self.waits = self.window_full = self.idle = 0
+        self._start_batches = {name: p["batches"] for name, p in snapshot["per_producer"].items()}
+
+    def note(self, snapshot: dict[str, Any], capacity: int) -> None:
+        self.waits += 1
+        free_slot = any(p["in_flight"] < p["slots"] for p in snapshot["per_producer"].values())
+        if snapshot["buffered"] + snapshot["in_flight"] >= capacity:
+            self.window_full += 1
+        elif free_slot and snapshot["queued"] > 0:  # with nothing queued: the end of the epoch, not idleness
+            self.idle += 1
+
+    def batches_by_producer(self, snapshot: dict[str, Any]) -> dict[str, int]:
+        """Batches each producer delivered in this epoch."""
+        return {name: p["batches"] - self._start_batches.get(name, 0) for name, p in snapshot["per_producer"].items()}

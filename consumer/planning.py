@@ -1,0 +1,71 @@
+"""Which batches make up an epoch: DistributedSampler's plan over sample indices (:mod:`ferry.common.plan`), or
+the plan over a sharded dataset's shards (:mod:`ferry.common.shardplan`), and how many batches that is.
+
+The dataset's length (or shard count) may only be known once the first producer said HELLO; every wait for
+it is bounded and checks the loader's health through the ``check_health`` callback the caller passes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ferry.common.constants import POLL_SLICE_S
+from ferry.common.errors import ConfigError
+from ferry.common.plan import build_plan, plan_length
+from ferry.common.shardplan import build_shard_plan, is_sharded, shard_names
+
+__all__ = ["EpochPlanner"]
+
+
+class EpochPlanner:
+    """Plans epochs for one loader, from its resolved options and what its io thread learned from producers."""
+
+    def __init__(self, opts: Any, io: Any) -> None:
+        self._opts, self._io = opts, io
+        self._shard_lengths: list[int] | None = None  # a local sharded dataset's ``shard_len``s, once read
+
+    def build(self, epoch: int, check_health: Callable[[], None]) -> Any:
+        """The plan of ``epoch``: an EpochPlan, or a ShardPlan for a sharded dataset."""
+        o = self._opts
+        if self.is_sharded(check_health):
+            if o.sampler is not None or o.batch_sampler is not None:
+                raise ConfigError("a sharded dataset is planned over its shards: sampler and batch_sampler do "
+                                  "not apply (use shuffle and seed)")
+            return build_shard_plan(epoch=epoch, shard_count=self.dataset_len(check_health), batch_size=o.batch_size,
+                                    shuffle=o.shuffle, seed=o.seed, drop_last=o.drop_last, rank=o.rank,
+                                    world_size=o.world_size, lengths=self._shard_lengths)
+        dataset_len = None if (o.sampler is not None or o.batch_sampler is not None) else self.dataset_len(check_health)
+        return build_plan(epoch=epoch, dataset_len=dataset_len, batch_size=o.batch_size, shuffle=o.shuffle,
+                          seed=o.seed, drop_last=o.drop_last, rank=o.rank, world_size=o.world_size,
+                          sampler=o.sampler, batch_sampler=o.batch_sampler)
+
+    def length(self, epoch: int, check_health: Callable[[], None]) -> int:
+        """Batches per epoch. For a sharded dataset only when it gives ``shard_len``, else TypeError."""
+        o = self._opts
+        if self.is_sharded(check_health):
+            return len(self.build(epoch, check_health))
+        if o.batch_sampler is not None:
+            return len(o.batch_sampler)
+        if o.sampler is not None:
+            n = len(o.sampler)
+            return n // o.batch_size if o.drop_last else -(-n // o.batch_size)
+        return plan_length(self.dataset_len(check_health), world_size=o.world_size, batch_size=o.batch_size,
+                           drop_last=o.drop_last)
+
+    def is_sharded(self, check_health: Callable[[], None]) -> bool:
+        """A local sharded dataset object, or a producer that announced one (its HELLO)."""
+        dataset = self._opts.dataset
+        if dataset is not None and not isinstance(dataset, str):
+            if is_sharded(dataset) and self._shard_lengths is None and callable(getattr(dataset, "shard_len", None)):
+                self._shard_lengths = [int(dataset.shard_len(name)) for name in shard_names(dataset)]
+            return is_sharded(dataset)
+        if self._opts.sampler is None and self._opts.batch_sampler is None:
+            self.dataset_len(check_health)  # wait for the first producer: it says which kind it serves
+        return self._io.sharded.is_set()
+
+    def dataset_len(self, check_health: Callable[[], None]) -> int:
+        """The dataset's length (a sharded dataset's shard count); waits for the first producer, bounded by
+        the no-producer timeout (``check_health`` raises NoProducersError past it)."""
+        while (dataset_len := self._io.wait_dataset_len(POLL_SLICE_S)) is None:
+            check_health()
+        return dataset_len

@@ -1,0 +1,57 @@
+"""A loader's resume point: what ``state_dict()`` saves and ``load_state_dict()`` checks and restores.
+
+The state is small and JSON-serialisable: the epoch, how many of its batches the training loop got (for a
+sharded dataset also the shard position and the batch within that shard), and the options that must be
+the same for the remainder to be exactly the one the first process would have seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ferry.common.errors import ConfigError
+
+__all__ = ["RESUME_OPTIONS", "ResumePoint", "capture_state", "restore_state"]
+
+#: Options a state must have been saved with, to be resumed by this loader (``in_order`` is saved too).
+MUST_MATCH = ("seed", "shuffle", "drop_last", "batch_size", "rank", "world_size")
+RESUME_OPTIONS = (*MUST_MATCH, "in_order")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    epoch: int
+    delivered: int  # batches of ``epoch`` the training loop got
+    shard: tuple[int, int]  # a sharded dataset's (shard position, batch within the shard) to go on from
+
+
+def capture_state(point: ResumePoint, options: Mapping[str, Any], samplers: Mapping[str, Any]) -> dict[str, Any]:
+    """The state of a loader at ``point`` with ``options``; a sampler's own state where it has one."""
+    state = {
+        "epoch": point.epoch, "batches_delivered": point.delivered,
+        **{key: options[key] for key in RESUME_OPTIONS},
+        "shard_position": point.shard[0], "shard_batch": point.shard[1],
+    }
+    for name, obj in samplers.items():
+        if obj is not None and callable(getattr(obj, "state_dict", None)):
+            state[name] = obj.state_dict()
+    return state
+
+
+def restore_state(state: Mapping[str, Any], options: Mapping[str, Any], samplers: Mapping[str, Any]) -> ResumePoint:
+    """Check ``state`` against this loader's ``options``, restore the samplers' states, return the point.
+
+    Raises:
+        ConfigError: the state was saved with other options, or with ``in_order=False`` (not exact).
+    """
+    for key in MUST_MATCH:
+        if key in state and state[key] != options[key]:
+            raise ConfigError(f"state was saved with {key}={state[key]!r}, this loader has {options[key]!r}")
+    if not state.get("in_order", True):
+        raise ConfigError("a state saved with in_order=False cannot be resumed exactly")
+    for name, obj in samplers.items():
+        if name in state and callable(getattr(obj, "load_state_dict", None)):
+            obj.load_state_dict(state[name])
+    return ResumePoint(int(state["epoch"]), int(state["batches_delivered"]),
+                       (int(state.get("shard_position", 0)), int(state.get("shard_batch", 0))))

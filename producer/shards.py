@@ -1,0 +1,200 @@
+"""Serving a sharded dataset's tasks: one cursor per shard, a shard's batches read in order.
+
+A streaming TASK names a shard (``indices == [shard index]``) and ``shard == [k, batch_size, drop_last,
+shuffle]``: "batch ``k`` of that shard" (with ``shuffle``, of the shard passed through the dataset's
+``shuffle_buffer``, seeded from the task's seed and epoch and the shard index). The answer is a BATCH carrying ``count`` (its samples) and ``last`` (nothing
+follows in this shard), or an empty BATCH (``count`` 0, no tree) when the shard has no batch ``k`` (it ended,
+or ``drop_last`` dropped its short tail). See docs/ARCHITECTURE.md#streaming-sources.
+
+* **Cursors.** After batch ``k`` the shard's iterator stays open, positioned at sample ``(k + 1) * B``, so
+  the consumer's next task for that shard costs no re-reading. A task at another position (a re-issue after
+  a producer died) opens the shard afresh and skips ``k * B`` samples: a cost paid only after a failure.
+  At most :data:`MAX_CURSORS` iterators stay open; the least recently used is closed.
+* **Order.** The batches of one shard run one after another, lowest ``k`` first, on one worker of the batch
+  pool at a time (:class:`ShardRunner`); different shards run in parallel. Nothing ever waits on another
+  task, so the pool cannot deadlock.
+* **Errors.** An exception from ``iter_shard`` is a FAIL naming the shard index: the consumer treats the
+  shard as ending there (its iterator is broken).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from collections import OrderedDict
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from ferry.common import protocol
+from ferry.common.codec import encode_tree
+from ferry.common.constants import FRAME_CHUNK_BYTES
+from ferry.common.sampleinfo import loading
+from ferry.common.shardplan import SHARD_STRIDE, shard_names, shuffle_buffer, shuffled
+
+__all__ = ["MAX_CURSORS", "ShardRunner"]
+
+#: Open shard iterators a producer keeps, at most (one per shard it is reading, normally).
+MAX_CURSORS = 64
+
+
+@dataclass
+class _Cursor:
+    iterator: Iterator[Any]
+    position: int  # samples already taken from it
+    tag: tuple[int, ...] = ()  # (epoch, seed, shuffle buffer): a shuffled stream differs per epoch
+
+
+@dataclass(order=True)
+class _Queued:
+    k: int
+    order: int
+    job: Any = field(compare=False)
+
+
+class ShardRunner:
+    """Runs streaming jobs: per shard in ``k`` order, one worker per shard at a time."""
+
+    def __init__(self, dataset: Any, *, pool: Executor, collate: Callable[[list[Any]], Any],
+                 finish: Callable[[Any, Any], None], fail: Callable[[Any, list[dict[str, Any]]], Any],
+                 error_record: Callable[[int, BaseException], dict[str, Any]]) -> None:
+        self._dataset = dataset
+        self._names = shard_names(dataset)
+        self._buffer = shuffle_buffer(dataset)  # within-shard shuffle, when a task asks for it
+        self._pool = pool
+        self._collate = collate
+        self._finish = finish  # (job, outcome): hand the message to the main loop
+        self._fail = fail
+        self._error_record = error_record
+        self._lock = threading.Lock()
+        self._queues: dict[int, list[_Queued]] = {}  # shard index -> jobs waiting, lowest k first
+        self._busy: set[int] = set()  # shards a worker is draining
+        self._cursors: OrderedDict[int, _Cursor] = OrderedDict()
+        self._order = itertools.count()
+
+    def submit(self, job: Any) -> None:
+        shard = job.indices[0]
+        with self._lock:
+            heapq.heappush(self._queues.setdefault(shard, []), _Queued(job.shard[0], next(self._order), job))
+            if shard in self._busy:
+                return
+            self._busy.add(shard)
+        self._pool.submit(self._drain, shard)
+
+    def _drain(self, shard: int) -> None:
+        while True:
+            with self._lock:
+                queue = self._queues.get(shard)
+                if not queue:
+                    self._queues.pop(shard, None)
+                    self._busy.discard(shard)
+                    return
+                job = heapq.heappop(queue).job
+            try:
+                outcome = self._answer(job)
+            except BaseException as exc:  # never lose a job: a bug here becomes a FAIL the consumer sees
+                self._drop_cursor(shard)
+                outcome = self._fail(job, [self._error_record(shard, exc)])
+            self._finish(job, outcome)
+
+    def _answer(self, job: Any) -> Any:
+        shard = job.indices[0]
+        k, batch_size, drop_last, _ = job.shard
+        samples = self._read(shard, k, batch_size, job)
+        last = len(samples) < batch_size
+        if not samples or (last and drop_last):
+            header = protocol.pack(protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq,
+                                   tree=None, errors=[], count=0, last=True)
+            return _outcome(job, [header])
+        tree = self._collate(samples)
+        spec, frames = encode_tree(tree, chunk_bytes=FRAME_CHUNK_BYTES, slot=job.slot)
+        header = protocol.pack(protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq,
+                               tree=spec, errors=[], count=len(samples), last=last)
+        return _outcome(job, [header, *frames])
+
+    def _read(self, shard: int, k: int, batch_size: int, job: Any) -> list[Any]:
+        start = k * batch_size
+        buffer = self._buffer if job.shard[3] else 0
+        tag = (job.epoch, job.seed, buffer) if buffer else ()
+        with self._lock:
+            cursor = self._cursors.pop(shard, None)
+        if cursor is None or cursor.position != start or cursor.tag != tag:
+            _close(cursor)
+            samples = iter(self._dataset.iter_shard(self._names[shard]))
+            if buffer:
+                samples = _Closing(shuffled(samples, buffer, seed=job.seed, epoch=job.epoch, shard=shard), samples)
+            cursor = _Cursor(samples, 0, tag)
+            try:
+                skipped = sum(1 for _ in itertools.islice(cursor.iterator, start))  # re-issue: skip what was delivered
+            except BaseException:
+                _close(cursor)
+                raise
+            cursor.position = skipped
+            if skipped < start:
+                _close(cursor)
+                return []
+        samples = []
+        base = shard * SHARD_STRIDE + start  # sample_info().index of a streamed sample: shard and position
+        try:
+            for offset in range(batch_size):
+                with loading(job.seed, job.epoch, base + offset):
+                    sample = next(cursor.iterator, _END)
+                if sample is _END:
+                    break
+                samples.append(sample)
+        except BaseException:
+            _close(cursor)  # a broken iterator: its file closes now, not whenever it is collected
+            raise
+        cursor.position += len(samples)
+        if len(samples) == batch_size:
+            with self._lock:
+                self._cursors[shard] = cursor
+                while len(self._cursors) > MAX_CURSORS:
+                    _close(self._cursors.popitem(last=False)[1])
+        else:
+            _close(cursor)
+        return samples
+
+    def _drop_cursor(self, shard: int) -> None:
+        with self._lock:
+            _close(self._cursors.pop(shard, None))
+
+    def close(self) -> None:
+        with self._lock:
+            while self._cursors:
+                _close(self._cursors.popitem()[1])
+
+
+_END = object()
+
+
+class _Closing:
+    """An iterator over a wrapped one, whose ``close`` also closes the source (a shard's file)."""
+
+    def __init__(self, iterator: Iterator[Any], source: Iterator[Any]) -> None:
+        self._iterator, self._source = iterator, source
+
+    def __iter__(self) -> "_Closing":
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._iterator)
+
+    def close(self) -> None:
+        for it in (self._iterator, self._source):
+            close = getattr(it, "close", None)
+            if callable(close):
+                close()
+
+
+def _close(cursor: _Cursor | None) -> None:
+    close = getattr(cursor.iterator, "close", None) if cursor is not None else None
+    if callable(close):
+        close()
+
+
+def _outcome(job: Any, frames: list[Any]) -> Any:
+    from ferry.producer.batcher import Outcome
+
+    return Outcome(job, frames)
