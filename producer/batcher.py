@@ -204,8 +204,8 @@ class Batcher:
         if is_sharded(dataset):
             from ferry.producer.shards import ShardRunner
 
-            self._shards = ShardRunner(dataset, pool=self._batches, collate=self._collate, finish=self._finish,
-                                       fail=self._fail, error_record=_error_record)
+            self._shards = ShardRunner(dataset, pool=self._batches, collate=collate_fn or collate,
+                                       finish=self._finish, fail=self._fail, error_record=_error_record)
 
     def submit(self, job: Job) -> None:
         with self._lock:
@@ -231,10 +231,7 @@ class Batcher:
             outcome = self._assemble(job)
         except BaseException as exc:  # never lose a job: a bug here becomes a FAIL the consumer sees
             outcome = self._fail(job, self._whole_batch(job, job.indices, exc))
-        with self._lock:
-            self.pending -= 1
-        self._done.put(outcome)
-        self._waker.wake()
+        self._finish(job, outcome)
 
     def _assemble(self, job: Job) -> Outcome:
         if self._layout is not None:
