@@ -27,3 +27,27 @@ class Blank:
 
     def read_into(self, index: int, out: np.ndarray) -> int:
         return 0
+
+
+class UserNpyFolder:
+    """A dataset written the way users write one: ``np.load(path)`` in ``__getitem__``, returning
+    ``(array, label)`` from class folders (``root/<class>/<name>.npy``). No fast-path methods: Ferry serves it
+    through its general path, DataLoader through its workers. The benchmark's headline rows use this class,
+    the same object for both.
+    """
+
+    def __init__(self, root: str) -> None:
+        import os
+
+        self.root = root
+        classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        self.samples = [(os.path.join(root, c, name), label) for label, c in enumerate(classes)
+                        for name in sorted(os.listdir(os.path.join(root, c))) if name.endswith(".npy")]
+        self.fingerprint = f"user-npy:{len(self.samples)}"
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int):
+        path, label = self.samples[index]
+        return np.load(path), label

@@ -51,6 +51,33 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
 _libc.munmap.restype = ctypes.c_int
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_libc.madvise.restype = ctypes.c_int
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in, writable, in one call
+_populate_write = True  # until the kernel says it does not know the advice
+
+
+def populate(region: np.ndarray) -> bool:
+    """Fault in the pages under ``region`` (uint8, in a shared mapping) for writing, in one call, so that
+    the writes that follow take no page fault each (23-36k of them for a 150 MB batch). Where the kernel
+    lacks ``MADV_POPULATE_WRITE`` it touches one byte per page instead, writing back what was there, which
+    faults the same pages in. Returns True if the kernel call did it."""
+    global _populate_write
+    if not region.nbytes:
+        return False
+    page = mmap.PAGESIZE
+    start = region.ctypes.data
+    aligned = start - start % page
+    if _populate_write:
+        if _libc.madvise(aligned, start + region.nbytes - aligned, _MADV_POPULATE_WRITE) == 0:
+            return True
+        _populate_write = False  # EINVAL: an older kernel; touching works everywhere
+    head = (-start) % page
+    touched = region[head::page]
+    np.add(touched, 0, out=touched)  # a write per page (plain `a[...] = a` is skipped by numpy as a no-op)
+    if head:
+        np.add(region[:1], 0, out=region[:1])
+    return False
 
 
 class _Mapping:

@@ -3,8 +3,19 @@
 A dataset that offers the *fast path* (``array_layout()`` and ``read_into(index, out) -> label``, as the
 built-in ``npy-folder`` and ``synthetic`` do) has each sample written straight into its row of a reused
 batch buffer: no per-sample array, no collation copy. Its batches are ``[array, int64 labels]``, exactly
-what default_collate makes of ``(array, int)`` samples. Any other dataset takes the general path:
-``dataset[i]``, then :func:`ferry.producer.collate.collate`.
+what default_collate makes of ``(array, int)`` samples.
+
+Any other dataset takes the *general path*. Its first batch is ``dataset[i]`` then
+:func:`~ferry.producer.collate.collate`, which teaches a :class:`~ferry.producer.collate.RowLayout`. From the
+next batch on, each loading thread copies its sample's arrays into their row of the batch's destination (the
+task's shared-memory slot, else one pooled buffer) as soon as ``dataset[i]`` returns, so the per-sample arrays
+die at once and the batch needs no stacking copy. A sample that does not fit the layout sends its batch back
+to ``collate``: the results are the same either way.
+
+When a batch does not collate, the samples whose structure, shape or dtype differ from the majority's are
+the culprits: under ``on_error="skip"`` they are dropped (one error record each) and the rest is sent; else
+the FAIL names the first of them and its file, where the dataset lists files. A batch lost whole under skip
+carries one record per sample, so the consumer's ``skipped_samples`` counts every sample that did not arrive.
 
 Two thread pools, so that one never waits on itself:
 
@@ -19,6 +30,7 @@ its :class:`~ferry.common.waker.Waker`. Only the main loop touches sockets.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import traceback
@@ -31,12 +43,13 @@ import numpy as np
 from ferry.common import protocol
 from ferry.common.codec import encode_tree
 from ferry.common.constants import FRAME_CHUNK_BYTES, REMOTE_MESSAGE_CHARS, REMOTE_TRACEBACK_CHARS
+from ferry.common.shm import SLOT_ALIGN, populate
 from ferry.common.sampleinfo import loading
 from ferry.common.shardplan import is_sharded
 from ferry.common.waker import Waker
 
 from ferry.producer.buffers import BufferPool
-from ferry.producer.collate import collate
+from ferry.producer.collate import CollateError, RowLayout, collate, describe, odd_ones_out, signature
 
 
 @dataclass
@@ -66,14 +79,97 @@ class Outcome:
     buffer_frames: int = 0  # how many frames after the header are views of `buffer`
 
 
-def _load(dataset: Any, index: int, job: Job) -> Any:
-    with loading(job.seed, job.epoch, index):
-        return dataset[index]
+#: CPython 3.11's AST constructor keeps a recursion counter that threads compiling at once can upset (gh-106905);
+#: it then raises this SystemError for code that is fine. ``np.load`` compiles each .npy header
+#: (``ast.literal_eval``), so loading threads do hit it, rarely. A load that does is run once more.
+_AST_RACE = "AST constructor recursion depth mismatch"
 
 
-def _read_into(dataset: Any, index: int, row: Any, job: Job) -> Any:
+def _retry_ast_race(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except SystemError as exc:
+        if _AST_RACE not in str(exc):
+            raise
+        return fn(*args)
+
+
+def _get(dataset: Any, index: int, job: Job) -> Any:
     with loading(job.seed, job.epoch, index):
-        return dataset.read_into(index, row)
+        return _retry_ast_race(dataset.__getitem__, index)
+
+
+def _load_row(dataset: Any, index: int, job: Job, layout: RowLayout | None, dests: list[np.ndarray], row: int,
+              fresh: bool = False) -> tuple[Any, bool]:
+    """On a loading thread: ``dataset[index]``, with its arrays copied into row ``row`` of ``dests`` at once
+    when it fits ``layout`` (the per-sample arrays are then garbage as soon as this returns). Returns the
+    sample (its arrays replaced by their rows when it fits) and whether it fit. ``fresh``: the rows are
+    shared-memory pages this process never wrote; they are populated first (:func:`_populate_row`)."""
+    sample = _get(dataset, index, job)
+    if layout is None:
+        return sample, False
+    if fresh:
+        for dest in dests:
+            _populate_row(dest[row])
+    written = layout.write(sample, dests, row)
+    return (sample, False) if written is None else (written, True)
+
+
+def _read_row(dataset: Any, index: int, out: np.ndarray, job: Job, fresh: bool) -> Any:
+    """The fast path's loading thread: ``dataset.read_into(index, out)``, with ``out`` populated first when
+    it is fresh shared memory."""
+    if fresh:
+        _populate_row(out)
+    with loading(job.seed, job.epoch, index):
+        return _retry_ast_race(dataset.read_into, index, out)
+
+
+def _populate_row(row: np.ndarray) -> None:
+    """Fault in one row's shared-memory pages in one call (``shm.populate``) before it is written: one system
+    call instead of a page fault per 4 KiB, and on the loading threads, in parallel, not ahead of them."""
+    if row.flags.c_contiguous and row.nbytes:
+        populate(row.reshape(-1).view(np.uint8))
+
+
+def _written_first(first: Future, layout: RowLayout, dests: list[np.ndarray], fresh: bool) -> Future:
+    """``first`` (a loaded sample 0) as if the loading thread had written it into row 0 of ``dests``."""
+    sample, _ = first.result()
+    if fresh:
+        for dest in dests:
+            _populate_row(dest[0])
+    written = layout.write(sample, dests, 0)
+    done: Future = Future()
+    done.set_result((sample, False) if written is None else (written, True))
+    return done
+
+
+class _BatchFailed(Exception):
+    """The batch cannot be sent; ``errors`` are the FAIL's records."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__(errors)
+        self.errors = errors
+
+
+#: Dataset attributes that may list each sample's file: a path per index, or ImageFolder-like (path, label).
+_FILE_ATTRIBUTES = ("paths", "files", "samples", "imgs", "path")
+
+
+def _sample_file(dataset: Any, index: int) -> str | None:
+    """The file that sample ``index`` comes from, where the dataset says (None where it does not)."""
+    for name in _FILE_ATTRIBUTES:
+        entries = getattr(dataset, name, None)
+        if entries is None or isinstance(entries, (str, bytes, os.PathLike)):
+            continue
+        try:
+            entry = entries[index]
+        except Exception:
+            continue
+        if isinstance(entry, (tuple, list)) and entry:
+            entry = entry[0]
+        if isinstance(entry, (str, os.PathLike)):
+            return os.fspath(entry)
+    return None
 
 
 def _error_record(index: int, exc: BaseException) -> dict[str, Any]:
@@ -91,11 +187,13 @@ class Batcher:
     def __init__(self, dataset: Any, *, threads: int, batch_workers: int, done: "queue.SimpleQueue[Outcome]",
                  waker: Waker, collate_fn: Any = None) -> None:
         self._dataset = dataset
-        self._collate = collate_fn or collate
+        self._collate_fn = collate_fn  # the user's own: then samples reach it as they are, no row layout
         layout = dataset.array_layout() if callable(getattr(dataset, "array_layout", None)) else None
         # the fast path makes default_collate's [array, labels] itself: not with the user's own collate_fn
         self._layout = layout if callable(getattr(dataset, "read_into", None)) and collate_fn is None else None
         self.pool = BufferPool(limit=batch_workers + 2)
+        self._rows: RowLayout | None = None  # the general path's sample layout, learned from a batch
+        self._populated: set[tuple[int, int]] = set()  # slot regions this process has faulted in
         self._samples = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ferry-sample")
         self._batches = ThreadPoolExecutor(max_workers=batch_workers, thread_name_prefix="ferry-batch")
         self._done = done
@@ -106,8 +204,8 @@ class Batcher:
         if is_sharded(dataset):
             from ferry.producer.shards import ShardRunner
 
-            self._shards = ShardRunner(dataset, pool=self._batches, collate=self._collate, finish=self._finish,
-                                       fail=self._fail, error_record=_error_record)
+            self._shards = ShardRunner(dataset, pool=self._batches, collate=collate_fn or collate,
+                                       finish=self._finish, fail=self._fail, error_record=_error_record)
 
     def submit(self, job: Job) -> None:
         with self._lock:
@@ -132,33 +230,152 @@ class Batcher:
         try:
             outcome = self._assemble(job)
         except BaseException as exc:  # never lose a job: a bug here becomes a FAIL the consumer sees
-            outcome = self._fail(job, [_error_record(job.indices[0], exc)])
-        with self._lock:
-            self.pending -= 1
-        self._done.put(outcome)
-        self._waker.wake()
+            outcome = self._fail(job, self._whole_batch(job, job.indices, exc))
+        self._finish(job, outcome)
 
     def _assemble(self, job: Job) -> Outcome:
         if self._layout is not None:
             return self._assemble_fast(job)
-        futures: list[Future] = [self._samples.submit(_load, self._dataset, i, job) for i in job.indices]
-        samples, errors = [], []
+        layout = self._rows  # learned from an earlier batch; None until then (or when samples defeat it)
+        futures: list[Future] = []
+        if layout is None and self._collate_fn is None:  # learn it from this batch's first sample, so that even the first batch takes rows
+            futures.append(self._samples.submit(_load_row, self._dataset, job.indices[0], job, None, [], 0))
+            layout = self._learn_first(futures[0])
+        dests, pooled = self._destinations(layout, job) if layout is not None else ([], None)
+        fresh = pooled is None and self._fresh(job)
+        if futures and layout is not None:
+            futures[0] = _written_first(futures[0], layout, dests, fresh)
+        futures += [self._samples.submit(_load_row, self._dataset, i, job, layout, dests, row, fresh)
+                    for row, i in enumerate(job.indices) if row >= len(futures)]
+        samples, indices, errors, fitted = [], [], [], 0
         for index, future in zip(job.indices, futures):
             try:
-                samples.append(future.result())
+                sample, fits = future.result()
             except Exception as exc:
                 errors.append(_error_record(index, exc))
+                continue
+            samples.append(sample)
+            indices.append(index)
+            fitted += fits
         if errors and (job.on_error == "raise" or not samples):
+            self.pool.release(pooled)
             return self._fail(job, errors)
-        try:
-            tree = self._collate(samples)
-            spec, array_frames = encode_tree(tree, chunk_bytes=FRAME_CHUNK_BYTES, slot=job.slot)
-        except Exception as exc:
-            return self._fail(job, [_error_record(job.indices[0], exc)])
+        if layout is not None and fitted == len(samples) == len(job.indices):
+            tree = layout.assemble(samples, dests)  # the rows are written: no stacking copy
+        else:
+            # a sample did not fit the layout (or failed to load): collate() as usual; it copies the rows
+            # it stacks, so the destination is free for the encoder to reuse
+            try:
+                tree, samples, odd = self._collate(job, samples, indices)
+            except _BatchFailed as failed:
+                self.pool.release(pooled)
+                return self._fail(job, errors + failed.errors)
+            errors += odd
+            del dests
+            self.pool.release(pooled)
+            pooled = None
+            if job.slot is not None:
+                job.slot.used = 0
+            if samples:  # relearn, should the layout be an odd sample's or the data have changed shape
+                self._learn(samples[0])
+        spec, array_frames = encode_tree(tree, chunk_bytes=FRAME_CHUNK_BYTES, slot=job.slot)
         header = protocol.pack(
             protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq, tree=spec, errors=errors
         )
-        return Outcome(job, [header, *array_frames])
+        # every frame is tracked: the array frames are views of the pooled buffer, the rest small
+        return Outcome(job, [header, *array_frames], buffer=pooled, buffer_frames=len(array_frames))
+
+    def _learn_first(self, first: Future) -> RowLayout | None:
+        """The layout of the sample ``first`` loads (None if it raised or has no layout); kept for later batches."""
+        try:
+            sample, _ = first.result()
+        except Exception:
+            return None  # the error is reported with the batch's other results
+        self._learn(sample)
+        return self._rows
+
+    def _learn(self, sample: Any) -> None:
+        """Take the layout of a batch that collated normally for the next ones."""
+        if self._collate_fn is not None:
+            return
+        layout = RowLayout.learn(sample)
+        if layout is not None and (self._rows is None or layout.signature != self._rows.signature):
+            self._rows = layout
+
+    def _destinations(self, layout: RowLayout, job: Job) -> tuple[list[np.ndarray], np.ndarray | None]:
+        """Where the batch's arrays go: the task's shared-memory slot when they fit in it, else one pooled
+        buffer. Returns the arrays and the pooled buffer (None for the slot)."""
+        rows = len(job.indices)
+        if job.slot is not None:
+            before = job.slot.used
+            sizes = [rows * n for n in layout.row_nbytes()]
+            rooms = [job.slot.reserve(n) for n in sizes]
+            if all(room is not None for room in rooms):
+                rooms_iter = iter(rooms)
+                return layout.destinations(rows, lambda n: next(rooms_iter)), None
+            job.slot.used = before
+        aligned = [-(-rows * n // SLOT_ALIGN) * SLOT_ALIGN for n in layout.row_nbytes()]
+        pooled = self.pool.acquire((sum(aligned),), np.dtype(np.uint8))
+        offsets = iter(np.cumsum([0, *aligned[:-1]]).tolist())
+
+        def room(nbytes: int) -> np.ndarray:
+            start = next(offsets)
+            return pooled[start : start + nbytes]
+
+        return layout.destinations(rows, room), pooled
+
+    def _fresh(self, job: Job) -> bool:
+        """True the first time this process writes the part of the task's slot that the batch takes: its rows
+        are then populated as they are written. Later batches find those pages mapped."""
+        if job.slot is None or not job.slot.used:
+            return False
+        key = (job.slot.region.ctypes.data, job.slot.used)
+        if key in self._populated:
+            return False
+        self._populated.add(key)
+        return True
+
+    def _collate(self, job: Job, samples: list[Any], indices: list[int]) -> tuple[Any, list[Any], list[dict]]:
+        """``collate(samples)``; when that fails, the odd samples out (those whose structure, shape or dtype
+        differs from the others') are named, and under ``skip`` dropped and the rest collated.
+
+        Returns the batch, the samples in it and the error records of the dropped ones.
+        Raises:
+            _BatchFailed: with the records that explain why the batch cannot be sent.
+        """
+        collate_fn = self._collate_fn or collate
+        try:
+            return collate_fn(samples), samples, []
+        except Exception as exc:
+            first_error = exc
+        odd, majority = odd_ones_out(samples)
+        if not odd:
+            raise _BatchFailed(self._whole_batch(job, indices, first_error))
+        others = len(samples) - len(odd)
+        records = []
+        for position in odd:
+            index = indices[position]
+            where = _sample_file(self._dataset, index)
+            problem = CollateError(
+                f"sample {index}{f' ({where})' if where else ''} is {describe(signature(samples[position]))}, "
+                f"unlike the other {others} of its batch, which are {describe(majority)}: {first_error}")
+            records.append(_error_record(index, problem))
+        if job.on_error != "skip":
+            raise _BatchFailed(records)
+        kept = [s for p, s in enumerate(samples) if p not in set(odd)]
+        kept_indices = [i for p, i in enumerate(indices) if p not in set(odd)]
+        try:
+            return collate_fn(kept), kept, records
+        except Exception as exc:
+            raise _BatchFailed(records + self._whole_batch(job, kept_indices, exc))
+
+    @staticmethod
+    def _whole_batch(job: Job, indices: list[int], exc: BaseException) -> list[dict[str, Any]]:
+        """Records for a batch lost as a whole: under skip one per sample, so that the consumer counts every
+        sample that did not arrive; else one, naming the first."""
+        if job.on_error == "skip":
+            return [_error_record(i, exc) for i in indices]
+        return [_error_record(indices[0], exc)]
 
     def _assemble_fast(self, job: Job) -> Outcome:
         shape, dtype = self._layout
@@ -167,7 +384,8 @@ class Batcher:
         # straight into the consumer's shared memory if there is a slot, else a pooled buffer. release() below
         # ignores what the pool did not hand out, so a slot view needs no special case there
         buffer = room.view(dtype).reshape(batch_shape) if room is not None else self.pool.acquire(batch_shape, dtype)
-        futures = [self._samples.submit(_read_into, self._dataset, i, buffer[row], job)
+        fresh = room is not None and self._fresh(job)
+        futures = [self._samples.submit(_read_row, self._dataset, i, buffer[row], job, fresh)
                    for row, i in enumerate(job.indices)]
         labels, good, errors = [], [], []
         for row, (index, future) in enumerate(zip(job.indices, futures)):

@@ -67,8 +67,10 @@ class BufferPool:
                 return free.pop()
         return np.empty(shape, dtype=dtype)  # still all in flight: a one-off, not pooled
 
-    def release(self, buffer: np.ndarray, tracker: Any = None) -> None:
-        """Give a buffer back: now (``tracker`` None) or once ``tracker`` is done."""
+    def release(self, buffer: np.ndarray | None, tracker: Any = None) -> None:
+        """Give a buffer back: now (``tracker`` None) or once ``tracker`` is done. None is ignored."""
+        if buffer is None:
+            return
         key = (buffer.shape, buffer.dtype.str)
         with self._lock:
             if id(buffer) not in self._owned:

@@ -10,12 +10,19 @@
   sequences collate element-wise into a list.
 
 No torch import: a producer stays light unless its dataset needs torch.
+
+:class:`RowLayout` is the general path's shortcut around :func:`collate`: learned from one sample, it copies
+each later sample's arrays into their row of the batch's destination as soon as the sample is loaded, and
+assembles the batch without a stacking copy. A sample that does not fit the layout sends the whole batch
+back to :func:`collate`, so results never differ. :func:`odd_ones_out` says which samples of a batch that
+does not collate differ from the others.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -23,7 +30,7 @@ from ferry.common.codec import Bfloat16Bits, as_array
 
 from ferry.common.errors import FerryError
 
-__all__ = ["collate", "CollateError"]
+__all__ = ["collate", "CollateError", "RowLayout", "signature", "odd_ones_out", "describe"]
 
 
 class CollateError(FerryError, TypeError):
@@ -65,6 +72,7 @@ def collate(samples: Sequence[Any], path: str = "sample") -> Any:
     if isinstance(elem, float):
         return np.array(samples, dtype=np.float64)
     if isinstance(elem, (str, bytes)):
+        # as default_collate: the column as it came, a tuple inside a sequence sample (zip's), else a list
         return samples if isinstance(samples, tuple) else list(samples)
     if isinstance(elem, Mapping):
         return {key: collate([s[key] for s in samples], f"{path}[{key!r}]") for key in elem}
@@ -77,3 +85,153 @@ def collate(samples: Sequence[Any], path: str = "sample") -> Any:
             raise CollateError(f"{path}: each element in the batch should be of equal size")
         return [collate(column, f"{path}[{i}]") for i, column in enumerate(zip(*samples))]
     raise CollateError(f"{path}: cannot collate values of type {type(elem).__name__}")
+
+
+# --- structure ----------------------------------------------------------------------------------------
+# A sample's *signature* is a hashable description of its structure, in collate's own order of cases:
+#   ("a", shape, dtype.str)       an array (or torch tensor) collate stacks
+#   ("v", type)                   a scalar collate gathers per column (numpy scalar, bool, int, float, str, bytes)
+#   ("d", keys, children)         a mapping;  ("s", type, children)  any other sequence
+#   ("x", type name)              something collate cannot batch (None, object arrays, ...)
+_VALUE_TYPES = (np.generic, bool, int, float, str, bytes)
+
+
+def signature(sample: Any) -> tuple:
+    """The structure, shapes and dtypes of one sample (see above): equal signatures collate together."""
+    array = _to_array(sample)
+    if array is not None:
+        if array.dtype.kind in "OUSV":
+            return ("x", f"array of {array.dtype}")
+        if isinstance(array, Bfloat16Bits):  # collated, but as marked bits: rows leave it to collate
+            return ("b", array.shape, "bfloat16")
+        return ("a", array.shape, array.dtype.str)
+    if isinstance(sample, _VALUE_TYPES):
+        return ("v", type(sample))
+    if isinstance(sample, Mapping):
+        keys = tuple(sample)
+        return ("d", keys, tuple(signature(sample[k]) for k in keys))
+    if isinstance(sample, Sequence):
+        return ("s", type(sample), tuple(signature(v) for v in sample))
+    return ("x", type(sample).__name__)
+
+
+def describe(sig: tuple) -> str:
+    """A signature in words: ``(float32[3, 4], int)``."""
+    kind = sig[0]
+    if kind == "a":
+        return f"{np.dtype(sig[2])}{list(sig[1])}"
+    if kind == "b":
+        return f"bfloat16{list(sig[1])}"
+    if kind == "v":
+        return sig[1].__name__
+    if kind == "d":
+        return "{" + ", ".join(f"{k!r}: {describe(c)}" for k, c in zip(sig[1], sig[2])) + "}"
+    if kind == "s":
+        return "(" + ", ".join(describe(c) for c in sig[2]) + ")"
+    return str(sig[1])
+
+
+def odd_ones_out(samples: Sequence[Any]) -> tuple[list[int], tuple | None]:
+    """The positions of the samples whose signature differs from the majority's, and that signature.
+    Ties go to the signature seen first. No odd ones (``[]``) when all samples share one signature."""
+    sigs = [signature(s) for s in samples]
+    if not sigs:
+        return [], None
+    majority = Counter(sigs).most_common(1)[0][0]
+    return [i for i, sig in enumerate(sigs) if sig != majority], majority
+
+
+def _not_rowable(sig: tuple) -> bool:
+    """Holds something collate refuses ("x"), or a leaf it marks (bfloat16 bits, "b")."""
+    if sig[0] in ("x", "b"):
+        return True
+    if sig[0] in ("d", "s"):
+        return any(_not_rowable(c) for c in sig[2])
+    return False
+
+
+# --- row layout ---------------------------------------------------------------------------------------
+class RowLayout:
+    """The layout of one sample, learned from it: where each of its arrays goes in a batch.
+
+    ``write`` runs on a loading thread, once per sample: it checks the sample against the layout and copies
+    its arrays into row ``row`` of the batch's destination arrays (one per array leaf, shape
+    ``(batch, *leaf shape)``), returning the sample with those arrays replaced by views of their rows (None,
+    having written nothing, when the sample does not fit). ``assemble`` builds the batch from such samples:
+    the destinations themselves for the arrays, :func:`collate` for the scalar columns, and containers as
+    collate makes them. Only ever built from a signature with no uncollatable part.
+    """
+
+    def __init__(self, sig: tuple) -> None:
+        self.signature = sig
+        self.leaves: list[tuple[tuple[int, ...], np.dtype]] = []  # (shape, dtype) per array leaf, in walk order
+        self._collect(sig)
+
+    @classmethod
+    def learn(cls, sample: Any) -> "RowLayout | None":
+        """The layout of ``sample``, or None if it has no array to place or holds what collate refuses."""
+        sig = signature(sample)
+        if _not_rowable(sig):
+            return None
+        layout = cls(sig)
+        return layout if layout.leaves else None
+
+    def _collect(self, sig: tuple) -> None:
+        if sig[0] == "a":
+            self.leaves.append((sig[1], np.dtype(sig[2])))
+        elif sig[0] in ("d", "s"):
+            for child in sig[2]:
+                self._collect(child)
+
+    def row_nbytes(self) -> list[int]:
+        return [int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for shape, dtype in self.leaves]
+
+    def destinations(self, rows: int, room: Callable[[int], np.ndarray]) -> list[np.ndarray]:
+        """One array per leaf, ``(rows, *shape)``, over the uint8 memory ``room(nbytes)`` hands out."""
+        return [room(rows * n).view(dtype).reshape(rows, *shape)
+                for n, (shape, dtype) in zip(self.row_nbytes(), self.leaves)]
+
+    def write(self, sample: Any, dests: list[np.ndarray], row: int) -> Any:
+        """``sample`` with its arrays copied into row ``row`` of ``dests`` and replaced by those rows; None if
+        it does not fit the layout (then nothing was written)."""
+        if signature(sample) != self.signature:
+            return None
+        return _write(sample, self.signature, dests, row, iter(range(len(dests))))
+
+    def assemble(self, samples: Sequence[Any], dests: list[np.ndarray]) -> Any:
+        """The batch of ``samples`` (each returned by :meth:`write`, in row order ``0..len-1``): equal to
+        ``collate(samples)``, with the arrays being ``dests`` themselves (no copy)."""
+        return _assemble(samples, self.signature, dests, iter(range(len(dests))), "sample")
+
+
+def _write(sample: Any, sig: tuple, dests: list[np.ndarray], row: int, leaf: Any) -> Any:
+    kind = sig[0]
+    if kind == "a":
+        out = dests[next(leaf)][row, ...]  # a view even for a 0-d leaf
+        np.copyto(out, _to_array(sample), casting="no")
+        return out
+    if kind == "v":
+        return sample
+    if kind == "d":
+        return {k: _write(sample[k], child, dests, row, leaf) for k, child in zip(sig[1], sig[2])}
+    values = [_write(v, child, dests, row, leaf) for v, child in zip(sample, sig[2])]
+    if isinstance(sample, tuple):  # the same kind of tuple, so that a fallback collate sees what it would have
+        return type(sample)(*values) if hasattr(type(sample), "_fields") else tuple(values)
+    return values
+
+
+def _assemble(samples: Sequence[Any], sig: tuple, dests: list[np.ndarray], leaf: Any, path: str) -> Any:
+    kind = sig[0]
+    if kind == "a":
+        return dests[next(leaf)][: len(samples)]
+    if kind == "v":
+        return collate(samples, path)
+    if kind == "d":
+        return {k: _assemble([s[k] for s in samples], child, dests, leaf, f"{path}[{k!r}]")
+                for k, child in zip(sig[1], sig[2])}
+    kind_type = sig[1]
+    if issubclass(kind_type, tuple) and hasattr(kind_type, "_fields"):  # a namedtuple stays one, as in collate
+        return kind_type(*(_assemble(tuple(s[i] for s in samples), child, dests, leaf, f"{path}.{field}")
+                           for i, (field, child) in enumerate(zip(kind_type._fields, sig[2]))))
+    return [_assemble(tuple(s[i] for s in samples), child, dests, leaf, f"{path}[{i}]")  # a tuple, as collate's zip
+            for i, child in enumerate(sig[2])]

@@ -19,7 +19,8 @@ def to_torch(tree):
     if isinstance(tree, list):
         return [to_torch(v) for v in tree]
     if isinstance(tree, tuple):
-        return tuple(to_torch(v) for v in tree)
+        values = [to_torch(v) for v in tree]
+        return type(tree)(*values) if hasattr(type(tree), "_fields") else tuple(values)  # namedtuples stay
     return tree
 
 
