@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
 import pstats
 import queue
 import resource
