@@ -7,6 +7,7 @@ It runs one poll loop over the ROUTER and a :class:`~ferry.common.waker.Waker`. 
 3. sends heartbeats, declares silent producers lost (their tasks go back to the front of the queue),
 4. issues tasks while credits allow (:class:`~ferry.consumer.dispatcher.Dispatcher`).
 
+What each message from a producer does is :mod:`ferry.consumer.io_inbound` (mixed into :class:`IoThread`).
 Who is admitted is decided in :mod:`ferry.consumer.peers`, what a result may hold in
 :mod:`ferry.consumer.results`, and which task holds which shared-memory slot in
 :class:`~ferry.common.shm.SlotLedger`. Decoded batches (views of the received frames, no copy) go into the
@@ -32,22 +33,20 @@ from typing import Any, Iterable
 import zmq
 
 from ferry.common import protocol
-from ferry.common.errors import PoisonTaskError, ProtocolError, SampleIndexError, VersionMismatch
+from ferry.common.errors import PoisonTaskError, SampleIndexError
 from ferry.common.shm import SlotLedger
 from ferry.common.waker import Waker
 
 from ferry.consumer.buffer import Delivery, ReorderBuffer
-from ferry.consumer.dispatcher import Attempt, Poisoned, ProducerInfo, Task
+from ferry.consumer.dispatcher import Poisoned
+from ferry.consumer.io_inbound import Inbound
 from ferry.consumer.peers import BadPeers, Loss, Peers
-from ferry.consumer.results import BatchDecoder, check_fail, count_skips, fail_delivery
+from ferry.consumer.results import BatchDecoder
 from ferry.consumer.router import Router
 from ferry.consumer.stats import Counters
-from ferry.consumer.streaming import ShardDispatcher, read_answer, task_fields
+from ferry.consumer.streaming import ShardDispatcher, task_fields
 
 log = logging.getLogger("ferry.consumer")
-
-_BURST = 256  # messages received per turn of the loop, at most
-
 
 @dataclass(frozen=True)
 class IoConfig:
@@ -101,7 +100,7 @@ class _Died:
     why: str
 
 
-class IoThread:
+class IoThread(Inbound):
     """Owns the :class:`~ferry.consumer.router.Router` and the waker; see the module docstring."""
 
     def __init__(self, config: IoConfig, buffer: ReorderBuffer, counters: Counters, waker: Waker) -> None:
@@ -244,155 +243,6 @@ class IoThread:
                 self.buffer.reset(command.run, command.order)
                 self.dispatcher.start_run(command.run, command.order)
                 self._peers.progressed(time.monotonic())
-
-    # --- receiving ----------------------------------------------------------------------------------
-    def _receive(self) -> None:
-        for _ in range(_BURST):
-            frames = self._router.recv()
-            if frames is None:
-                return
-            if len(frames) < 2:
-                self.counters.invalid_messages += 1
-                continue
-            peer = frames[0].bytes
-            try:
-                header = protocol.parse_header(frames[1])
-                self._handle(peer, header, frames[2:])
-            except VersionMismatch as exc:
-                self._invalid(peer, str(exc))
-                if exc.msg_type == protocol.HELLO:  # tell the producer why it will never be served
-                    self._router.send(peer, [protocol.pack(protocol.REJECT, reason=str(exc), permanent=True)])
-            except ProtocolError as exc:
-                self._invalid(peer, str(exc))
-
-    def _invalid(self, peer: bytes, reason: str) -> None:
-        self.counters.invalid_messages += 1
-        self._bad_peers.invalid(peer, reason)
-
-    def _handle(self, peer: bytes, header: dict[str, Any], data: list[Any]) -> None:
-        kind = header["type"]
-        if kind == protocol.HELLO:
-            if data:
-                raise ProtocolError(f"HELLO with {len(data)} extra frames")
-            self._hello(peer, header)
-            return
-        info = self.dispatcher.producers.get(peer)
-        if info is None:
-            self._stranger(peer, header)
-            return
-        info.last_heard = time.monotonic()
-        if kind == protocol.BATCH:
-            self._batch(info, header, data)
-        elif kind == protocol.FAIL:
-            self._fail(info, header, data)
-        elif kind == protocol.BYE:
-            self._lose(peer, "said BYE")
-        elif kind == protocol.PING:
-            if data:
-                raise ProtocolError("PING with extra frames")
-        else:
-            raise ProtocolError(f"unexpected {kind} from a producer")
-
-    def _stranger(self, peer: bytes, header: dict[str, Any]) -> None:
-        """A message from a peer that is not (or no longer) registered."""
-        kind = header["type"]
-        if kind in (protocol.BATCH, protocol.FAIL):
-            if header["session"] == self.session:
-                self.counters.duplicates += 1  # the result of a task already re-issued
-            else:
-                self.counters.stale += 1
-        elif kind not in (protocol.PING, protocol.BYE):
-            raise ProtocolError(f"{kind} from an unregistered peer")
-        if kind == protocol.BYE:
-            return
-        if self._bad_peers.reject_due(peer, time.monotonic(), self.config.heartbeat):
-            hint = "unknown producer: say HELLO"
-            self._router.send(peer, [protocol.pack(protocol.REJECT, reason=hint, permanent=False)])
-
-    def _hello(self, peer: bytes, header: dict[str, Any]) -> None:
-        with self._lock:
-            admission = self._peers.admit(peer, header, time.monotonic())
-        if admission.reject is not None:
-            log.warning("rejected producer %s: %s", admission.name, admission.reject)
-            self._router.send(peer, [protocol.pack(protocol.REJECT, reason=admission.reject, permanent=True)])
-            return
-        if header["dataset"].get("sharded") is True:
-            self.sharded.set()
-        if admission.adopted:
-            log.info("producer %s set the dataset: %s", admission.name, admission.adopted)
-        self._dataset_known.set()
-        self._settle(admission.losses)
-        if admission.joined is not None:
-            log.info("producer %s joined (%d slots); %d live", admission.name, admission.joined.slots, admission.live)
-        self._router.send(peer, [protocol.pack(protocol.WELCOME, session=self.session,
-                                               heartbeat=self.config.heartbeat, nonce=header["nonce"])])
-
-    # --- results ------------------------------------------------------------------------------------
-    def _claim(self, info: ProducerInfo, header: dict[str, Any]) -> Task | None:
-        """The task a BATCH or FAIL answers, or None (counted) for another session or a late duplicate."""
-        if header["session"] != self.session:
-            self.counters.stale += 1
-            return None
-        with self._lock:
-            task = self.dispatcher.complete(header["task"], info.peer)
-            if task is not None:
-                self._peers.progressed(time.monotonic())
-        if task is None:
-            self.counters.duplicates += 1
-            self._ledger.give_back(header["task"], holder=info.identity)  # it has finished with the slot
-        return task
-
-    def _batch(self, info: ProducerInfo, header: dict[str, Any], data: list[Any]) -> None:
-        task = self._claim(info, header)
-        if task is None:
-            return
-        try:
-            answer = read_answer(header, self._plan, task.seq, self._epoch)  # a sharded run's (consumer/streaming.py)
-            batch = None if answer.empty else self._decoder.decode(header, data, task, epoch=self._epoch,
-                                                                   indices=answer.indices, ledger=self._ledger)
-        except ProtocolError as exc:
-            # it answered its own task with a batch we cannot use: broken or hostile. Re-issue the seq,
-            # and drop and reject the producer, or a peer with many free slots would take the seq back
-            # every time and stall the epoch.
-            with self._lock:
-                self.dispatcher.requeue(task, Attempt(info.name, f"sent an unusable batch: {exc}"))
-                poisoned = self.dispatcher.take_poisoned()
-            self._poison(poisoned)
-            self._lose(info.peer, f"sent an unusable batch: {exc}")
-            reason = f"rejected: your batch for seq {task.seq} was unusable: {exc}"
-            self._router.send(info.peer, [protocol.pack(protocol.REJECT, permanent=True, reason=reason)])
-            raise
-        if answer.sharded:
-            self.buffer.end_shard(task.run, task.seq, last=answer.last, empty=answer.empty)
-        if batch is None:  # the shard has no batch k: nothing to hand on, no credit held
-            self._ledger.give_back(task.task)
-            return
-        with self._lock:
-            info.batches += 1
-            info.bytes += batch.nbytes
-        self.counters.shared_batches += batch.shared
-        self.counters.received += 1
-        self.counters.bytes += batch.nbytes
-        if header["errors"]:
-            count_skips(self.counters, info.name, header["errors"])
-        self.buffer.put(Delivery(run=task.run, seq=task.seq, tree=batch.tree, nbytes=batch.nbytes, frames=data))
-
-    def _fail(self, info: ProducerInfo, header: dict[str, Any], data: list[Any]) -> None:
-        check_fail(header, data)
-        task = self._claim(info, header)
-        if task is None:
-            return
-        self._ledger.give_back(task.task)
-        out_of_range = next((e for e in header["errors"] if e["exc_type"] == SampleIndexError.__name__), None)
-        if out_of_range is not None:  # never skipped, never retried: the plan itself is wrong
-            error = SampleIndexError(index=out_of_range["index"], length=self._peers.dataset_len or 0,
-                                     epoch=self._epoch, seq=task.seq)
-            self.buffer.put(Delivery(run=task.run, seq=task.seq, error=error))
-            return
-        if task_fields(self._plan, task.seq):  # a shard whose iterator raised ends there
-            self.buffer.end_shard(task.run, task.seq, last=True, empty=False)
-        self.buffer.put(fail_delivery(header, task, info.name, epoch=self._epoch, on_error=self.config.on_error,
-                                      counters=self.counters))
 
     # --- heartbeats, liveness, dispatch -------------------------------------------------------------
     def _heartbeat(self, now: float) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import time
 import weakref
 from typing import Any, Callable
 
@@ -28,13 +27,15 @@ import torch
 
 from ferry.common import validate as check
 from ferry.common.constants import DEFAULT_BUFFER_BATCHES, POLL_SLICE_S
-from ferry.common.errors import ConfigError, FerryThreadError, LoaderClosedError, NoProducersError
+from ferry.common.errors import LoaderClosedError
 from ferry.common.shardplan import ShardPlan, decode_seq
 
 from ferry.consumer.buffer import Delivery, is_eof
 from ferry.consumer.epoch import EpochHooks, EpochIterator
+from ferry.consumer.health import LoaderHealth
 from ferry.consumer.observer import EpochObserver
 from ferry.consumer.planning import EpochPlanner
+from ferry.consumer.read_only import ReadOnlyOptions
 from ferry.consumer.resume import RESUME_OPTIONS, ResumePoint, capture_state, restore_state
 from ferry.consumer.io_thread import StartRun
 from ferry.consumer.options import UNSET, check_unknown_keywords, CurveOptions, LocalOptions, TransportOptions, resolve_options
@@ -48,7 +49,7 @@ __all__ = ["RemoteLoader"]
 log = logging.getLogger("ferry.consumer")
 
 
-class RemoteLoader:
+class RemoteLoader(ReadOnlyOptions):
     """An iterable over training batches that producers stream in over ZeroMQ.
 
     Batches are the collated structure (dict / list / tuple) with torch tensors as leaves, equal to what
@@ -176,24 +177,13 @@ class RemoteLoader:
         self._stop, self._staged, self._staging_failure = pipeline.stop, pipeline.staged, pipeline.staging_failure
         self._buffer, self._staging_stager = pipeline.buffer, pipeline.stager
         self._planner = EpochPlanner(opts, self._io)
+        self._health = LoaderHealth(self._io, self._local, self._staging_failure, self.endpoints, self.timeout)
         self._observer = EpochObserver(self._counters, self._io.snapshot, WeakStats(self),
                                        capacity=self.buffer_batches, log_every=self.log_every,
                                        threads=(self._io._thread, self._staging))
         self._closed = False
         self._finalizer = weakref.finalize(self, pipeline.shutdown)
-        # from here on the options are read-only: assigning one would silently do nothing
-        self._read_only = frozenset(name for name in vars(self) if not name.startswith("_"))
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in self.__dict__.get("_read_only", ()):
-            raise ConfigError(f"RemoteLoader.{name} cannot be changed after the loader is built (the running "
-                              f"threads would never see it); build a new RemoteLoader with {name}={value!r}")
-        object.__setattr__(self, name, value)
-
-    def __delattr__(self, name: str) -> None:
-        if name in self.__dict__.get("_read_only", ()):
-            raise ConfigError(f"RemoteLoader.{name} cannot be deleted")
-        object.__delattr__(self, name)
+        self._freeze()  # from here on the options are read-only (consumer/read_only.py)
 
     # --- iteration ----------------------------------------------------------------------------------
     def __iter__(self) -> EpochIterator:
@@ -243,14 +233,7 @@ class RemoteLoader:
 
     def _health_until_timeout(self) -> Callable[[], None]:
         """A check for a wait that needs a producer: the loader's health, and at most ``timeout`` seconds."""
-        deadline = time.monotonic() + self.timeout
-
-        def check() -> None:
-            self._check_health()
-            if time.monotonic() > deadline:
-                raise self._no_producers_error(waited=self.timeout)
-
-        return check
+        return self._health.until_timeout(self._check_health)
 
     # --- waiting for a batch (training thread) -------------------------------------------------------
     def _next_delivery(self, run: int) -> Delivery | None:
@@ -275,33 +258,9 @@ class RemoteLoader:
             return item
 
     def _check_health(self) -> None:
+        """Raise if the loader is closed or cannot deliver any more (consumer/health.py)."""
         self._check_open()
-        io = self._io.health()
-        if io.failure is not None:
-            raise FerryThreadError("ferry's io thread failed") from io.failure
-        if self._staging_failure:
-            raise FerryThreadError("ferry's staging thread failed") from self._staging_failure[0]
-        if not io.alive:
-            raise FerryThreadError("ferry's io thread is not running")
-        # local producers' deaths are seen at once; with another endpoint bound, remote ones may still serve
-        if self._local is not None and (len(self.endpoints) == 1 or not io.live_producers):
-            self._local.check(served=io.producers_seen > 0)
-        if not io.live_producers:
-            silent = time.monotonic() - io.no_producer_since
-            if silent > self.timeout:
-                raise self._no_producers_error(waited=silent)
-        elif io.churn >= 2 and time.monotonic() - io.progress_at > self.timeout:  # joining and leaving, no batch
-            raise NoProducersError(
-                f"no batch arrived for {time.monotonic() - io.progress_at:.1f} s (timeout={self.timeout:g} s) while "
-                f"producers kept joining and leaving: {io.churn} lost in that time, the latest: {io.last_loss}")
-
-    def _no_producers_error(self, waited: float) -> NoProducersError:
-        seen = self._io.health().producers_seen
-        return NoProducersError(
-            f"no producer alive for {waited:.1f} s (timeout={self.timeout:g} s); the consumer is bound to "
-            f"{', '.join(self.endpoints)} and has seen {seen} producer(s) in all. Start one with: "
-            f"python -m ferry.producer --connect tcp://<this-host>:<port> --dataset <spec>"
-        )
+        self._health.check()
 
     def diagnosis(self) -> str:
         """What bounds the current (or last) epoch: the producers, the window, or the consumer, and about how

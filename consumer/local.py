@@ -35,7 +35,6 @@ import logging
 import multiprocessing
 import os
 import selectors
-import signal
 import subprocess
 import sys
 import threading
@@ -48,152 +47,12 @@ from ferry.common.errors import ConfigError, ProducerDiedError, ProducerStartupE
 from ferry.common.waker import Waker
 
 from ferry.consumer import local_folder
+from ferry.consumer.local_children import Child, describe_exit, open_pidfd, start_with_stderr
 
 log = logging.getLogger("ferry.consumer")
 
-#: The tail of a dead producer's error output that its report quotes.
-STDERR_TAIL_LINES = 15
-STDERR_TAIL_CHARS = 2000
 #: How often the watch thread polls exit codes where the platform gives no sentinel (no pidfd). [Unit: second]
 EXIT_POLL_S = 0.1
-
-
-def describe_exit(code: int) -> str:
-    """``exit code 1``, or ``killed by SIGKILL`` for a negative (signal) code."""
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"killed by {signal.Signals(-code).name}"
-    except ValueError:
-        return f"killed by signal {-code}"
-
-
-_stderr_lock = threading.Lock()  # one redirection of our fd 2 at a time
-
-
-def _start_with_stderr(process: Any, stderr_fd: int) -> None:
-    """Start a multiprocessing ``process`` with ``stderr_fd`` as its fd 2.
-
-    The child inherits fd 2 as it is when it is forked (or spawned: fds 0-2 pass through exec), so ours points
-    at the pipe for that moment only. This keeps the child's code the producer's own entry point
-    (:func:`ferry.producer.serve`); a wrapper here would make a spawned child import the consumer. Whatever
-    another thread writes to stderr in that moment goes through the pipe, and is still shown.
-    """
-    with _stderr_lock:
-        try:
-            saved: int | None = os.dup(2)
-        except OSError:  # we run with fd 2 closed: close it again afterwards
-            saved = None
-        try:
-            os.dup2(stderr_fd, 2)
-            process.start()
-        finally:
-            if saved is None:
-                os.close(2)
-            else:
-                os.dup2(saved, 2)
-                os.close(saved)
-
-
-class _Child:
-    """One producer process, behind one interface whatever started it, with its stderr pipe and capture."""
-
-    def __init__(self, index: int, handle: Any, stderr_fd: int, sentinel: int | None, own_sentinel: bool,
-                 capture: Any) -> None:
-        self.index = index
-        self.handle = handle
-        self.stderr_fd = stderr_fd  # the read end of its stderr pipe, non-blocking
-        self.sentinel = sentinel  # readable once it has exited; None: poll its exit code
-        self._own_sentinel = own_sentinel  # a pidfd of ours (a Process's sentinel belongs to the Process)
-        self.capture = capture  # producer-N.stderr, unbuffered
-        self.exit_code: int | None = None  # set by the watch thread when it sees the death
-
-    @property
-    def pid(self) -> int:
-        return self.handle.pid
-
-    def exitcode(self) -> int | None:
-        if isinstance(self.handle, subprocess.Popen):
-            return self.handle.poll()
-        return self.handle.exitcode
-
-    def signal_stop(self) -> None:
-        if self.exitcode() is None:
-            self.handle.terminate()
-
-    def kill(self) -> None:
-        if self.exitcode() is None:
-            self.handle.kill()
-
-    def wait(self, timeout: float) -> bool:
-        if isinstance(self.handle, subprocess.Popen):
-            try:
-                self.handle.wait(timeout)
-            except subprocess.TimeoutExpired:
-                return False
-            return True
-        self.handle.join(timeout)
-        return self.handle.exitcode is not None
-
-    def pump(self) -> bool:
-        """Copy what the producer wrote to stderr to our stderr and to its capture file. False at EOF."""
-        while True:
-            try:
-                chunk = os.read(self.stderr_fd, 65536)
-            except BlockingIOError:
-                return True
-            except OSError:
-                return False
-            if not chunk:
-                return False
-            self.capture.write(chunk)
-            _echo(chunk)
-
-    def tail(self) -> str:
-        """The last lines it wrote to stderr, indented, or a note that there were none."""
-        try:
-            fd = self.capture.fileno()
-            size = os.fstat(fd).st_size
-            start = max(0, size - 4 * STDERR_TAIL_CHARS)
-            text = os.pread(fd, size - start, start).decode(errors="replace")
-        except (OSError, ValueError):
-            text = ""
-        text = "\n".join(text.rstrip().splitlines()[-STDERR_TAIL_LINES:])[-STDERR_TAIL_CHARS:]
-        if not text:
-            return "    (it wrote nothing to stderr)"
-        return "\n".join("    " + line for line in text.splitlines())
-
-    def report(self) -> str:
-        return f"producer {self.index} (pid {self.pid}): {describe_exit(self.exit_code or 0)}; its last error " \
-               f"output:\n{self.tail()}"
-
-    def release(self) -> None:
-        for close in (lambda: os.close(self.stderr_fd), self.capture.close):
-            try:
-                close()
-            except OSError:
-                pass
-        if self._own_sentinel and self.sentinel is not None:
-            os.close(self.sentinel)
-        if not isinstance(self.handle, subprocess.Popen):
-            self.handle.close()
-
-
-def _echo(chunk: bytes) -> None:
-    """Show a producer's output on our stderr, as when it wrote there itself."""
-    view = memoryview(chunk)
-    while view:
-        try:
-            view = view[os.write(2, view):]
-        except OSError:
-            return
-
-
-def _pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):  # not Linux >= 5.3: the watch thread polls the exit code instead
-        return None
 
 
 class LocalProducers:
@@ -208,7 +67,7 @@ class LocalProducers:
         self.base_seed = base_seed  # producer i seeds its random streams with base_seed + i, as DataLoader's workers
         self.folder = local_folder.create()
         self.endpoint = f"ipc://{self.folder}/consumer.sock"
-        self.children: list[_Child] = []
+        self.children: list[Child] = []
         self.slab: shm.Slab | None = None
         self._lock = threading.Lock()  # guards exit codes and _closing between the watch thread and the others
         self._closing = False
@@ -257,7 +116,7 @@ class LocalProducers:
         return open(os.path.join(self.folder, f"producer-{index}.stderr"), "a+b", buffering=0)
 
     def _spawn_cli(self, index: int, count: int, spec: str, args: dict[str, Any], threads: int, slots: int,
-                   heartbeat: float, liveness: int) -> _Child:
+                   heartbeat: float, liveness: int) -> Child:
         env = dict(os.environ)
         env["FERRY_EXIT_WITH_PARENT"] = "1"
         env["FERRY_DATASET_ARGS"] = json.dumps(args)
@@ -281,17 +140,17 @@ class LocalProducers:
         stderr_fd = os.dup(process.stderr.fileno())
         process.stderr.close()
         os.set_blocking(stderr_fd, False)
-        pidfd = _pidfd(process.pid)
-        return _Child(index, process, stderr_fd, pidfd, True, capture)
+        pidfd = open_pidfd(process.pid)
+        return Child(index, process, stderr_fd, pidfd, True, capture)
 
-    def _start_process(self, index: int, ctx: Any, config: Any, dataset: Any) -> _Child:
+    def _start_process(self, index: int, ctx: Any, config: Any, dataset: Any) -> Child:
         from ferry.producer import serve
 
         read_fd, write_fd = os.pipe()
         capture = self._capture(index)
         try:
             process = ctx.Process(target=serve, args=(config, dataset), name="ferry-producer", daemon=False)
-            _start_with_stderr(process, write_fd)
+            start_with_stderr(process, write_fd)
         except BaseException:
             os.close(read_fd)
             capture.close()
@@ -299,7 +158,7 @@ class LocalProducers:
         finally:
             os.close(write_fd)
         os.set_blocking(read_fd, False)
-        return _Child(index, process, read_fd, process.sentinel, False, capture)
+        return Child(index, process, read_fd, process.sentinel, False, capture)
 
     @property
     def pids(self) -> list[int]:

@@ -45,6 +45,7 @@ from ferry.producer.connection import (
     EXIT_OK, Action, CheckAddress, Connection, FailTask, Log, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
     exit_code,
 )
+from ferry.producer.resolver import AddressResolver
 
 log = logging.getLogger("ferry.producer")
 
@@ -76,12 +77,7 @@ class Producer:
         self._done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._ctx = zmq.Context()
         self._links: dict[int, Link] = {}
-        # resolves endpoint hosts off the main loop (a DNS lookup may take seconds): a daemon thread, so that
-        # a lookup hanging in the resolver never delays the producer's exit; results come back on _resolved,
-        # and the waker wakes the loop
-        self._to_resolve: queue.SimpleQueue[tuple[int, str] | None] = queue.SimpleQueue()
-        self._resolved: queue.SimpleQueue[tuple[int, str | None]] = queue.SimpleQueue()
-        self._resolver = threading.Thread(target=self._resolve_loop, name="ferry-resolve", daemon=True)
+        self._resolver = AddressResolver(self._waker)  # DNS lookups off the main loop (producer/resolver.py)
         self._slab = self._map_slab(config.shared_memory)
         self._batcher = Batcher(
             dataset,
@@ -220,25 +216,10 @@ class Producer:
         return sock
 
     def _check_address(self, link: Link) -> None:
-        host = endpoint_host(link.endpoint)
-        if host is None:
-            return
-        if not self._resolver.is_alive():
-            self._resolver.start()
-        self._to_resolve.put((link.key, host))
-
-    def _resolve_loop(self) -> None:
-        while (job := self._to_resolve.get()) is not None:
-            key, host = job
-            self._resolved.put((key, resolve_problem(host)))
-            self._waker.wake()
+        self._resolver.check(link.key, link.endpoint)
 
     def _address_results(self) -> None:
-        while True:
-            try:
-                key, problem = self._resolved.get_nowait()
-            except queue.Empty:
-                return
+        for key, problem in self._resolver.results():
             self._links[key].conn.address_checked(problem)
 
     def _rebuild(self, link: Link) -> None:
@@ -269,7 +250,7 @@ class Producer:
         if self._metrics is not None:
             self._metrics.close()
         self._batcher.close()
-        self._to_resolve.put(None)  # the resolver ends after the lookup in progress, if any (not waited for)
+        self._resolver.close()  # ends after the lookup in progress, if any (not waited for)
         for link in self._links.values():
             link.sock.close(linger=BYE_LINGER_MS if link.said_bye else 0)  # let a BYE leave, bounded
         self._ctx.term()
@@ -358,23 +339,3 @@ def _index_fail(action: FailTask) -> bytes:
     error = {"index": action.index, "exc_type": "SampleIndexError", "message": action.message, "traceback": ""}
     return protocol.pack(protocol.FAIL, session=h["session"], task=h["task"], epoch=h["epoch"], seq=h["seq"],
                          errors=[error])
-
-
-def endpoint_host(endpoint: str) -> str | None:
-    """The host name of a ``tcp://[source;]host:port`` endpoint, or None (ipc://, a wildcard)."""
-    if not endpoint.startswith("tcp://"):
-        return None
-    address = endpoint[len("tcp://"):].rpartition(";")[2]
-    host = address.rpartition(":")[0].strip("[]")
-    return host if host and host != "*" else None
-
-
-def resolve_problem(host: str) -> str | None:
-    """Why ``host`` does not resolve (a DNS failure, in words), or None if it does (or the check itself failed)."""
-    try:
-        pysocket.getaddrinfo(host, None)
-    except pysocket.gaierror as exc:
-        return f"its host {host!r} does not resolve (DNS: {exc.strerror or exc})"
-    except (OSError, UnicodeError):
-        return None
-    return None

@@ -1,0 +1,72 @@
+"""Whether a loader's parts can still deliver: the checks that end a training-thread wait with an error.
+
+:class:`LoaderHealth` reads the io thread's :class:`~ferry.consumer.io_thread.IoHealth`, the staging thread's
+failure and the local producers (:meth:`ferry.consumer.local.LocalProducers.check`), and raises the error
+that says why the next batch will not come: :class:`~ferry.common.errors.FerryThreadError` for a thread
+that failed, :class:`~ferry.common.errors.NoProducersError` after ``timeout`` seconds with no producer (or
+with producers joining and leaving and no batch), or what the local producers' deaths raise.
+
+It holds the loader's parts, never the loader (the loader's ``weakref.finalize`` must run when it is
+dropped); whether the loader is closed is checked by the loader itself.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from ferry.common.errors import FerryThreadError, NoProducersError
+
+
+class LoaderHealth:
+    """The health checks of one loader's io thread, staging thread and local producers."""
+
+    def __init__(self, io: Any, local: Any, staging_failure: list[BaseException], endpoints: tuple[str, ...],
+                 timeout: float) -> None:
+        self._io = io  # IoThread
+        self._local = local  # LocalProducers, or None
+        self._staging_failure = staging_failure  # the staging thread appends what ended it
+        self._endpoints = endpoints
+        self._timeout = timeout  # no_producer_timeout; math.inf: wait forever
+
+    def check(self) -> None:
+        """Raise if a part failed, or no producer has served for longer than ``timeout``."""
+        io = self._io.health()
+        if io.failure is not None:
+            raise FerryThreadError("ferry's io thread failed") from io.failure
+        if self._staging_failure:
+            raise FerryThreadError("ferry's staging thread failed") from self._staging_failure[0]
+        if not io.alive:
+            raise FerryThreadError("ferry's io thread is not running")
+        # local producers' deaths are seen at once; with another endpoint bound, remote ones may still serve
+        if self._local is not None and (len(self._endpoints) == 1 or not io.live_producers):
+            self._local.check(served=io.producers_seen > 0)
+        if not io.live_producers:
+            silent = time.monotonic() - io.no_producer_since
+            if silent > self._timeout:
+                raise self.no_producers_error(waited=silent)
+        elif io.churn >= 2 and time.monotonic() - io.progress_at > self._timeout:  # joining and leaving, no batch
+            raise NoProducersError(
+                f"no batch arrived for {time.monotonic() - io.progress_at:.1f} s (timeout={self._timeout:g} s) while "
+                f"producers kept joining and leaving: {io.churn} lost in that time, the latest: {io.last_loss}")
+
+    def until_timeout(self, check: Callable[[], None]) -> Callable[[], None]:
+        """A check for a wait that needs a producer: ``check`` (the loader's health), and at most ``timeout``
+        seconds from now."""
+        deadline = time.monotonic() + self._timeout
+        timeout = self._timeout
+
+        def bounded() -> None:
+            check()
+            if time.monotonic() > deadline:
+                raise self.no_producers_error(waited=timeout)
+
+        return bounded
+
+    def no_producers_error(self, waited: float) -> NoProducersError:
+        seen = self._io.health().producers_seen
+        return NoProducersError(
+            f"no producer alive for {waited:.1f} s (timeout={self._timeout:g} s); the consumer is bound to "
+            f"{', '.join(self._endpoints)} and has seen {seen} producer(s) in all. Start one with: "
+            f"python -m ferry.producer --connect tcp://<this-host>:<port> --dataset <spec>"
+        )

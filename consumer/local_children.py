@@ -1,0 +1,158 @@
+"""One local producer process as the watch thread sees it (docs/ARCHITECTURE.md#local-mode).
+
+:class:`Child` puts one interface over a ``subprocess.Popen`` (a dataset spec) and a ``multiprocessing``
+process (a dataset object): its stderr pipe and the ``producer-N.stderr`` file that captures it, the
+sentinel that becomes readable when it exits (``Process.sentinel``, or a ``pidfd``), stopping it, and the
+report of its death with the tail of its error output. :func:`start_with_stderr` starts a ``multiprocessing``
+process with a pipe as its fd 2. :class:`ferry.consumer.local.LocalProducers` owns the children and the
+thread that watches them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from typing import Any
+
+#: The tail of a dead producer's error output that its report quotes.
+STDERR_TAIL_LINES = 15
+STDERR_TAIL_CHARS = 2000
+
+def describe_exit(code: int) -> str:
+    """``exit code 1``, or ``killed by SIGKILL`` for a negative (signal) code."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+_stderr_lock = threading.Lock()  # one redirection of our fd 2 at a time
+
+
+def start_with_stderr(process: Any, stderr_fd: int) -> None:
+    """Start a multiprocessing ``process`` with ``stderr_fd`` as its fd 2.
+
+    The child inherits fd 2 as it is when it is forked (or spawned: fds 0-2 pass through exec), so ours points
+    at the pipe for that moment only. This keeps the child's code the producer's own entry point
+    (:func:`ferry.producer.serve`); a wrapper here would make a spawned child import the consumer. Whatever
+    another thread writes to stderr in that moment goes through the pipe, and is still shown.
+    """
+    with _stderr_lock:
+        try:
+            saved: int | None = os.dup(2)
+        except OSError:  # we run with fd 2 closed: close it again afterwards
+            saved = None
+        try:
+            os.dup2(stderr_fd, 2)
+            process.start()
+        finally:
+            if saved is None:
+                os.close(2)
+            else:
+                os.dup2(saved, 2)
+                os.close(saved)
+
+
+class Child:
+    """One producer process, behind one interface whatever started it, with its stderr pipe and capture."""
+
+    def __init__(self, index: int, handle: Any, stderr_fd: int, sentinel: int | None, own_sentinel: bool,
+                 capture: Any) -> None:
+        self.index = index
+        self.handle = handle
+        self.stderr_fd = stderr_fd  # the read end of its stderr pipe, non-blocking
+        self.sentinel = sentinel  # readable once it has exited; None: poll its exit code
+        self._own_sentinel = own_sentinel  # a pidfd of ours (a Process's sentinel belongs to the Process)
+        self.capture = capture  # producer-N.stderr, unbuffered
+        self.exit_code: int | None = None  # set by the watch thread when it sees the death
+
+    @property
+    def pid(self) -> int:
+        return self.handle.pid
+
+    def exitcode(self) -> int | None:
+        if isinstance(self.handle, subprocess.Popen):
+            return self.handle.poll()
+        return self.handle.exitcode
+
+    def signal_stop(self) -> None:
+        if self.exitcode() is None:
+            self.handle.terminate()
+
+    def kill(self) -> None:
+        if self.exitcode() is None:
+            self.handle.kill()
+
+    def wait(self, timeout: float) -> bool:
+        if isinstance(self.handle, subprocess.Popen):
+            try:
+                self.handle.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        self.handle.join(timeout)
+        return self.handle.exitcode is not None
+
+    def pump(self) -> bool:
+        """Copy what the producer wrote to stderr to our stderr and to its capture file. False at EOF."""
+        while True:
+            try:
+                chunk = os.read(self.stderr_fd, 65536)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not chunk:
+                return False
+            self.capture.write(chunk)
+            _echo(chunk)
+
+    def tail(self) -> str:
+        """The last lines it wrote to stderr, indented, or a note that there were none."""
+        try:
+            fd = self.capture.fileno()
+            size = os.fstat(fd).st_size
+            start = max(0, size - 4 * STDERR_TAIL_CHARS)
+            text = os.pread(fd, size - start, start).decode(errors="replace")
+        except (OSError, ValueError):
+            text = ""
+        text = "\n".join(text.rstrip().splitlines()[-STDERR_TAIL_LINES:])[-STDERR_TAIL_CHARS:]
+        if not text:
+            return "    (it wrote nothing to stderr)"
+        return "\n".join("    " + line for line in text.splitlines())
+
+    def report(self) -> str:
+        return f"producer {self.index} (pid {self.pid}): {describe_exit(self.exit_code or 0)}; its last error " \
+               f"output:\n{self.tail()}"
+
+    def release(self) -> None:
+        for close in (lambda: os.close(self.stderr_fd), self.capture.close):
+            try:
+                close()
+            except OSError:
+                pass
+        if self._own_sentinel and self.sentinel is not None:
+            os.close(self.sentinel)
+        if not isinstance(self.handle, subprocess.Popen):
+            self.handle.close()
+
+
+def _echo(chunk: bytes) -> None:
+    """Show a producer's output on our stderr, as when it wrote there itself."""
+    view = memoryview(chunk)
+    while view:
+        try:
+            view = view[os.write(2, view):]
+        except OSError:
+            return
+
+
+def open_pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux >= 5.3: the watch thread polls the exit code instead
+        return None
