@@ -30,10 +30,8 @@ its :class:`~ferry.common.waker.Waker`. Only the main loop touches sockets.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
-import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,14 +40,16 @@ import numpy as np
 
 from ferry.common import protocol
 from ferry.common.codec import encode_tree
-from ferry.common.constants import FRAME_CHUNK_BYTES, REMOTE_MESSAGE_CHARS, REMOTE_TRACEBACK_CHARS
-from ferry.common.shm import SLOT_ALIGN, populate
-from ferry.common.sampleinfo import loading
+from ferry.common.constants import FRAME_CHUNK_BYTES
+from ferry.common.shm import SLOT_ALIGN
 from ferry.common.shardplan import is_sharded
 from ferry.common.waker import Waker
 
 from ferry.producer.buffers import BufferPool
 from ferry.producer.collate import CollateError, RowLayout, collate, describe, odd_ones_out, signature
+from ferry.producer.loading import (
+    BatchFailed, error_record, load_row, read_row, sample_file, written_first,
+)
 
 
 @dataclass
@@ -82,105 +82,6 @@ class Outcome:
 #: CPython 3.11's AST constructor keeps a recursion counter that threads compiling at once can upset (gh-106905);
 #: it then raises this SystemError for code that is fine. ``np.load`` compiles each .npy header
 #: (``ast.literal_eval``), so loading threads do hit it, rarely. A load that does is run once more.
-_AST_RACE = "AST constructor recursion depth mismatch"
-
-
-def _retry_ast_race(fn: Any, *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except SystemError as exc:
-        if _AST_RACE not in str(exc):
-            raise
-        return fn(*args)
-
-
-def _get(dataset: Any, index: int, job: Job) -> Any:
-    with loading(job.seed, job.epoch, index):
-        return _retry_ast_race(dataset.__getitem__, index)
-
-
-def _load_row(dataset: Any, index: int, job: Job, layout: RowLayout | None, dests: list[np.ndarray], row: int,
-              fresh: bool = False) -> tuple[Any, bool]:
-    """On a loading thread: ``dataset[index]``, with its arrays copied into row ``row`` of ``dests`` at once
-    when it fits ``layout`` (the per-sample arrays are then garbage as soon as this returns). Returns the
-    sample (its arrays replaced by their rows when it fits) and whether it fit. ``fresh``: the rows are
-    shared-memory pages this process never wrote; they are populated first (:func:`_populate_row`)."""
-    sample = _get(dataset, index, job)
-    if layout is None:
-        return sample, False
-    if fresh:
-        for dest in dests:
-            _populate_row(dest[row])
-    written = layout.write(sample, dests, row)
-    return (sample, False) if written is None else (written, True)
-
-
-def _read_row(dataset: Any, index: int, out: np.ndarray, job: Job, fresh: bool) -> Any:
-    """The fast path's loading thread: ``dataset.read_into(index, out)``, with ``out`` populated first when
-    it is fresh shared memory."""
-    if fresh:
-        _populate_row(out)
-    with loading(job.seed, job.epoch, index):
-        return _retry_ast_race(dataset.read_into, index, out)
-
-
-def _populate_row(row: np.ndarray) -> None:
-    """Fault in one row's shared-memory pages in one call (``shm.populate``) before it is written: one system
-    call instead of a page fault per 4 KiB, and on the loading threads, in parallel, not ahead of them."""
-    if row.flags.c_contiguous and row.nbytes:
-        populate(row.reshape(-1).view(np.uint8))
-
-
-def _written_first(first: Future, layout: RowLayout, dests: list[np.ndarray], fresh: bool) -> Future:
-    """``first`` (a loaded sample 0) as if the loading thread had written it into row 0 of ``dests``."""
-    sample, _ = first.result()
-    if fresh:
-        for dest in dests:
-            _populate_row(dest[0])
-    written = layout.write(sample, dests, 0)
-    done: Future = Future()
-    done.set_result((sample, False) if written is None else (written, True))
-    return done
-
-
-class _BatchFailed(Exception):
-    """The batch cannot be sent; ``errors`` are the FAIL's records."""
-
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
-        super().__init__(errors)
-        self.errors = errors
-
-
-#: Dataset attributes that may list each sample's file: a path per index, or ImageFolder-like (path, label).
-_FILE_ATTRIBUTES = ("paths", "files", "samples", "imgs", "path")
-
-
-def _sample_file(dataset: Any, index: int) -> str | None:
-    """The file that sample ``index`` comes from, where the dataset says (None where it does not)."""
-    for name in _FILE_ATTRIBUTES:
-        entries = getattr(dataset, name, None)
-        if entries is None or isinstance(entries, (str, bytes, os.PathLike)):
-            continue
-        try:
-            entry = entries[index]
-        except Exception:
-            continue
-        if isinstance(entry, (tuple, list)) and entry:
-            entry = entry[0]
-        if isinstance(entry, (str, os.PathLike)):
-            return os.fspath(entry)
-    return None
-
-
-def _error_record(index: int, exc: BaseException) -> dict[str, Any]:
-    return {
-        "index": index,
-        "exc_type": type(exc).__name__,
-        "message": str(exc)[:REMOTE_MESSAGE_CHARS],
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-REMOTE_TRACEBACK_CHARS:],
-    }
-
-
 class Batcher:
     """Loads and collates batches on thread pools. ``close()`` waits for running work, bounded."""
 
@@ -205,14 +106,14 @@ class Batcher:
             from ferry.producer.shards import ShardRunner
 
             self._shards = ShardRunner(dataset, pool=self._batches, collate=collate_fn or collate,
-                                       finish=self._finish, fail=self._fail, error_record=_error_record)
+                                       finish=self._finish, fail=self._fail, error_record=error_record)
 
     def submit(self, job: Job) -> None:
         with self._lock:
             self.pending += 1
         if self._shards is not None:
             if job.shard is None:  # the consumer planned a map-style dataset: answer, never crash the loop
-                self._finish(job, self._fail(job, [_error_record(job.indices[0], TypeError(
+                self._finish(job, self._fail(job, [error_record(job.indices[0], TypeError(
                     "this producer serves a sharded dataset; the consumer sent a map-style task (was it given "
                     "dataset_len? a sharded dataset needs none)"))]))
                 return
@@ -239,20 +140,20 @@ class Batcher:
         layout = self._rows  # learned from an earlier batch; None until then (or when samples defeat it)
         futures: list[Future] = []
         if layout is None and self._collate_fn is None:  # learn it from this batch's first sample, so that even the first batch takes rows
-            futures.append(self._samples.submit(_load_row, self._dataset, job.indices[0], job, None, [], 0))
+            futures.append(self._samples.submit(load_row, self._dataset, job.indices[0], job, None, [], 0))
             layout = self._learn_first(futures[0])
         dests, pooled = self._destinations(layout, job) if layout is not None else ([], None)
         fresh = pooled is None and self._fresh(job)
         if futures and layout is not None:
-            futures[0] = _written_first(futures[0], layout, dests, fresh)
-        futures += [self._samples.submit(_load_row, self._dataset, i, job, layout, dests, row, fresh)
+            futures[0] = written_first(futures[0], layout, dests, fresh)
+        futures += [self._samples.submit(load_row, self._dataset, i, job, layout, dests, row, fresh)
                     for row, i in enumerate(job.indices) if row >= len(futures)]
         samples, indices, errors, fitted = [], [], [], 0
         for index, future in zip(job.indices, futures):
             try:
                 sample, fits = future.result()
             except Exception as exc:
-                errors.append(_error_record(index, exc))
+                errors.append(error_record(index, exc))
                 continue
             samples.append(sample)
             indices.append(index)
@@ -267,7 +168,7 @@ class Batcher:
             # it stacks, so the destination is free for the encoder to reuse
             try:
                 tree, samples, odd = self._collate(job, samples, indices)
-            except _BatchFailed as failed:
+            except BatchFailed as failed:
                 self.pool.release(pooled)
                 return self._fail(job, errors + failed.errors)
             errors += odd
@@ -341,7 +242,7 @@ class Batcher:
 
         Returns the batch, the samples in it and the error records of the dropped ones.
         Raises:
-            _BatchFailed: with the records that explain why the batch cannot be sent.
+            BatchFailed: with the records that explain why the batch cannot be sent.
         """
         collate_fn = self._collate_fn or collate
         try:
@@ -350,32 +251,32 @@ class Batcher:
             first_error = exc
         odd, majority = odd_ones_out(samples)
         if not odd:
-            raise _BatchFailed(self._whole_batch(job, indices, first_error))
+            raise BatchFailed(self._whole_batch(job, indices, first_error))
         others = len(samples) - len(odd)
         records = []
         for position in odd:
             index = indices[position]
-            where = _sample_file(self._dataset, index)
+            where = sample_file(self._dataset, index)
             problem = CollateError(
                 f"sample {index}{f' ({where})' if where else ''} is {describe(signature(samples[position]))}, "
                 f"unlike the other {others} of its batch, which are {describe(majority)}: {first_error}")
-            records.append(_error_record(index, problem))
+            records.append(error_record(index, problem))
         if job.on_error != "skip":
-            raise _BatchFailed(records)
+            raise BatchFailed(records)
         kept = [s for p, s in enumerate(samples) if p not in set(odd)]
         kept_indices = [i for p, i in enumerate(indices) if p not in set(odd)]
         try:
             return collate_fn(kept), kept, records
         except Exception as exc:
-            raise _BatchFailed(records + self._whole_batch(job, kept_indices, exc))
+            raise BatchFailed(records + self._whole_batch(job, kept_indices, exc))
 
     @staticmethod
     def _whole_batch(job: Job, indices: list[int], exc: BaseException) -> list[dict[str, Any]]:
         """Records for a batch lost as a whole: under skip one per sample, so that the consumer counts every
         sample that did not arrive; else one, naming the first."""
         if job.on_error == "skip":
-            return [_error_record(i, exc) for i in indices]
-        return [_error_record(indices[0], exc)]
+            return [error_record(i, exc) for i in indices]
+        return [error_record(indices[0], exc)]
 
     def _assemble_fast(self, job: Job) -> Outcome:
         shape, dtype = self._layout
@@ -385,7 +286,7 @@ class Batcher:
         # ignores what the pool did not hand out, so a slot view needs no special case there
         buffer = room.view(dtype).reshape(batch_shape) if room is not None else self.pool.acquire(batch_shape, dtype)
         fresh = room is not None and self._fresh(job)
-        futures = [self._samples.submit(_read_row, self._dataset, i, buffer[row], job, fresh)
+        futures = [self._samples.submit(read_row, self._dataset, i, buffer[row], job, fresh)
                    for row, i in enumerate(job.indices)]
         labels, good, errors = [], [], []
         for row, (index, future) in enumerate(zip(job.indices, futures)):
@@ -393,7 +294,7 @@ class Batcher:
                 labels.append(future.result())
                 good.append(row)
             except Exception as exc:
-                errors.append(_error_record(index, exc))
+                errors.append(error_record(index, exc))
         if errors and (job.on_error == "raise" or not good):
             self.pool.release(buffer)
             return self._fail(job, errors)

@@ -11,7 +11,8 @@ from ferry import RemoteLoader
 from ferry.common import protocol
 from ferry.common.errors import RemoteSampleError
 from ferry.common.waker import Waker
-from ferry.producer.batcher import Batcher, Job, _sample_file
+from ferry.producer.batcher import Batcher, Job
+from ferry.producer.loading import sample_file
 
 
 class Misshapen:
@@ -98,7 +99,7 @@ def test_sample_files_come_from_the_dataset_where_it_says():
     class Root:
         path = "/only/a/root"
 
-    assert _sample_file(ImageFolderLike(), 1) == "/a/1.png"
-    assert _sample_file(Files(), 0) == "/b/0.npy"
-    assert _sample_file(Files(), 3) is None
-    assert _sample_file(Root(), 0) is None
+    assert sample_file(ImageFolderLike(), 1) == "/a/1.png"
+    assert sample_file(Files(), 0) == "/b/0.npy"
+    assert sample_file(Files(), 3) is None
+    assert sample_file(Root(), 0) is None
