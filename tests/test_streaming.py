@@ -271,6 +271,16 @@ def test_within_shard_shuffle_buffer_is_reproducible_whoever_serves():
         assert _run(loader) == reference(dataset, batch_size=4, shuffle=False), "no shuffle: no buffer"
 
 
+def _busy_local_producer(loader: RemoteLoader) -> int | None:
+    """The pid of a local producer that holds a task, or None (producers are named host:pid)."""
+    local = set(loader._local.pids)
+    for name, figures in loader.stats()["per_producer"].items():
+        pid = int(name.rsplit(":", 1)[1])
+        if figures["in_flight"] > 0 and pid in local:
+            return pid
+    return None
+
+
 def test_local_producer_sigkilled_mid_shard_changes_nothing():
     import signal
 
@@ -280,12 +290,18 @@ def test_local_producer_sigkilled_mid_shard_changes_nothing():
     got = []
     with RemoteLoader(dataset=dataset, local_producers=3, batch_size=4, shuffle=True, seed=21, heartbeat=0.2,
                       liveness=5, timeout=30, log_every=None) as loader:
+        wait_for(lambda: loader.stats()["producers"] == 3, 20, "3 producers")
+        victim = None
         for i, batch in enumerate(loader):
             got.append(as_pairs(batch))
-            if i == 10:
-                wait_for(lambda: loader.stats()["producers"] == 3, 20, "3 producers")
-                os.kill(loader._local.pids[1], signal.SIGKILL)
+            # from batch 10 on, kill the first local producer seen holding a task; the loop keeps consuming
+            # meanwhile, so producers stay busy (a held loop would let the window fill and all go idle)
+            if i >= 10 and victim is None:
+                victim = _busy_local_producer(loader)
+                if victim is not None:
+                    os.kill(victim, signal.SIGKILL)
         stats = loader.stats()
+    assert victim is not None, "no local producer was ever seen holding a task"
     assert got == expected
     assert stats["producers"] == 2
     assert stats["reissued"] >= 1, f"the victim held tasks (3 producers share 8 credits): {stats}"
