@@ -21,6 +21,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from ferry.common.constants import DEFAULT_MAX_ATTEMPTS
+
 
 @dataclass
 class ProducerInfo:
@@ -74,7 +76,7 @@ class Task:
 
 
 class Dispatcher:
-    def __init__(self, capacity: int, max_attempts: int = 3) -> None:
+    def __init__(self, capacity: int, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
         self.capacity = capacity
         self.max_attempts = max_attempts
         self._attempts: dict[int, list[Attempt]] = {}  # seq -> its lost attempts in this run

@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from ferry.common.constants import DEFAULT_MAX_ATTEMPTS
 from ferry.consumer.dispatcher import Attempt, Dispatcher, ProducerInfo
 
 
@@ -224,3 +225,49 @@ def test_a_task_issued_exactly_at_the_deadline_is_not_overdue():
     d.assign(held=0, now=10.0)
     assert d.overdue(deadline=10.0) == set()
     assert d.overdue(deadline=10.000001) == {b"a"}
+
+
+# --- what the mutation run found untested (.ci/mutation dispatcher) -------------------------------------------
+def test_attempts_and_poisoned_records_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Attempt("p", "died").cause = "other"  # type: ignore[misc]
+    d = Dispatcher(capacity=4, max_attempts=1)
+    d.start_run(1, range(1))
+    d.add(producer(b"a", slots=1))
+    d.lose(d.assign(held=0)[0].peer, "died")
+    (poisoned,) = d.take_poisoned()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        poisoned.seq = 5  # type: ignore[misc]
+
+
+def test_the_default_max_attempts_is_the_documented_one_and_nothing_is_poisoned_before_a_run():
+    d = Dispatcher(capacity=1)
+    assert d.max_attempts == DEFAULT_MAX_ATTEMPTS == 3
+    d.add(producer(b"a", slots=1))
+    d.lose(b"a", "died")  # a producer lost before any run held nothing
+    assert d.take_poisoned() == []
+
+
+def test_drop_removes_a_task_without_reissue_and_frees_its_slot():
+    d = Dispatcher(capacity=4)
+    d.start_run(1, range(3))
+    d.add(producer(b"a", slots=2))
+    first, _ = d.assign(held=0)
+    assert d.drop(first.task) == first
+    assert d.drop(first.task) is None  # gone: a second drop finds nothing
+    assert d.in_flight == 1 and d.producers[b"a"].free_slots == 1
+    assert d.queued == 1 and d.reissued == 0  # not queued again: its seq ends in an error instead
+    assert [t.seq for t in d.assign(held=0)] == [2]
+
+
+def test_overdue_tasks_by_peer_strictly_before_the_deadline():
+    d = Dispatcher(capacity=3)
+    d.start_run(1, range(4))
+    d.add(producer(b"a", slots=2))
+    d.add(producer(b"b", slots=2))
+    (early,) = d.assign(held=2, now=1.0)
+    (late,) = d.assign(held=1, now=2.0)
+    assert early.peer != late.peer
+    assert d.overdue_tasks(1.0) == {}  # issued at the deadline is not overdue
+    assert d.overdue_tasks(1.5) == {early.peer: {early.task}}
+    assert d.overdue_tasks(3.0) == {early.peer: {early.task}, late.peer: {late.task}}

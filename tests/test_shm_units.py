@@ -5,11 +5,15 @@ import errno
 import gc
 import mmap
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from ferry.common import shm
+
+from .helpers import wait_for
 
 # decided here, not by shm.available(): a bug there must fail the test below, not skip every test
 HAS_SHM = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
@@ -192,3 +196,19 @@ def test_place_copies_an_outside_array_and_only_references_one_already_there():
     inside = writer.region[64:80]
     assert writer.place(inside) == 64 and writer.used == 80  # no second copy
     assert writer.place(np.zeros(200, np.uint8)) is None and writer.used == 80
+
+
+def test_a_zombie_whose_name_holds_a_parenthesis_counts_as_exited():
+    """/proc/PID/stat puts the process name in parentheses, and a name may hold ')' itself: the state is
+    the field after the LAST ')'. A lost producer's slots must come back once it is a zombie."""
+    child = subprocess.Popen([sys.executable, "-c", "open('/proc/self/comm', 'w').write('odd) (name')"])
+    try:
+        def zombie() -> bool:
+            with open(f"/proc/{child.pid}/stat", "rb") as f:
+                stat = f.read()
+            return b"odd) (name" in stat and stat.rsplit(b")", 1)[1].split()[0] == b"Z"
+
+        wait_for(zombie, 30, "the child to exit and stay a zombie (it is not reaped yet)")
+        assert shm.process_exists(child.pid) is False
+    finally:
+        child.wait(30)
