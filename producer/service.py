@@ -8,8 +8,9 @@ the socket, log.
 
 Threads: the main loop (this module), plus the batcher's pools (:mod:`ferry.producer.batcher`). Shutdown order,
 on SIGTERM / SIGINT / ``stop()``: the main loop leaves its poll, says BYE on every serving connection,
-stops the batcher (waits for running samples, cancels queued ones), then closes sockets with LINGER=0
-(BYE_LINGER_MS where a BYE was queued) and terminates its own zmq context.
+closes sockets with LINGER=0 (BYE_LINGER_MS where a BYE was queued: the frames still queued are dropped,
+which hands their pooled buffers back), stops the batcher (waits for running samples, cancels queued
+ones), then terminates its own zmq context.
 """
 
 from __future__ import annotations
@@ -249,10 +250,13 @@ class Producer:
     def _close(self) -> None:
         if self._metrics is not None:
             self._metrics.close()
-        self._batcher.close()
-        self._resolver.close()  # ends after the lookup in progress, if any (not waited for)
+        # sockets first: closing them drops the frames still queued to a consumer (after a BYE's bounded
+        # linger), which hands their pooled buffers back. A batch job waiting for such a buffer would
+        # otherwise hold the batcher's shutdown for BUFFER_ACQUIRE_TIMEOUT_S. Batch jobs never touch sockets.
         for link in self._links.values():
             link.sock.close(linger=BYE_LINGER_MS if link.said_bye else 0)  # let a BYE leave, bounded
+        self._batcher.close()
+        self._resolver.close()  # ends after the lookup in progress, if any (not waited for)
         self._ctx.term()
         self._waker.close()
 
