@@ -258,48 +258,13 @@ class PlainSynthetic:
 
 def test_general_path_buffers_are_reused_only_after_libzmq_is_done_with_them(endpoint):
     """tests/test_producer_buffers.py's slow-reader check, on rows written by the general path."""
-    import threading
-
-    import zmq
-
     from ferry.common.datasets import SyntheticDataset
-    from ferry.producer import ProducerConfig
-    from ferry.producer.service import Producer
 
     from . import test_producer_buffers as slow
-    from .helpers import pooled_buffer_ids, producer_buffer_pool
+    from .helpers import pooled_buffer_ids
 
     dataset = PlainSynthetic(SyntheticDataset(length=64, shape=[1 << 20], dtype="uint8"))
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.setsockopt(zmq.RCVHWM, 1)
-    router.setsockopt(zmq.RCVBUF, 1 << 16)
-    router.bind(endpoint)
-    producer = Producer(ProducerConfig(endpoints=(endpoint,), dataset="synthetic", threads=4, slots=8,
-                                       heartbeat=0.2), dataset)
-    pool = producer_buffer_pool(producer)
-    acquired = []
-    real_acquire = pool.acquire
-
-    def spy(*a, **k):
-        buffer = real_acquire(*a, **k)
-        acquired.append(id(buffer))
-        return buffer
-
-    pool.acquire = spy
-    serving = threading.Thread(target=producer.run, name="test-producer")
-    serving.start()
-    try:
-        assert router.poll(20_000), "the producer never said HELLO"
-        peer, hello = router.recv_multipart()
-        checked = slow._serve_slowly(router, peer, protocol.parse_header(hello)["nonce"], dataset)
-    finally:
-        producer.stop()
-        serving.join(20)
-        router.close(0)
-        ctx.term()
-    assert not serving.is_alive()
+    checked, acquired, pool = slow.serve_slowly_watching_the_pool(endpoint, dataset)
     assert checked == slow.TASKS
     owned = pooled_buffer_ids(pool)
     assert len(acquired) == slow.TASKS, "a batch that did not take the rows path"

@@ -8,6 +8,7 @@ batches. Every batch that arrives must equal the dataset, and the pooled buffers
 
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import zmq
@@ -59,8 +60,10 @@ def _serve_slowly(router: zmq.Socket, peer: bytes, nonce: int, dataset: Syntheti
     return checked
 
 
-def test_pooled_send_buffers_are_reused_only_after_libzmq_is_done_with_them(endpoint):
-    dataset = SyntheticDataset(length=64, shape=[1 << 20], dtype="uint8")  # 4 MiB batches over tcp
+def serve_slowly_watching_the_pool(endpoint: str, dataset: Any) -> tuple[int, list[int], Any]:
+    """A real producer serving ``dataset`` to a slow hand-made consumer (``_serve_slowly``, which checks
+    every batch against the dataset), with its pool's ``acquire`` watched. Returns the batches checked, the
+    ids of the buffers the pool handed out, in order, and the pool."""
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
@@ -91,6 +94,12 @@ def test_pooled_send_buffers_are_reused_only_after_libzmq_is_done_with_them(endp
         router.close(0)
         ctx.term()
     assert not serving.is_alive()
+    return checked, acquired, pool
+
+
+def test_pooled_send_buffers_are_reused_only_after_libzmq_is_done_with_them(endpoint):
+    dataset = SyntheticDataset(length=64, shape=[1 << 20], dtype="uint8")  # 4 MiB batches over tcp
+    checked, acquired, pool = serve_slowly_watching_the_pool(endpoint, dataset)
     assert checked == TASKS
     owned = pooled_buffer_ids(pool)
     reuses = sum(1 for i in acquired if i in owned) - len(owned)
