@@ -1,7 +1,7 @@
 """Soak: producers are killed and restarted every few seconds while a slow loop trains, epoch after epoch.
 Every epoch is complete and exact; consumer and producer RSS and fd counts stay flat.
 
-The default suite runs 30 seconds; ``pytest -m soak`` runs 10 minutes (FERRY_SOAK_SECONDS overrides).
+The default suite runs 15 seconds; ``pytest -m soak`` runs 10 minutes (FERRY_SOAK_SECONDS overrides).
 """
 
 import os
@@ -78,8 +78,8 @@ def check_flat(result: dict) -> None:
     assert result["stats"]["reissued"] > 0
 
 
-def test_soak_30_seconds(endpoint, spawn):
-    check_flat(soak(endpoint, spawn, float(os.environ.get("FERRY_SOAK_SHORT_SECONDS", 30))))
+def test_soak_15_seconds(endpoint, spawn):
+    check_flat(soak(endpoint, spawn, float(os.environ.get("FERRY_SOAK_SHORT_SECONDS", 15))))
 
 
 @pytest.mark.soak
