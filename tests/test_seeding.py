@@ -11,7 +11,7 @@ import ferry
 from ferry import RemoteLoader
 from ferry.common.sampleinfo import sample_seed
 
-from .helpers import assert_tree_equal
+from .helpers import assert_tree_equal, wait_for
 from .random_datasets import Augmented, Draws, WorkerView
 
 
@@ -84,20 +84,29 @@ def test_sample_info_augmentation_is_the_same_with_1_and_3_producers():
 
 
 def test_sample_info_augmentation_survives_a_producer_killed_mid_epoch(spawn, endpoint):
-    with RemoteLoader(dataset=Augmented(48), local_producers=1, batch_size=8, shuffle=True, seed=3,
+    with RemoteLoader(dataset=Augmented(96), local_producers=1, batch_size=8, shuffle=True, seed=3,
                       timeout=60) as loader:
         expected = _augmented_batches(loader, epochs=1)
     with RemoteLoader(endpoint=endpoint, batch_size=8, shuffle=True, seed=3, timeout=60, heartbeat=0.1,
                       liveness=3) as loader:
-        producers = [spawn(endpoint, "tests.random_datasets:Augmented", {"length": 48, "delay": 0.02},
-                           threads=1, slots=1) for _ in range(3)]
-        got = []
+        producers = {p.pid: p for p in (spawn(endpoint, "tests.random_datasets:Augmented",
+                                              {"length": 96, "delay": 0.02}, threads=1, slots=1)
+                                        for _ in range(3))}
+        wait_for(lambda: loader.stats()["producers"] == 3, 30, "3 producers")
+        got, victim = [], None
         for x, y in loader:
             got.append([x.clone(), y.clone()])
-            if len(got) == 2:
-                producers[0].kill()
+            # from batch 2 on, kill the first producer seen holding a task (producers are named host:pid);
+            # the loop keeps consuming meanwhile, so the others stay busy
+            if victim is None and len(got) >= 2:
+                busy = [int(name.rsplit(":", 1)[1]) for name, figures in loader.stats()["per_producer"].items()
+                        if figures["in_flight"] > 0]
+                victim = next((producers[pid] for pid in busy if pid in producers), None)
+                if victim is not None:
+                    victim.kill()
+        assert victim is not None, "no producer was ever seen holding a task"
         assert loader.stats()["reissued"] >= 1, "the killed producer held no task: nothing was re-issued"
-    assert len(got) == len(expected) == 6
+    assert len(got) == len(expected) == 12
     for i, (a, b) in enumerate(zip(got, expected)):
         assert_tree_equal(a, b, f"batch {i}")
 
