@@ -16,7 +16,8 @@ class Waker:
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._read_fd, False)
         os.set_blocking(self._write_fd, False)
-        self._lock = threading.Lock()
+        # re-entrant: a signal handler may call wake() on a thread already inside wake() or close()
+        self._lock = threading.RLock()
         self._closed = False
 
     def fileno(self) -> int:

@@ -20,7 +20,6 @@ import logging
 import os
 import queue
 import socket as pysocket
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -73,7 +72,7 @@ class Producer:
         self.fingerprint = dataset_fingerprint(dataset)
         self.producer_id = uuid.uuid4().hex[:12]
         self.name = f"{pysocket.gethostname()}:{os.getpid()}"
-        self._stop = threading.Event()
+        self._stop_requested = False  # a plain flag: stop() runs in signal handlers, which must take no lock
         self._waker = Waker()
         self._done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._ctx = zmq.Context()
@@ -112,8 +111,13 @@ class Producer:
 
     # --- public -------------------------------------------------------------------------------------
     def stop(self) -> None:
-        """Ask the main loop to finish. Safe from any thread and from a signal handler."""
-        self._stop.set()
+        """Ask the main loop to finish. Safe from any thread and from a signal handler.
+
+        It takes no lock of its own: a handler runs on the main thread between two bytecodes, possibly inside
+        a lock the main thread holds, and two SIGTERMs in a row (the parent's death signal, then the loader's
+        terminate) once deadlocked a producer inside threading.Event.set. The waker's lock is re-entrant for
+        the same reason."""
+        self._stop_requested = True
         self._waker.wake()
 
     def run(self) -> int:
@@ -130,7 +134,7 @@ class Producer:
             poller.register(link.sock, zmq.POLLIN)
         code = EXIT_OK
         try:
-            while not self._stop.is_set():
+            while not self._stop_requested:
                 rejected = exit_code(link.conn for link in self._links.values())
                 if rejected is not None:
                     log.error("every consumer rejected this producer permanently; exiting")

@@ -330,3 +330,25 @@ def test_rejoin_after_a_consumer_restart():
     assert conn.receive(header, 1, 104.6) == [RunTask(header)]
     with pytest.raises(ProtocolError):
         conn.receive(task(session=0xA), 1, 104.7)
+
+
+def test_stop_from_a_signal_handler_that_interrupted_the_waker_does_not_deadlock():
+    """A second SIGTERM once deadlocked a producer: its handler ran stop() on the main thread while that
+    thread was inside a lock stop() needed. stop() must complete even when its thread holds the waker's lock."""
+    import threading
+
+    from ferry.common.waker import Waker
+
+    waker = Waker()
+    done = threading.Event()
+
+    def handler_inside_wake():  # what a signal handler does when it interrupts wake() on the same thread
+        with waker._lock:
+            waker.wake()
+        done.set()
+
+    worker = threading.Thread(target=handler_inside_wake, daemon=True)
+    worker.start()
+    worker.join(5)
+    waker.close()
+    assert done.is_set(), "wake() deadlocked on its own thread's lock"
