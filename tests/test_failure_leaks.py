@@ -1,6 +1,7 @@
 """Nothing leaks on the failure paths either: after NoProducersError, a failed bind, a failover, a loop that
 raises, and producers that cannot start, no thread, fd, child process or slab mapping is left."""
 
+import contextlib
 import gc
 import os
 import signal
@@ -26,35 +27,36 @@ def test_no_producers_error_leaves_nothing(endpoint):
     check.assert_clean()
 
 
-def test_a_failed_bind_leaves_nothing(endpoint):
+@contextlib.contextmanager
+def _port_taken(endpoint: str):
+    """Another socket listens on the endpoint's port for the duration: a loader cannot bind it."""
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind(("127.0.0.1", int(endpoint.rsplit(":", 1)[1])))
         holder.listen(1)
+        yield
+    finally:
+        holder.close()
+
+
+def test_a_failed_bind_leaves_nothing(endpoint):
+    with _port_taken(endpoint):
         check = FullLeakCheck()
         with pytest.raises(ConfigError, match="cannot bind"):
             RemoteLoader(endpoint=endpoint, batch_size=2, timeout=5)
         check.assert_clean()
-    finally:
-        holder.close()
 
 
 @needs_shm
 def test_a_failed_bind_in_local_mode_stops_the_producers_and_frees_the_slab(endpoint):
     """The local producers and the slab exist before the bind: a failed bind must take them down too."""
-    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        holder.bind(("127.0.0.1", int(endpoint.rsplit(":", 1)[1])))
-        holder.listen(1)
+    with _port_taken(endpoint):
         check = FullLeakCheck()
         with pytest.raises(ConfigError, match="cannot bind"):
             RemoteLoader(endpoint=endpoint, dataset="synthetic", dataset_args={"length": 8}, local_producers=2,
                          batch_size=2, timeout=5)
         check.assert_clean()
-    finally:
-        holder.close()
 
 
 def test_producers_that_cannot_start_leave_nothing():
