@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -53,6 +54,9 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
         dataset = Transformed(dataset, config.transform)
     if isinstance(config.collate, str):
         config = dataclasses.replace(config, collate=resolve_callable(config.collate, "collate function"))
+    if config.exit_with_parent and "torch" in sys.modules:  # a local producer, maybe forked from the trainer:
+        # as DataLoader's workers do; a fork inherits torch's OpenMP pool unusable ("Invalid thread pool!")
+        sys.modules["torch"].set_num_threads(1)
     seed_process(config.seed, worker_id=config.worker_id, num_workers=config.num_workers, dataset=dataset)
     if config.init is not None:
         init = resolve_callable(config.init, "init function") if isinstance(config.init, str) else config.init
