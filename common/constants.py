@@ -66,11 +66,22 @@ SOCKET_HWM = 1000
 #: Largest batch a consumer accepts by default. It is the consumer's ZMQ_MAXMSGSIZE (libzmq drops a
 #: connection that sends a bigger frame) and the bound on a decoded batch's total array bytes.
 DEFAULT_MAX_BATCH_BYTES = 1 << 31
-#: Array leaves larger than this travel as several frames of at most this size. libzmq allocates each
-#: received frame afresh; glibc serves allocations up to 32 MiB from reused heap memory once its mmap
-#: threshold has adapted, but anything larger is a fresh mmap with a page fault per 4 KiB. Bounded frames
-#: keep the receive path on warm memory. [Unit: byte]
+#: Array leaves larger than this travel as several frames of at most this size, when the consumer announces
+#: no bound of its own (a consumer of an earlier version). [Unit: byte]
 FRAME_CHUNK_BYTES = 8 << 20
+#: The bound a consumer announces in WELCOME (``frame_bytes``): leaves up to it travel as one frame, larger
+#: ones as frames of this size that the consumer copies back together (``Chunked``). libzmq allocates each
+#: received frame with malloc; the consumer raises glibc's mmap threshold to HEAP_BLOCK_BYTES (32 MiB, glibc's
+#: ceiling on 64-bit; see ferry.common.heap), so every frame below it is served from reused heap memory, with no
+#: page fault. A frame at or above it is a fresh mmap every time: a page fault and a zeroed page per 4 KiB
+#: (a 149 MB leaf sent whole: ~36k faults a batch). 24 MiB stays clear of the ceiling with room for libzmq's
+#: and malloc's headers, and leaves the common batch sizes (up to 24 MiB a leaf) unsplit and uncopied.
+#: Measured in docs/tuning.md#frame-size. [Unit: byte]
+DEFAULT_FRAME_BYTES = 24 << 20
+#: The bounds a producer clamps an announced ``frame_bytes`` into: a hostile or broken WELCOME can neither
+#: make a batch exceed MAX_FRAMES frames (2 GiB / 4 MiB = 512) nor do more than send leaves unsplit. [Unit: byte]
+MIN_FRAME_BYTES = 4 << 20
+MAX_FRAME_BYTES = 1 << 31
 #: Largest header frame (frame 0) we decode.
 MAX_HEADER_BYTES = 1 << 20
 #: Batch tree bounds: nesting depth, number of leaves, number of array frames, array rank.

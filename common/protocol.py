@@ -11,7 +11,8 @@ reason. Callers count and drop; they never let it escape a loop.
 Fields (docs/ARCHITECTURE.md#messages): TASK carries ``task`` (a unique id of this issuance, so that a re-issued
 batch and its late twin are told apart without guessing) and ``on_error``; BATCH and FAIL echo ``task``;
 HELLO carries ``nonce``, which changes whenever the producer drops its state for this consumer.
-Optional: HELLO ``shm`` (the token of the consumer's shared-memory slab the producer mapped) and TASK
+Optional: WELCOME ``frame_bytes`` (leaves up to that many bytes travel as one frame; without it, the
+producer splits leaves over FRAME_CHUNK_BYTES), HELLO ``shm`` (the token of the consumer's shared-memory slab the producer mapped) and TASK
 ``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written; see :mod:`ferry.common.shm`).
 """
 
@@ -102,6 +103,8 @@ SCHEMAS: dict[str, dict[str, Check]] = {
 #: Optional fields, checked when present.
 OPTIONAL: dict[str, dict[str, Check]] = {
     HELLO: {"shm": _str},
+    # the largest array leaf the consumer wants as one frame; the producer clamps it (MIN/MAX_FRAME_BYTES)
+    WELCOME: {"frame_bytes": lambda v: _uint(v) and v > 0},
     TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0,
            "seed": _uint,  # the loader's seed, from which each sample's sample_info().seed is derived
            # a sharded dataset's task: [batch k, batch_size, drop_last, shuffle] of the shard indices[0] names

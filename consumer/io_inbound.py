@@ -17,6 +17,7 @@ import time
 from typing import Any, Iterable
 
 from ferry.common import protocol
+from ferry.common.constants import DEFAULT_FRAME_BYTES
 from ferry.common.errors import ProtocolError, SampleIndexError, VersionMismatch
 from ferry.common.shm import SlotLedger
 
@@ -142,7 +143,8 @@ class Inbound:
         if admission.joined is not None:
             log.info("producer %s joined (%d slots); %d live", admission.name, admission.joined.slots, admission.live)
         self._router.send(peer, [protocol.pack(protocol.WELCOME, session=self.session,
-                                               heartbeat=self.config.heartbeat, nonce=header["nonce"])])
+                                               heartbeat=self.config.heartbeat, nonce=header["nonce"],
+                                               frame_bytes=DEFAULT_FRAME_BYTES)])
 
     # --- results ------------------------------------------------------------------------------------
     def _claim(self, info: ProducerInfo, header: dict[str, Any]) -> Task | None:

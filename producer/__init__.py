@@ -19,19 +19,13 @@ import sys
 import threading
 from typing import Any
 
+from ferry.common.heap import HEAP_BLOCK_BYTES, KEEP_FREED_BYTES, keep_freed_memory  # noqa: F401 (re-exported)
 from ferry.producer.config import ProducerConfig
 
 __all__ = ["serve", "ProducerConfig", "keep_freed_memory"]
 
 _PR_SET_PDEATHSIG = 1
-# glibc's mallopt parameters (malloc.h) and the values a producer sets
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-#: Freed heap memory up to this much stays in the process instead of going back to the kernel. [Unit: byte]
-KEEP_FREED_BYTES = 1 << 30
-#: Blocks up to this size come from the heap, so they are reused after a free, not mapped afresh each time.
-#: glibc's own ceiling for this setting on 64-bit (HEAP_MAX / 2). [Unit: byte]
-HEAP_BLOCK_BYTES = 32 << 20
+# keep_freed_memory (and its constants) lives in ferry.common.heap: the consumer sets it too
 
 
 def serve(config: ProducerConfig, dataset: Any = None) -> int:
@@ -75,28 +69,6 @@ def install_signal_handlers(producer: Any) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-
-
-def keep_freed_memory() -> bool:
-    """Have glibc keep freed memory in this process rather than return it to the kernel after every batch.
-
-    A producer frees and re-allocates the same large blocks for every batch (a user dataset's
-    ``np.load`` result per sample, collation's batch). By default glibc trims its heaps and unmaps large
-    blocks on free, so every batch pays page faults and page zeroing on fresh memory. Raising the mmap and
-    trim thresholds keeps those blocks for reuse. Once per process, at ``serve()``; True if applied. A no-op
-    (False) where the C library is not glibc.
-    """
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    ok = bool(mallopt(_M_MMAP_THRESHOLD, HEAP_BLOCK_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
-    if not ok:
-        logging.getLogger("ferry.producer").debug("mallopt refused the producer's memory settings")
-    return ok
 
 
 def _die_with_parent() -> None:

@@ -66,6 +66,7 @@ class Job:
     slot: Any = None  # a ferry.common.shm.SlotWriter: the consumer's shared memory to write this batch into
     seed: int = 0  # the loader's seed: sample_info().seed derives from (seed, epoch, index)
     shard: Any = None  # a sharded dataset's task: [k, batch_size, drop_last] of shard indices[0] (producer/shards.py)
+    frame_bytes: int = FRAME_CHUNK_BYTES  # array leaves up to this travel as one frame (the consumer's WELCOME)
 
 
 @dataclass
@@ -179,7 +180,7 @@ class Batcher:
                 job.slot.used = 0
             if samples:  # relearn, should the layout be an odd sample's or the data have changed shape
                 self._learn(samples[0])
-        spec, array_frames = encode_tree(tree, chunk_bytes=FRAME_CHUNK_BYTES, slot=job.slot)
+        spec, array_frames = encode_tree(tree, chunk_bytes=job.frame_bytes, slot=job.slot)
         header = protocol.pack(
             protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq, tree=spec, errors=errors
         )
@@ -303,7 +304,7 @@ class Batcher:
             self.pool.release(buffer)
         else:
             array, pooled = buffer, (buffer if room is None else None)
-        spec, array_frames = encode_tree([array, np.asarray(labels, dtype=np.int64)], chunk_bytes=FRAME_CHUNK_BYTES,
+        spec, array_frames = encode_tree([array, np.asarray(labels, dtype=np.int64)], chunk_bytes=job.frame_bytes,
                                          slot=job.slot)
         header = protocol.pack(
             protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq, tree=spec, errors=errors

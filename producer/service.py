@@ -29,8 +29,8 @@ import zmq
 
 from ferry.common import protocol
 from ferry.common.constants import (
-    BYE_LINGER_MS, HEARTBEAT_S, MAX_HEADER_BYTES, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST,
-    RECONNECT_IVL_MAX_MS, RECONNECT_IVL_MS, SOCKET_HWM,
+    BYE_LINGER_MS, FRAME_CHUNK_BYTES, HEARTBEAT_S, MAX_FRAME_BYTES, MAX_HEADER_BYTES, MIN_FRAME_BYTES,
+    POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST, RECONNECT_IVL_MAX_MS, RECONNECT_IVL_MS, SOCKET_HWM,
 )
 from ferry.common.datasets import dataset_fingerprint
 from ferry.common.errors import ConfigError, ProtocolError
@@ -59,6 +59,7 @@ class Link:
     sock: zmq.Socket
     conn: Connection
     said_bye: bool = False
+    frame_bytes: int = FRAME_CHUNK_BYTES  # leaves up to this travel as one frame: what its WELCOME announced
 
 
 class Producer:
@@ -192,7 +193,8 @@ class Producer:
         link.conn.task_started()
         self._batcher.submit(
             Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
-                header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"))
+                header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"),
+                frame_bytes=link.frame_bytes)
         )
 
     # --- sockets ------------------------------------------------------------------------------------
@@ -274,6 +276,8 @@ class Producer:
             try:
                 header = protocol.parse_header(frames[0])
                 self._apply(link, link.conn.receive(header, len(frames), time.monotonic()))
+                if header["type"] == protocol.WELCOME:  # accepted (a WELCOME for another HELLO raised above)
+                    link.frame_bytes = announced_frame_bytes(header)
             except ProtocolError as exc:
                 self.invalid_messages += 1
                 self._invalid_log.warning("invalid message #%d from %s dropped: %s", self.invalid_messages,
@@ -338,6 +342,15 @@ class Producer:
         beat = min((link.conn.heartbeat for link in self._links.values()), default=HEARTBEAT_S)
         return max(POLL_MIN_MS, int(beat * POLL_HEARTBEAT_FRACTION * 1000))
 
+
+
+def announced_frame_bytes(welcome: dict[str, Any]) -> int:
+    """The frame bound a WELCOME announces (validated as a positive int by parse_header), clamped into
+    [MIN_FRAME_BYTES, MAX_FRAME_BYTES]; FRAME_CHUNK_BYTES for a consumer that announces none."""
+    announced = welcome.get("frame_bytes")
+    if announced is None:
+        return FRAME_CHUNK_BYTES
+    return min(max(announced, MIN_FRAME_BYTES), MAX_FRAME_BYTES)
 
 
 def _index_fail(action: FailTask) -> bytes:

@@ -29,7 +29,6 @@ from typing import Any, Callable, Iterator
 
 from ferry.common import protocol
 from ferry.common.codec import encode_tree
-from ferry.common.constants import FRAME_CHUNK_BYTES
 from ferry.common.sampleinfo import loading
 from ferry.common.shardplan import SHARD_STRIDE, shard_names, shuffle_buffer, shuffled
 
@@ -108,7 +107,7 @@ class ShardRunner:
                                    tree=None, errors=[], count=0, last=True)
             return _outcome(job, [header])
         tree = self._collate(samples)
-        spec, frames = encode_tree(tree, chunk_bytes=FRAME_CHUNK_BYTES, slot=job.slot)
+        spec, frames = encode_tree(tree, chunk_bytes=job.frame_bytes, slot=job.slot)
         header = protocol.pack(protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq,
                                tree=spec, errors=[], count=len(samples), last=last)
         return _outcome(job, [header, *frames])

@@ -1,0 +1,106 @@
+"""The processes of the ingest scenario (benchmarks/scenarios.py, scenario 4): each peer in its own process,
+Ferry's and raw pyzmq's alike, so that neither side shares an interpreter or a heap with the benchmark.
+
+python -m benchmarks.ingest_peers ferry-consume ENDPOINT MIB COUNT   # RemoteLoader, prints GB/s and faults
+python -m benchmarks.ingest_peers raw-pull ENDPOINT MIB COUNT        # PULL + recv_multipart(copy=False)
+python -m benchmarks.ingest_peers raw-push ENDPOINT MIB COUNT        # PUSH, same-size frames
+(Ferry's sender is a plain ``python -m ferry.producer`` serving ``benchmarks.datasets:Blank``.)
+
+A receiver binds ENDPOINT, takes WARMUP batches, then times COUNT batches and prints one JSON line:
+``{"gbps": ..., "minflt_per_gb": ..., "cpu_s": ...}``. Each hands every batch to its loop as a tensor
+(``torch.frombuffer`` for raw pyzmq, Ferry's own staging for Ferry): the same work a training loop sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+
+WARMUP = 8
+
+
+def _usage() -> tuple[int, float]:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_minflt, r.ru_utime + r.ru_stime
+
+
+def _report(nbytes: int, took: float, faults: int, cpu: float) -> None:
+    print(json.dumps({"gbps": nbytes / took / 1e9, "minflt_per_gb": faults / (nbytes / 1e9), "cpu_s": cpu,
+                      "seconds": took}), flush=True)
+
+
+def ferry_consume(endpoint: str, mib: float, count: int) -> None:
+    from ferry import RemoteLoader
+
+    with RemoteLoader(endpoint=endpoint, batch_size=1, buffer_batches=int(os.environ.get("BENCH_BUFFER", "8")), timeout=120, heartbeat=0.2) as loader:
+        it = iter(loader)
+        for _ in range(WARMUP):
+            next(it)
+        faults, cpu = _usage()
+        start = time.perf_counter()
+        nbytes = 0
+        for _ in range(count):
+            nbytes += next(it)[0].numel()
+        took = time.perf_counter() - start
+        faults2, cpu2 = _usage()
+    _report(nbytes, took, faults2 - faults, cpu2 - cpu)
+
+
+def raw_pull(endpoint: str, mib: float, count: int) -> None:
+    import torch
+    import zmq
+
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.RCVHWM, 4)
+    pull.setsockopt(zmq.LINGER, 0)
+    pull.bind(endpoint)
+    try:
+        for _ in range(WARMUP):
+            pull.recv_multipart(copy=False)
+        faults, cpu = _usage()
+        start = time.perf_counter()
+        nbytes = 0
+        for _ in range(count):
+            frames = pull.recv_multipart(copy=False)
+            batch = [torch.frombuffer(f.buffer, dtype=torch.uint8) for f in frames[1:]]
+            nbytes += batch[0].numel()
+            del batch, frames
+        took = time.perf_counter() - start
+        faults2, cpu2 = _usage()
+    finally:
+        pull.close(0)
+        ctx.term()
+    _report(nbytes, took, faults2 - faults, cpu2 - cpu)
+
+
+def raw_push(endpoint: str, mib: float, count: int) -> None:
+    import numpy as np
+    import zmq
+
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 4)
+    push.setsockopt(zmq.LINGER, 5000)
+    push.connect(endpoint)
+    data = np.zeros(int(mib * (1 << 20)), np.uint8)
+    labels = np.zeros(1, np.int64)
+    header = b"\x80" * 96  # about the size of Ferry's BATCH header
+    for _ in range(WARMUP + count):
+        push.send_multipart([header, data, labels], copy=False)
+    push.close()
+    ctx.term()
+
+
+def main(argv: list[str]) -> int:
+    mode, endpoint, mib, count = argv[0], argv[1], float(argv[2]), int(argv[3])
+    {"ferry-consume": ferry_consume, "raw-pull": raw_pull, "raw-push": raw_push}[mode](endpoint, mib, count)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main(sys.argv[1:]))
