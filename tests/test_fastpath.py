@@ -80,11 +80,12 @@ def test_pool_reuses_a_buffer_only_after_its_send_completed():
 
 
 def test_chunked_batches_land_in_reused_host_buffers_released_by_the_loop():
-    """Batches bigger than a frame chunk (over the socket) are assembled into pooled buffers that return
-    as soon as the loop drops them: no garbage collection needed (no reference cycle holds a batch)."""
-    from ferry.common.constants import FRAME_CHUNK_BYTES
+    """Batches bigger than the frame bound the loader announces (over the socket) are assembled into pooled
+    buffers that return as soon as the loop drops them: no garbage collection needed (no reference cycle
+    holds a batch)."""
+    from ferry.common.constants import DEFAULT_FRAME_BYTES
 
-    mib = 2 * FRAME_CHUNK_BYTES / (1 << 20) + 0.5  # three frames per batch
+    mib = 2 * DEFAULT_FRAME_BYTES / (1 << 20) + 0.5  # three frames per batch
     with RemoteLoader(dataset="synthetic", dataset_args={"length": 12, "shape": [int(mib * (1 << 20))],
                                                          "dtype": "uint8"},
                       local_producers=1, batch_size=1, heartbeat=0.2, timeout=30, shared_memory=False) as loader:
