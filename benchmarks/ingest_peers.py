@@ -1,7 +1,7 @@
 """The processes of the ingest scenario (benchmarks/scenarios.py, scenario 4): each peer in its own process,
 Ferry's and raw pyzmq's alike, so that neither side shares an interpreter or a heap with the benchmark.
 
-python -m benchmarks.ingest_peers ferry-consume ENDPOINT MIB COUNT   # RemoteLoader, prints GB/s and faults
+python -m benchmarks.ingest_peers ferry-consume ENDPOINT MIB COUNT [BUFFER_BATCHES]  # RemoteLoader
 python -m benchmarks.ingest_peers raw-pull ENDPOINT MIB COUNT        # PULL + recv_multipart(copy=False)
 python -m benchmarks.ingest_peers raw-push ENDPOINT MIB COUNT        # PUSH, same-size frames
 (Ferry's sender is a plain ``python -m ferry.producer`` serving ``benchmarks.datasets:Blank``.)
@@ -32,10 +32,10 @@ def _report(nbytes: int, took: float, faults: int, cpu: float) -> None:
                       "seconds": took}), flush=True)
 
 
-def ferry_consume(endpoint: str, mib: float, count: int) -> None:
+def ferry_consume(endpoint: str, mib: float, count: int, buffer_batches: int = 8) -> None:
     from ferry import RemoteLoader
 
-    with RemoteLoader(endpoint=endpoint, batch_size=1, buffer_batches=8, timeout=120, heartbeat=0.2) as loader:
+    with RemoteLoader(endpoint=endpoint, batch_size=1, buffer_batches=buffer_batches, timeout=120, heartbeat=0.2) as loader:
         it = iter(loader)
         for _ in range(WARMUP):
             next(it)
@@ -49,7 +49,7 @@ def ferry_consume(endpoint: str, mib: float, count: int) -> None:
     _report(nbytes, took, faults2 - faults, cpu2 - cpu)
 
 
-def raw_pull(endpoint: str, mib: float, count: int) -> None:
+def raw_pull(endpoint: str, mib: float, count: int, *_: int) -> None:
     import torch
     import zmq
 
@@ -77,7 +77,7 @@ def raw_pull(endpoint: str, mib: float, count: int) -> None:
     _report(nbytes, took, faults2 - faults, cpu2 - cpu)
 
 
-def raw_push(endpoint: str, mib: float, count: int) -> None:
+def raw_push(endpoint: str, mib: float, count: int, *_: int) -> None:
     import numpy as np
     import zmq
 
@@ -96,8 +96,8 @@ def raw_push(endpoint: str, mib: float, count: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    mode, endpoint, mib, count = argv[0], argv[1], float(argv[2]), int(argv[3])
-    {"ferry-consume": ferry_consume, "raw-pull": raw_pull, "raw-push": raw_push}[mode](endpoint, mib, count)
+    mode, endpoint, mib, count, *more = argv[0], argv[1], float(argv[2]), int(argv[3]), *map(int, argv[4:])
+    {"ferry-consume": ferry_consume, "raw-pull": raw_pull, "raw-push": raw_push}[mode](endpoint, mib, count, *more)
     return 0
 
 
