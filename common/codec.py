@@ -165,11 +165,11 @@ def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None, 
     """
     if len(frames) > MAX_FRAMES:
         raise ProtocolError(f"{len(frames)} frames, more than {MAX_FRAMES}")
+    total = sum(len(f) for f in frames)
     if max_bytes is not None:
-        total = sum(len(f) for f in frames)
         if total > max_bytes:
             raise ProtocolError(f"batch of {total} bytes exceeds the limit of {max_bytes} bytes")
-    decoder = _Decoder(frames, region)
+    decoder = _Decoder(frames, region, max_bytes)
     tree = decoder.node(spec, 0, "batch")
     if not all(decoder.used):
         raise ProtocolError(f"{decoder.used.count(False)} frame(s) not referenced by the tree")
@@ -177,10 +177,12 @@ def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None, 
 
 
 class _Decoder:
-    def __init__(self, frames: Sequence[Any], region: Any) -> None:
+    def __init__(self, frames: Sequence[Any], region: Any, max_bytes: int | None = None) -> None:
         self.frames, self.region = frames, region
         self.used = [False] * len(frames)
         self.leaves = 0
+        self.max_bytes = max_bytes
+        self.budget: Any = None  # the raw-size bound of compressed frames, made at the first one
 
     def node(self, node: Any, depth: int, path: str) -> Any:
         if depth > MAX_TREE_DEPTH:
@@ -194,7 +196,9 @@ class _Decoder:
             raise ProtocolError(f"unexpected {type(node).__name__} at {path}")
         tag = node.get("t")
         if tag == "a":
-            if "m" in node:
+            if "z" in node:  # compressed frames (common/compression.py); never in a shared-memory slot
+                array = self._compressed(node, path)
+            elif "m" in node:
                 array = _decode_slot_array(node, self.region, path)
             else:
                 array = _decode_array(node, self.frames, self.used, path)
@@ -226,6 +230,17 @@ class _Decoder:
             cls = _namedtuple_class(node.get("c"), node.get("k"), len(values), path)
             return cls(*(self.node(v, depth + 1, f"{path}.{f}") for f, v in zip(cls._fields, values)))
         raise ProtocolError(f"unknown node tag {tag!r} at {path}")
+
+    def _compressed(self, node: dict, path: str) -> Any:
+        from ferry.common.compression import Budget, decode_leaf
+
+        if "m" in node:
+            raise ProtocolError(f"array at {path} is both compressed and in a shared-memory slot")
+        np_dtype, shape, _ = _dtype_and_shape(node, path)
+        index, count = _frame_range(node, self.frames, self.used, path)
+        if self.budget is None:
+            self.budget = Budget(self.max_bytes, used=sum(len(f) for f in self.frames))
+        return decode_leaf(np_dtype, tuple(shape), self.frames[index : index + count], node["z"], path, self.budget)
 
 
 _made_classes: dict[tuple[str, tuple[str, ...]], type] = {}
@@ -282,8 +297,8 @@ def _decode_slot_array(node: dict, region: Any, path: str) -> np.ndarray:
     return region[offset : offset + nbytes].view(np_dtype).reshape(shape)
 
 
-def _decode_array(node: dict, frames: Sequence[Any], used: list[bool], path: str) -> np.ndarray | Chunked:
-    np_dtype, shape, elements = _dtype_and_shape(node, path)
+def _frame_range(node: dict, frames: Sequence[Any], used: list[bool], path: str) -> tuple[int, int]:
+    """The first frame and the frame count of an array leaf, checked and marked used."""
     index, count = node.get("f"), node.get("n", 1)
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise ProtocolError(f"bad frame count {count!r} at {path}")
@@ -292,6 +307,12 @@ def _decode_array(node: dict, frames: Sequence[Any], used: list[bool], path: str
     if any(used[index : index + count]):
         raise ProtocolError(f"frame {index} referenced twice (at {path})")
     used[index : index + count] = [True] * count
+    return index, count
+
+
+def _decode_array(node: dict, frames: Sequence[Any], used: list[bool], path: str) -> np.ndarray | Chunked:
+    np_dtype, shape, elements = _dtype_and_shape(node, path)
+    index, count = _frame_range(node, frames, used, path)
     buffers = frames[index : index + count]
     length = sum(len(b) for b in buffers)
     if elements * np_dtype.itemsize != length:
