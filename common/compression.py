@@ -158,7 +158,7 @@ def require(mode: str) -> None:
 def shuffle(raw: Any, itemsize: int) -> np.ndarray:
     """The bytes of ``raw`` (length a multiple of ``itemsize``) grouped by byte position: ``(n, k).T``."""
     data = np.frombuffer(raw, dtype=np.uint8)
-    return np.ascontiguousarray(data.reshape(-1, itemsize).T)
+    return np.ascontiguousarray(data.reshape(-1, itemsize).T).reshape(-1)
 
 
 def unshuffle(data: Any, itemsize: int, out: np.ndarray) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ferry.common.codec import decode_tree, tree_nbytes, tree_signature
+from ferry.common.tree import iter_leaves
 from ferry.common.errors import ProtocolError, RemoteSampleError
 from ferry.common.shm import SlotLedger
 
@@ -34,6 +35,8 @@ class Batch:
     tree: Any  # views of the frames (and of the task's shared-memory slot, if it had one)
     nbytes: int
     shared: bool  # some of it came through shared memory
+    compressed_bytes: int = 0  # wire bytes of its compressed frames
+    uncompressed_bytes: int = 0  # what those frames hold once decompressed
 
 
 class BatchDecoder:
@@ -56,7 +59,12 @@ class BatchDecoder:
         del region
         self._check_structure(task, tree, indices, header["errors"])
         nbytes = tree_nbytes(tree)
-        return Batch(tree, nbytes, shared and nbytes > sum(len(f) for f in frames))
+        wire = raw = 0
+        if any("z" in spec for spec in _array_specs(header["tree"])):
+            from ferry.common.compression import wire_and_raw
+
+            wire, raw = wire_and_raw(iter_leaves(tree))
+        return Batch(tree, nbytes, shared and nbytes > sum(len(f) for f in frames), wire, raw)
 
     def _check_structure(self, task: Task, tree: Any, indices: Sequence[int], errors: list[dict[str, Any]]) -> None:
         if errors:
@@ -69,6 +77,19 @@ class BatchDecoder:
             self._signature = signature
         elif signature != self._signature:
             raise ProtocolError("BATCH structure or dtypes differ from the first batch of this dataset")
+
+
+def _array_specs(spec: Any) -> list[dict]:
+    """The array nodes of a (validated) tree spec."""
+    out, stack = [], [spec]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("t") == "a":
+                out.append(node)
+            else:
+                stack.extend(node.get("v", []))
+    return out
 
 
 def check_fail(header: dict[str, Any], frames: list[Any]) -> None:
