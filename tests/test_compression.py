@@ -310,3 +310,22 @@ def free_port_here() -> int:
     from .helpers import free_port
 
     return free_port()
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd"])
+def test_fast_path_batches_compress_from_pooled_buffers(spawn, endpoint, compression):
+    """The built-in fast path writes rows into pooled buffers: once its frames are compressed the buffer goes
+    back at once and is reused for the next batch, which must not change what was sent."""
+    from ferry.common.datasets import SyntheticDataset
+
+    args = {"length": 48, "shape": [4, 64, 64], "dtype": "float32"}
+    data = SyntheticDataset(**args)
+    spawn(endpoint, "synthetic", args, slots=3)
+    with RemoteLoader(endpoint=endpoint, batch_size=8, compression=compression, heartbeat=0.2, log_every=None,
+                      timeout=60) as loader:
+        for _ in range(2):
+            batches = run_epoch(loader)
+            expected = [[torch.from_numpy(np.stack([data[i][0] for i in range(s, s + 8)])),
+                         torch.tensor([data[i][1] for i in range(s, s + 8)])] for s in range(0, 48, 8)]
+            assert_tree_equal(batches, expected)
+        assert loader.stats()["compressed_bytes"] > 0
