@@ -16,6 +16,9 @@ Tree spec grammar (what msgpack carries):
 * ``{"t": "n", "c": "module:QualName", "k": [fields], "v": [specs]}`` -- a namedtuple. The receiver uses
   that class if its module is already imported there and its fields match, else a namedtuple class of the
   same name and fields made on the spot (nothing is ever imported on a peer's word);
+* an array leaf with ``"z": [entry per frame]`` has compressed frames: each entry ``None`` (raw) or
+  ``[codec, shuffle, raw_nbytes]``; it decodes to a lazy :class:`Chunked` that decompresses when assembled,
+  validated and bounded before anything is allocated (see :mod:`ferry.common.compression`);
 * an array leaf with ``"x": "bf16"`` holds bfloat16 values as their int16 bits (numpy has no bfloat16);
   it decodes to a :class:`Bfloat16Bits` array, which the consumer's staging views as ``torch.bfloat16``.
 

@@ -34,8 +34,9 @@ log = logging.getLogger("ferry.producer")
 
 #: Tasks between two probes of the codecs on the data (the first task probes too).
 PROBE_EVERY = 16
-#: Tasks between two decisions of "auto".
+#: Tasks between two decisions of "auto", and the early ones (a slow link should not wait 16 batches).
 EVAL_EVERY = 16
+FIRST_EVALS = (4, 8)
 #: Backlogged messages the link rate is averaged over.
 METER_WINDOW = 16
 _WAIT_SLICE_S = 0.1
@@ -141,7 +142,7 @@ class LinkCompression:
         if self.mode != "auto" or self.local or self.meter is None:
             return self.codec, ()
         count, self._tasks = self._tasks, self._tasks + 1
-        if count and count % EVAL_EVERY == 0:
+        if count in FIRST_EVALS or (count and count % EVAL_EVERY == 0):
             self._decide()
         probe = self._usable(comp.CODECS) if count % PROBE_EVERY == 0 else ()
         return self.codec, probe
