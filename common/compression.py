@@ -100,12 +100,18 @@ class _Zstd:
     def compress(self, data: Any) -> bytes:
         return self._pair()[0].compress(data)
 
-    def decompress(self, data: Any, raw_nbytes: int) -> bytes:
-        # with a content size in its header zstandard allocates that size whatever max_output_size says:
-        # so the header must declare exactly what the tree spec does (already bounded) before anything else
-        declared = self._zstd.frame_content_size(data)
+    def check(self, data: Any, raw_nbytes: int) -> None:
+        """With a content size in its header zstandard allocates that size whatever max_output_size says: so
+        the header must declare exactly what the tree spec does (already bounded). Cheap: reads the header."""
+        try:
+            declared = self._zstd.frame_content_size(data)
+        except self._zstd.ZstdError as exc:
+            raise ProtocolError(f"not a zstd frame: {exc}") from None
         if declared != raw_nbytes:
             raise ProtocolError(f"zstd frame declares {declared} bytes, the tree spec {raw_nbytes}")
+
+    def decompress(self, data: Any, raw_nbytes: int) -> bytes:
+        self.check(data, raw_nbytes)
         return self._pair()[1].decompress(data, max_output_size=raw_nbytes)
 
 
@@ -268,13 +274,19 @@ def decode_leaf(np_dtype: np.dtype, shape: tuple[int, ...], buffers: Sequence[An
         if not isinstance(raw, int) or isinstance(raw, bool) or raw < 0 or (step and raw % step):
             raise ProtocolError(f"bad raw size {raw!r} at {path}")
         try:
-            codec(name)
+            found = codec(name)
         except CompressionUnavailable as exc:
             raise ProtocolError(f"frame at {path} uses {name}, which this consumer cannot decompress: {exc}") from None
         total += raw
         if total > expected:
             break
         budget.take(raw - len(buffer), path)  # the frame was counted at its wire length
+        check = getattr(found, "check", None)  # what the frame's own header says, where it says something
+        if check is not None:
+            try:
+                check(buffer, raw)
+            except ProtocolError as exc:
+                raise ProtocolError(f"{exc} (at {path})") from None
         pieces.append((buffer, name, step, raw))
     if total != expected:
         raise ProtocolError(f"array at {path}: shape {list(shape)} x {np_dtype.itemsize} bytes != "

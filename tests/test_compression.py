@@ -161,19 +161,22 @@ def test_a_bomb_is_refused_without_allocating(name):
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20
-    # within the bound, a zstd header declaring more than the spec is refused before decompressing
+    # within the bound, a zstd header declaring more than the spec is refused at decode (the io thread, where
+    # the producer can be rejected), before anything is decompressed
     if name == "zstd":
         liar = comp.codec("zstd").compress(b"\0" * (64 << 20))
-        leaf = decode_tree({"t": "a", "d": "|u1", "s": [4096], "f": 0, "z": [["zstd", 0, 4096]]}, [liar],
-                           max_bytes=LIMIT)
         tracemalloc.start()
         try:
-            with pytest.raises(ProtocolError, match="declares"):
-                assembled(leaf)
+            with pytest.raises(ProtocolError, match="declares 67108864 bytes"):
+                decode_tree({"t": "a", "d": "|u1", "s": [4096], "f": 0, "z": [["zstd", 0, 4096]]}, [liar],
+                            max_bytes=LIMIT)
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
-        assert peak < 8 << 20
+        assert peak < 1 << 20
+        with pytest.raises(ProtocolError, match="not a zstd frame"):
+            decode_tree({"t": "a", "d": "|u1", "s": [4096], "f": 0, "z": [["zstd", 0, 4096]]}, [b"garbage!"],
+                        max_bytes=LIMIT)
 
 
 # --- units: the "auto" rule -------------------------------------------------------------------------
@@ -329,3 +332,13 @@ def test_fast_path_batches_compress_from_pooled_buffers(spawn, endpoint, compres
                          torch.tensor([data[i][1] for i in range(s, s + 8)])] for s in range(0, 48, 8)]
             assert_tree_equal(batches, expected)
         assert loader.stats()["compressed_bytes"] > 0
+
+
+def test_auto_without_any_codec_library_stays_off(monkeypatch, caplog):
+    from ferry.consumer.pipeline import compression_welcome
+
+    assert compression_welcome("auto") == {"compression": "auto", "codecs": ("lz4", "zstd")}
+    assert compression_welcome(None)["compression"] == "none"
+    monkeypatch.setattr(comp, "available", lambda: ())
+    assert compression_welcome("auto") == {"compression": "none", "codecs": ()}
+    assert "stays off" in caplog.text
