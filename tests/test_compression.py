@@ -342,3 +342,46 @@ def test_auto_without_any_codec_library_stays_off(monkeypatch, caplog):
     monkeypatch.setattr(comp, "available", lambda: ())
     assert compression_welcome("auto") == {"compression": "none", "codecs": ()}
     assert "stays off" in caplog.text
+
+
+# --- units: a producer's codec per link ---------------------------------------------------------------
+def link_compression(endpoint, override=None):
+    from ferry.producer.compressing import LinkCompression
+
+    return LinkCompression(endpoint, override, comp.FrameCompressor(1))
+
+
+def test_a_link_follows_the_welcome_unless_overridden():
+    link = link_compression("tcp://10.0.0.2:5555")
+    try:
+        assert link.task() == (None, ())  # before WELCOME: nothing
+        link.welcome({"compression": "zstd", "codecs": ["lz4", "zstd"]})
+        assert link.task() == ("zstd", ())
+        link.welcome({})  # an older consumer: off
+        assert link.task() == (None, ())
+        link.welcome({"compression": "auto", "codecs": ["lz4"]})
+        codec, probe = link.task()
+        assert codec is None and probe == ("lz4",)  # auto starts off, and measures only what the consumer has
+        assert link.meter is not None
+    finally:
+        link.close()
+    assert link.meter is None
+    overridden = link_compression("tcp://10.0.0.2:5555", override="none")
+    overridden.welcome({"compression": "lz4", "codecs": ["lz4", "zstd"]})
+    assert overridden.task() == (None, ())
+
+
+def test_auto_on_a_local_endpoint_never_measures():
+    for endpoint in ("tcp://127.0.0.1:5555", "ipc:///tmp/x.sock"):
+        link = link_compression(endpoint)
+        link.welcome({"compression": "auto", "codecs": ["lz4", "zstd"]})
+        assert link.meter is None
+        assert [link.task() for _ in range(40)] == [(None, ())] * 40
+
+
+def test_compression_from_the_environment():
+    from ferry.producer.config import read_env
+
+    assert read_env({"FERRY_COMPRESSION": "LZ4"}) == {"FERRY_COMPRESSION": "lz4"}
+    with pytest.raises(ConfigError, match="FERRY_COMPRESSION"):
+        read_env({"FERRY_COMPRESSION": "gzip"})
