@@ -156,12 +156,14 @@ class _Encoder:
         return {**spec, "f": len(frames) - 1}
 
 
-def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None, region: Any = None) -> Any:
+def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None, region: Any = None,
+                compressed: list[int] | None = None) -> Any:
     """Decode a tree spec over received frames (buffers). Arrays are zero-copy views of the frames;
     a leaf that spans several frames comes back as :class:`Chunked`.
 
     ``max_bytes`` bounds the total length of the frames (the batch's array bytes). ``region`` is the
     task's shared-memory slot (a uint8 array), where ``"m"`` leaves are views; without one they are an error.
+    ``compressed``, a list ``[wire, raw]``, is increased by the wire and raw bytes of compressed frames.
 
     Raises:
         ProtocolError: the spec or the frames are malformed; the message says what and where.
@@ -173,6 +175,7 @@ def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None, 
         if total > max_bytes:
             raise ProtocolError(f"batch of {total} bytes exceeds the limit of {max_bytes} bytes")
     decoder = _Decoder(frames, region, max_bytes)
+    decoder.compressed = compressed
     tree = decoder.node(spec, 0, "batch")
     if not all(decoder.used):
         raise ProtocolError(f"{decoder.used.count(False)} frame(s) not referenced by the tree")
@@ -186,6 +189,7 @@ class _Decoder:
         self.leaves = 0
         self.max_bytes = max_bytes
         self.budget: Any = None  # the raw-size bound of compressed frames, made at the first one
+        self.compressed: list[int] | None = None  # [wire, raw] bytes of compressed frames, counted if given
 
     def node(self, node: Any, depth: int, path: str) -> Any:
         if depth > MAX_TREE_DEPTH:
@@ -243,7 +247,11 @@ class _Decoder:
         index, count = _frame_range(node, self.frames, self.used, path)
         if self.budget is None:
             self.budget = Budget(self.max_bytes, used=sum(len(f) for f in self.frames))
-        return decode_leaf(np_dtype, tuple(shape), self.frames[index : index + count], node["z"], path, self.budget)
+        leaf = decode_leaf(np_dtype, tuple(shape), self.frames[index : index + count], node["z"], path, self.budget)
+        if self.compressed is not None:
+            self.compressed[0] += leaf.wire_nbytes
+            self.compressed[1] += leaf.raw_compressed
+        return leaf
 
 
 _made_classes: dict[tuple[str, tuple[str, ...]], type] = {}

@@ -313,16 +313,6 @@ def _expand(buffer: Any, name: str | None, step: int, raw: int, out: np.ndarray,
         out[...] = np.frombuffer(data, dtype=np.uint8)
 
 
-def wire_and_raw(tree_leaves: Any) -> tuple[int, int]:
-    """(wire bytes, raw bytes) of the compressed leaves among ``tree_leaves``."""
-    wire = raw = 0
-    for leaf in tree_leaves:
-        if isinstance(leaf, CompressedLeaf):
-            wire += leaf.wire_nbytes
-            raw += leaf.raw_compressed
-    return wire, raw
-
-
 # --- encoding (producer) ----------------------------------------------------------------------------
 @dataclass
 class _Sample:

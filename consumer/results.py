@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ferry.common.codec import decode_tree, tree_nbytes, tree_signature
-from ferry.common.tree import iter_leaves
 from ferry.common.errors import ProtocolError, RemoteSampleError
 from ferry.common.shm import SlotLedger
 
@@ -54,17 +53,13 @@ class BatchDecoder:
             raise ProtocolError(f"BATCH for task {header['task']} names seq {header['seq']}, expected {task.seq}")
         region = ledger.take_region(task.task)
         shared = region is not None
+        compressed = [0, 0]  # wire and raw bytes of compressed frames
         tree = decode_tree(header["tree"], [f.buffer for f in frames], max_bytes=self.max_batch_bytes,
-                           region=region)
+                           region=region, compressed=compressed)
         del region
         self._check_structure(task, tree, indices, header["errors"])
         nbytes = tree_nbytes(tree)
-        wire = raw = 0
-        if any("z" in spec for spec in _array_specs(header["tree"])):
-            from ferry.common.compression import wire_and_raw
-
-            wire, raw = wire_and_raw(iter_leaves(tree))
-        return Batch(tree, nbytes, shared and nbytes > sum(len(f) for f in frames), wire, raw)
+        return Batch(tree, nbytes, shared and nbytes > sum(len(f) for f in frames), *compressed)
 
     def _check_structure(self, task: Task, tree: Any, indices: Sequence[int], errors: list[dict[str, Any]]) -> None:
         if errors:
@@ -77,19 +72,6 @@ class BatchDecoder:
             self._signature = signature
         elif signature != self._signature:
             raise ProtocolError("BATCH structure or dtypes differ from the first batch of this dataset")
-
-
-def _array_specs(spec: Any) -> list[dict]:
-    """The array nodes of a (validated) tree spec."""
-    out, stack = [], [spec]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if node.get("t") == "a":
-                out.append(node)
-            else:
-                stack.extend(node.get("v", []))
-    return out
 
 
 def check_fail(header: dict[str, Any], frames: list[Any]) -> None:
