@@ -109,7 +109,8 @@ class Batcher:
             from ferry.producer.shards import ShardRunner
 
             self._shards = ShardRunner(dataset, pool=self._batches, collate=collate_fn or collate,
-                                       finish=self._finish, fail=self._fail, error_record=error_record)
+                                       finish=self._finish, fail=self._fail, error_record=error_record,
+                                       compress=lambda job, spec, frames: self._compress(job, spec, frames, None, 0)[:2])
 
     def submit(self, job: Job) -> None:
         with self._lock:

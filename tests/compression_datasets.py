@@ -32,3 +32,18 @@ class Noise:
 
     def __getitem__(self, index: int):
         return np.random.default_rng(index).integers(0, 256, size=self.shape, dtype=np.uint8), index
+
+
+class TileShards:
+    """A sharded (streaming) dataset: shard ``s<i>`` yields ``lengths[i]`` Tiles samples, labelled i*1000+pos."""
+
+    def __init__(self, lengths=(6, 5), shape=(4, 64, 64)) -> None:
+        self.lengths, self.tiles = tuple(lengths), Tiles(1, shape)
+
+    def shards(self) -> list[str]:
+        return [f"s{i}" for i in range(len(self.lengths))]
+
+    def iter_shard(self, name: str):
+        shard = int(name[1:])
+        for position in range(self.lengths[shard]):
+            yield self.tiles[shard * 100 + position][0], shard * 1000 + position

@@ -385,3 +385,21 @@ def test_compression_from_the_environment():
     assert read_env({"FERRY_COMPRESSION": "LZ4"}) == {"FERRY_COMPRESSION": "lz4"}
     with pytest.raises(ConfigError, match="FERRY_COMPRESSION"):
         read_env({"FERRY_COMPRESSION": "gzip"})
+
+
+def test_sharded_datasets_compress_too():
+    from .compression_datasets import TileShards
+
+    data = TileShards()
+    with RemoteLoader(dataset=data, local_producers=1, shared_memory=False, batch_size=4, compression="zstd",
+                      log_every=None) as loader:
+        batches = run_epoch(loader)
+        stats = loader.stats()
+    expected = []
+    for shard, length in enumerate(data.lengths):
+        samples = list(data.iter_shard(f"s{shard}"))
+        for start in range(0, length, 4):
+            part = samples[start : start + 4]
+            expected.append([torch.from_numpy(np.stack([s[0] for s in part])), torch.tensor([s[1] for s in part])])
+    assert_tree_equal(batches, expected)
+    assert stats["compressed_bytes"] > 0
