@@ -102,14 +102,20 @@ class LinkCompression:
         self.meter: LinkMeter | None = None
         self._tasks = 0
         self._warned: set[str] = set()
+        self._welcomed = False
         self._set_mode(self.mode)
 
     def welcome(self, header: dict[str, Any]) -> None:
         """The consumer's WELCOME: its wish (unless overridden) and the codecs it can decompress."""
         wish = header.get("compression", "none")
         codecs = header.get("codecs")
-        self.codecs = tuple(c for c in codecs if c in comp.CODECS) if isinstance(codecs, list) else comp.CODECS
-        self._set_mode(self.override or (wish if wish in comp.MODES else "none"))
+        codecs = tuple(c for c in codecs if c in comp.CODECS) if isinstance(codecs, list) else comp.CODECS
+        mode = self.override or (wish if wish in comp.MODES else "none")
+        if (mode, codecs) == (self.mode, self.codecs) and self._welcomed:
+            return  # a repeated WELCOME, or the same consumer again: keep what "auto" learned
+        self._welcomed = True
+        self.codecs = codecs
+        self._set_mode(mode)
 
     def _set_mode(self, mode: str) -> None:
         self.mode = mode

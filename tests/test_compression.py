@@ -363,6 +363,9 @@ def test_a_link_follows_the_welcome_unless_overridden():
         codec, probe = link.task()
         assert codec is None and probe == ("lz4",)  # auto starts off, and measures only what the consumer has
         assert link.meter is not None
+        link.codec = "lz4"  # as if "auto" had decided
+        link.welcome({"compression": "auto", "codecs": ["lz4"]})  # a repeated WELCOME changes nothing
+        assert link.task()[0] == "lz4"
     finally:
         link.close()
     assert link.meter is None
