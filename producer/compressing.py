@@ -109,7 +109,8 @@ class LinkCompression:
         """The consumer's WELCOME: its wish (unless overridden) and the codecs it can decompress."""
         wish = header.get("compression", "none")
         codecs = header.get("codecs")
-        codecs = tuple(c for c in codecs if c in comp.CODECS) if isinstance(codecs, list) else comp.CODECS
+        # a consumer older than compression says nothing, and can decompress nothing
+        codecs = tuple(c for c in codecs if c in comp.CODECS) if isinstance(codecs, list) else ()
         mode = self.override or (wish if wish in comp.MODES else "none")
         if (mode, codecs) == (self.mode, self.codecs) and self._welcomed:
             return  # a repeated WELCOME, or the same consumer again: keep what "auto" learned
@@ -139,8 +140,12 @@ class LinkCompression:
                     self._warned.add(name)
                     log.error("%s; batches to %s travel uncompressed", exc, self.endpoint)
                 continue
-            if name in self.codecs or self.mode == name:  # an explicit codec is the user's call
+            if name in self.codecs:
                 out.append(name)
+            elif self.mode == name and f"consumer-{name}" not in self._warned:
+                self._warned.add(f"consumer-{name}")
+                log.warning("compression %r asked for, but the consumer at %s cannot decompress it (it has %s); "
+                            "batches travel uncompressed", name, self.endpoint, ", ".join(self.codecs) or "no codec")
         return tuple(out)
 
     def task(self) -> tuple[str | None, tuple[str, ...]]:

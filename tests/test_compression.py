@@ -372,6 +372,12 @@ def test_a_link_follows_the_welcome_unless_overridden():
     overridden = link_compression("tcp://10.0.0.2:5555", override="none")
     overridden.welcome({"compression": "lz4", "codecs": ["lz4", "zstd"]})
     assert overridden.task() == (None, ())
+    # a codec the consumer cannot decompress is never sent, whoever asked: it would get the producer rejected
+    forced = link_compression("tcp://10.0.0.2:5555", override="zstd")
+    forced.welcome({"compression": "lz4", "codecs": ["lz4"]})
+    assert forced.task() == (None, ())
+    forced.welcome({"compression": "none"})  # an older consumer: it has no codec
+    assert forced.task() == (None, ())
 
 
 def test_auto_on_a_local_endpoint_never_measures():
