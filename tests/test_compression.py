@@ -412,3 +412,44 @@ def test_sharded_datasets_compress_too():
             expected.append([torch.from_numpy(np.stack([s[0] for s in part])), torch.tensor([s[1] for s in part])])
     assert_tree_equal(batches, expected)
     assert stats["compressed_bytes"] > 0
+
+
+@pytest.mark.parametrize("entry, why", [
+    (["brotli", 0, 4096], "unknown codec"),
+    (["zstd", 0, 4096], "zstd frame declares"),  # its header says 1 MiB
+])
+def test_a_producer_sending_bad_compressed_frames_is_rejected_and_its_task_reissued(spawn, endpoint, entry, why):
+    import zmq
+
+    from ferry.common import protocol
+
+    from .helpers import dealer, hello
+
+    ctx = zmq.Context()
+    sock = dealer(ctx, endpoint)
+    try:
+        with RemoteLoader(endpoint=endpoint, batch_size=8, dataset_len=16, heartbeat=0.2, timeout=30,
+                          log_every=None) as loader:
+            sock.send(hello("hand", slots=1, length=16, fingerprint="tests.compression_datasets.Tiles:16"))
+            welcome = protocol.parse_header(wait_for(lambda: sock.poll(100) and sock.recv_multipart(), 10, "WELCOME")[0])
+            assert welcome["type"] == protocol.WELCOME and welcome["compression"] == "auto"
+            assert set(welcome["codecs"]) == {"lz4", "zstd"}
+            it = iter(loader)
+            task = protocol.parse_header(wait_for(lambda: sock.poll(100) and sock.recv_multipart(), 10, "a TASK")[0])
+            assert task["type"] == protocol.TASK
+            frame = comp.codec("zstd").compress(bytes(1 << 20))
+            tree = {"t": "l", "v": [{"t": "a", "d": "|u1", "s": [8, 512], "f": 0, "z": [entry]},
+                                    {"t": "a", "d": "<i8", "s": [8], "f": 1}]}
+            sock.send_multipart([protocol.pack(protocol.BATCH, session=task["session"], task=task["task"],
+                                               epoch=task["epoch"], seq=task["seq"], tree=tree, errors=[]),
+                                 frame, np.arange(8, dtype=np.int64).tobytes()])
+            reject = wait_for(lambda: sock.poll(100) and protocol.parse_header(sock.recv_multipart()[0]), 10,
+                              "a REJECT")
+            assert reject["type"] == protocol.REJECT and reject["permanent"] and why in reject["reason"]
+            spawn(endpoint, "tests.compression_datasets:Tiles", {"length": 16})
+            batches = list(it)
+            assert loader.stats()["invalid_messages"] >= 1
+        assert_tree_equal(batches, expected_batches(16))
+    finally:
+        sock.close(0)
+        ctx.term()
