@@ -453,3 +453,11 @@ def test_a_producer_sending_bad_compressed_frames_is_rejected_and_its_task_reiss
     finally:
         sock.close(0)
         ctx.term()
+
+
+def test_shared_memory_slots_are_never_compressed():
+    with RemoteLoader(dataset=Tiles(24), local_producers=1, batch_size=8, compression="lz4", log_every=None) as loader:
+        batches = run_epoch(loader)
+        stats = loader.stats()
+    assert_tree_equal(batches, expected_batches())
+    assert stats["shared_batches"] == 3 and stats["compressed_bytes"] == 0
