@@ -19,7 +19,8 @@ pooled buffer.
 link alone: for each codec, ``min(link × ratio, compress rate × threads, decompress rate)`` against ``link``.
 It is off without measuring for loopback, ipc and inproc endpoints (:func:`is_local_endpoint`).
 
-The codec libraries are optional extras (``pip install 'ferry[lz4]'``, ``'ferry[zstd]'``); this module imports
+The producer's side (the thread pool that compresses a batch's frames, the rates it measures, the link meter)
+is :mod:`ferry.producer.compressing`. The codec libraries are optional extras (``pip install 'ferry[lz4]'``, ``'ferry[zstd]'``); this module imports
 without them, and :func:`require` names the missing package.
 """
 
@@ -27,9 +28,6 @@ from __future__ import annotations
 
 import ipaddress
 import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -39,7 +37,7 @@ from ferry.common.errors import ConfigError, ProtocolError
 
 __all__ = [
     "MODES", "CODECS", "SHRINK_RATIO", "MIN_FRAME_BYTES", "available", "require", "check_mode", "codec",
-    "shuffle", "unshuffle", "compress_frame", "CompressedLeaf", "decode_leaf", "FrameCompressor", "Rates",
+    "shuffle", "unshuffle", "compress_frame", "decide_shuffle", "CompressedLeaf", "Budget", "decode_leaf",
     "choose_codec", "is_local_endpoint", "CompressionUnavailable",
 ]
 
@@ -313,49 +311,7 @@ def _expand(buffer: Any, name: str | None, step: int, raw: int, out: np.ndarray,
         out[...] = np.frombuffer(data, dtype=np.uint8)
 
 
-# --- encoding (producer) ----------------------------------------------------------------------------
-@dataclass
-class _Sample:
-    raw: int = 0
-    wire: int = 0
-    seconds: float = 0.0
-
-
-class Rates:
-    """What a producer measured of each codec on its own data: compress rate (per thread), ratio, and decompress
-    rate (the consumer's library is the same; its staging thread decompresses on one core). Thread-safe:
-    batch threads write, the main loop reads. Figures decay (each new sample weighs ``1 - KEEP``)."""
-
-    KEEP = 0.75
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._compress: dict[str, tuple[float, float]] = {}  # codec -> (raw bytes/s per thread, raw/wire)
-        self._decompress: dict[str, float] = {}
-
-    def _blend(self, old: float | None, new: float) -> float:
-        return new if old is None else self.KEEP * old + (1 - self.KEEP) * new
-
-    def compressed(self, name: str, raw: int, wire: int, seconds: float) -> None:
-        if raw <= 0 or seconds <= 0:
-            return
-        with self._lock:
-            old = self._compress.get(name)
-            rate, ratio = raw / seconds, raw / max(1, wire)
-            self._compress[name] = (self._blend(old and old[0], rate), self._blend(old and old[1], ratio))
-
-    def decompressed(self, name: str, raw: int, seconds: float) -> None:
-        if raw > 0 and seconds > 0:
-            with self._lock:
-                self._decompress[name] = self._blend(self._decompress.get(name), raw / seconds)
-
-    def snapshot(self) -> dict[str, tuple[float, float, float]]:
-        """codec -> (compress raw bytes/s per thread, ratio, decompress raw bytes/s), for the measured ones."""
-        with self._lock:
-            return {name: (*self._compress[name], self._decompress[name])
-                    for name in self._compress if name in self._decompress}
-
-
+# --- the "auto" rule ------------------------------------------------------------------------------
 def choose_codec(link_rate: float | None, rates: dict[str, tuple[float, float, float]], threads: int,
                  margin: float = AUTO_MARGIN) -> str | None:
     """The codec that delivers the most raw bytes per second over a link of ``link_rate`` wire bytes/s, or None
@@ -394,120 +350,3 @@ def is_local_endpoint(endpoint: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-@dataclass
-class Compressed:
-    """The result of :meth:`FrameCompressor.apply`."""
-
-    spec: Any
-    frames: list[Any]
-    compressed: set[int]  # the indices of the frames that were replaced by compressed bytes
-
-
-class FrameCompressor:
-    """Compresses the frames of a batch on a small thread pool (lz4 and zstandard release the GIL), and probes
-    codecs on the batch's data so that ``"auto"`` knows their rates (:class:`Rates`). ``close()`` joins its
-    threads."""
-
-    PROBE_BYTES = 1 << 20
-
-    def __init__(self, workers: int) -> None:
-        self.workers = max(1, workers)
-        self.rates = Rates()
-        self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def _executor(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the frame compressor is closed")
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="ferry-compress")
-            return self._pool
-
-    def apply(self, name: str, spec: Any, frames: list[Any]) -> Compressed:
-        """Compress the frames of every array leaf of ``spec`` (slot leaves have none) with codec ``name``;
-        frames that do not shrink stay as they are. Returns the new spec and frames."""
-        leaves = _array_nodes(spec)
-        jobs = []
-        pool = self._executor()
-        for node in leaves:
-            first, count = node["f"], node.get("n", 1)
-            itemsize = np.dtype(node["d"]).itemsize
-            if len(frames[first]) < MIN_FRAME_BYTES:
-                continue
-            step = decide_shuffle(name, frames[first], itemsize)
-            for index in range(first, first + count):
-                jobs.append((node, index - first, index, pool.submit(self._one, name, frames[index], step)))
-        out = list(frames)
-        marks: dict[int, list] = {}
-        for node, position, index, future in jobs:
-            result = future.result()
-            if result is None:
-                continue
-            out[index], entry = result
-            marks.setdefault(id(node), [node, [None] * node.get("n", 1)])[1][position] = entry
-        for node, entries in marks.values():
-            node["z"] = entries
-        return Compressed(spec, out, {index for _, _, index, f in jobs if f.result() is not None})
-
-    def _one(self, name: str, raw: Any, step: int) -> tuple[bytes, list] | None:
-        began = time.perf_counter()
-        result = compress_frame(name, raw, step)
-        seconds = time.perf_counter() - began
-        self.rates.compressed(name, len(raw), len(result[0]) if result else len(raw), seconds)
-        return result
-
-    def probe(self, frames: list[Any], itemsizes: dict[int, int], names: Sequence[str]) -> None:
-        """Measure each codec in ``names`` on up to PROBE_BYTES of the batch's largest frame (compress, then
-        decompress); nothing is sent. ``itemsizes``: frame index -> its leaf's itemsize."""
-        if not frames:
-            return
-        index = max(range(len(frames)), key=lambda i: len(frames[i]))
-        itemsize = itemsizes.get(index, 1)
-        size = min(len(frames[index]), self.PROBE_BYTES) // max(1, itemsize) * max(1, itemsize)
-        if size < MIN_FRAME_BYTES:
-            return
-        raw = memoryview(frames[index])[:size]
-        for name in names:
-            step = decide_shuffle(name, raw, itemsize)
-            began = time.perf_counter()
-            data = shuffle(raw, step) if step > 1 else raw
-            wire = codec(name).compress(data)
-            middle = time.perf_counter()
-            codec(name).decompress(wire, size)
-            end = time.perf_counter()
-            self.rates.compressed(name, size, len(wire), middle - began)
-            self.rates.decompressed(name, size, end - middle)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _array_nodes(spec: Any) -> list[dict]:
-    """The array nodes of a tree spec that have frames (not slot leaves), in order. Iterative: no recursion."""
-    out, stack = [], [spec]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if node.get("t") == "a":
-                if "f" in node:
-                    out.append(node)
-            else:
-                stack.extend(reversed(node.get("v", [])))
-    return out
-
-
-def frame_itemsizes(spec: Any) -> dict[int, int]:
-    """Frame index -> the itemsize of the leaf it belongs to."""
-    sizes = {}
-    for node in _array_nodes(spec):
-        for i in range(node["f"], node["f"] + node.get("n", 1)):
-            sizes[i] = np.dtype(node["d"]).itemsize
-    return sizes

@@ -101,7 +101,7 @@ class Batcher:
         self._batches = ThreadPoolExecutor(max_workers=batch_workers, thread_name_prefix="ferry-batch")
         self._done = done
         self._waker = waker
-        self._compressor = compressor  # a ferry.common.compression.FrameCompressor, owned by the service
+        self._compressor = compressor  # a ferry.producer.compressing.FrameCompressor, owned by the service
         self._lock = threading.Lock()
         self.pending = 0  # jobs submitted and not yet in `done`
         self._shards = None  # a sharded dataset's tasks run through producer/shards.py
@@ -323,7 +323,7 @@ class Batcher:
         if self._compressor is None or not frames:
             return spec, frames, pooled, views
         if job.probe:
-            from ferry.common.compression import frame_itemsizes
+            from ferry.producer.compressing import frame_itemsizes
 
             self._compressor.probe(frames, frame_itemsizes(spec), job.probe)
         if job.compress is None:

@@ -28,7 +28,6 @@ from typing import Any
 import zmq
 
 from ferry.common import protocol
-from ferry.common.compression import FrameCompressor
 from ferry.common.constants import (
     BYE_LINGER_MS, HEARTBEAT_S, MAX_HEADER_BYTES, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST,
     RECONNECT_IVL_MAX_MS, RECONNECT_IVL_MS, SOCKET_HWM,
@@ -41,7 +40,7 @@ from ferry.common.waker import Waker
 
 from ferry.producer.batcher import Batcher, Job, Outcome
 from ferry.producer.buffers import tracked
-from ferry.producer.compressing import LinkCompression
+from ferry.producer.compressing import FrameCompressor, LinkCompression
 from ferry.producer.config import ProducerConfig
 from ferry.producer.connection import (
     EXIT_OK, Action, CheckAddress, Connection, FailTask, Log, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,

@@ -15,10 +15,11 @@ from ferry.common import compression as comp
 from ferry.common.codec import ALLOWED_DTYPES, Chunked, decode_tree, encode_tree
 from ferry.common.errors import ConfigError, ProtocolError
 from ferry.consumer.options import TransportOptions
+from ferry.producer.compressing import FrameCompressor
 from ferry.producer.config import ProducerConfig
 
 from .compression_datasets import Tiles
-from .helpers import assert_tree_equal, wait_for
+from .helpers import assert_tree_equal, free_port, wait_for
 from .netns import make_shaped_link
 
 CODECS = ("lz4", "zstd")
@@ -67,7 +68,7 @@ def test_chunked_leaves_compress_per_frame_and_round_trip(name):
     labels = np.arange(3)
     spec, frames = encode_tree([array, labels], chunk_bytes=256 << 10)
     assert len(frames) > 4
-    result = comp.FrameCompressor(2)
+    result = FrameCompressor(2)
     try:
         out = result.apply(name, spec, list(frames))
     finally:
@@ -83,7 +84,7 @@ def test_chunked_leaves_compress_per_frame_and_round_trip(name):
 def test_incompressible_frames_travel_raw():
     noise = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8)
     spec, frames = encode_tree([noise], chunk_bytes=256 << 10)
-    compressor = comp.FrameCompressor(2)
+    compressor = FrameCompressor(2)
     try:
         out = compressor.apply("lz4", spec, list(frames))
     finally:
@@ -264,8 +265,6 @@ def test_off_and_auto_on_loopback_send_raw(spawn, endpoint):
     batches, stats = served(spawn, endpoint, None)
     assert_tree_equal(batches, expected_batches())
     assert stats["compressed_bytes"] == stats["uncompressed_bytes"] == 0
-    from .helpers import free_port
-
     batches, stats = served(spawn, f"tcp://127.0.0.1:{free_port()}", "auto")
     assert_tree_equal(batches, expected_batches())
     assert stats["compressed_bytes"] == stats["uncompressed_bytes"] == 0
@@ -275,8 +274,6 @@ def test_producer_flag_overrides_the_loader(spawn, endpoint):
     batches, stats = served(spawn, endpoint, "lz4", extra=["--compression", "none"])
     assert_tree_equal(batches, expected_batches())
     assert stats["compressed_bytes"] == 0
-    from .helpers import free_port
-
     batches, stats = served(spawn, f"tcp://127.0.0.1:{free_port()}", None, extra=["--compression", "zstd"])
     assert_tree_equal(batches, expected_batches())
     assert stats["compressed_bytes"] > 0
@@ -295,7 +292,7 @@ def test_local_producers_over_the_socket_compress_when_asked():
 def test_auto_turns_on_over_a_slow_link(spawn):
     link = make_shaped_link("zip", rate="200mbit")
     try:
-        endpoint = f"tcp://{link.addr_here}:{free_port_here()}"
+        endpoint = f"tcp://{link.addr_here}:{free_port()}"
         length = 160
         spawn(endpoint, "tests.compression_datasets:Tiles", {"length": length}, slots=4, netns=link.ns)
         with RemoteLoader(endpoint=endpoint, batch_size=8, compression="auto", heartbeat=0.2, log_every=None,
@@ -307,12 +304,6 @@ def test_auto_turns_on_over_a_slow_link(spawn):
     assert_tree_equal(batches, expected_batches(length))
     assert stats["compressed_bytes"] > 0, "auto never turned compression on over a 200 Mbit/s link"
     assert stats["uncompressed_bytes"] > 1.5 * stats["compressed_bytes"]
-
-
-def free_port_here() -> int:
-    from .helpers import free_port
-
-    return free_port()
 
 
 @pytest.mark.parametrize("compression", ["lz4", "zstd"])
@@ -348,7 +339,7 @@ def test_auto_without_any_codec_library_stays_off(monkeypatch, caplog):
 def link_compression(endpoint, override=None):
     from ferry.producer.compressing import LinkCompression
 
-    return LinkCompression(endpoint, override, comp.FrameCompressor(1))
+    return LinkCompression(endpoint, override, FrameCompressor(1))
 
 
 def test_a_link_follows_the_welcome_unless_overridden():
@@ -461,3 +452,17 @@ def test_shared_memory_slots_are_never_compressed():
         stats = loader.stats()
     assert_tree_equal(batches, expected_batches())
     assert stats["shared_batches"] == 3 and stats["compressed_bytes"] == 0
+
+
+def test_bfloat16_leaves_stay_marked_when_compressed():
+    tensor = (torch.arange(40000) % 13).to(torch.bfloat16)
+    spec, frames = encode_tree({"x": tensor})
+    compressor = FrameCompressor(1)
+    try:
+        out = compressor.apply("lz4", spec, list(frames))
+    finally:
+        compressor.close()
+    assert out.compressed == {0} and out.spec["v"][0]["x"] == "bf16"
+    leaf = decode_tree(out.spec, out.frames, max_bytes=LIMIT)["x"]
+    assert isinstance(leaf, comp.CompressedLeaf) and leaf.bfloat16
+    assert torch.equal(torch.from_numpy(assembled(leaf)).view(torch.bfloat16), tensor)
