@@ -17,8 +17,8 @@ Tree spec grammar (what msgpack carries):
   that class if its module is already imported there and its fields match, else a namedtuple class of the
   same name and fields made on the spot (nothing is ever imported on a peer's word);
 * an array leaf with ``"z": [entry per frame]`` has compressed frames: each entry ``None`` (raw) or
-  ``[codec, shuffle, raw_nbytes]``; it decodes to a lazy :class:`Chunked` that decompresses when assembled,
-  validated and bounded before anything is allocated (see :mod:`ferry.common.compression`);
+  ``[codec, shuffle, raw_nbytes]``; validated and bounded before anything is allocated, then decompressed
+  into one fresh array (see :mod:`ferry.common.compression`);
 * an array leaf with ``"x": "bf16"`` holds bfloat16 values as their int16 bits (numpy has no bfloat16);
   it decodes to a :class:`Bfloat16Bits` array, which the consumer's staging views as ``torch.bfloat16``.
 
@@ -251,7 +251,11 @@ class _Decoder:
         if self.compressed is not None:
             self.compressed[0] += leaf.wire_nbytes
             self.compressed[1] += leaf.raw_compressed
-        return leaf
+        # decompressed here, on the io thread: a stream that lies fails as this producer's ProtocolError (its
+        # task re-issued, the producer rejected) instead of failing later in staging, where the batch is out
+        # of the reorder buffer and could not be re-issued. "auto" compresses only links slower than the
+        # decompress rate, so the io thread keeps up with the link.
+        return leaf.assemble_into(np.empty(leaf.nbytes, np.uint8))
 
 
 _made_classes: dict[tuple[str, tuple[str, ...]], type] = {}

@@ -11,9 +11,9 @@ for a raw frame, else ``[codec, shuffle, raw_nbytes]`` (``shuffle`` 0: none, els
 validates all of it before anything is allocated (:func:`decode_leaf`): a known codec, the shuffle matching the
 dtype, raw sizes that add up to the leaf's ``prod(shape) × itemsize`` and, summed over the batch, stay within
 ``max_batch_bytes``. Decompression is bounded by the declared size (a zip bomb cannot allocate more) and its
-result must have exactly that size. It happens later, off the io thread: the leaf decodes to
-:class:`CompressedLeaf`, a lazy :class:`~ferry.common.codec.Chunked` that the staging thread assembles into a
-pooled buffer.
+result must have exactly that size. It happens on the io thread, as the batch is decoded
+(:meth:`CompressedLeaf.assemble_into`), so that a stream that lies costs its producer its place and its task is
+re-issued, like any other unusable batch.
 
 ``"auto"`` (:func:`choose_codec`) turns compression on only when it delivers more raw bytes per second than the
 link alone: for each codec, ``min(link × ratio, compress rate × threads, decompress rate)`` against ``link``.
@@ -32,7 +32,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ferry.common.codec import Chunked
 from ferry.common.errors import ConfigError, ProtocolError
 
 __all__ = [
@@ -211,12 +210,10 @@ class Budget:
                                 f"the limit of {self.limit} bytes")
 
 
-class CompressedLeaf(Chunked):
-    """An array leaf with compressed frames, decompressed only when assembled (by the staging thread, into a
-    buffer of its choice), so the io thread never pays for it. ``chunks`` decompresses the frames into fresh
-    buffers, for code that copies chunks itself."""
+class CompressedLeaf:
+    """An array leaf with compressed frames, validated but not yet decompressed: ``assemble_into`` does that."""
 
-    __slots__ = ("pieces", "path", "wire_nbytes", "raw_compressed")
+    __slots__ = ("dtype", "shape", "nbytes", "bfloat16", "pieces", "path", "wire_nbytes", "raw_compressed")
 
     def __init__(self, dtype: np.dtype, shape: tuple[int, ...], pieces: list[tuple[Any, str | None, int, int]],
                  path: str) -> None:  # pieces: (frame, codec or None, shuffle, raw_nbytes)
@@ -225,15 +222,6 @@ class CompressedLeaf(Chunked):
         self.nbytes = sum(p[3] for p in pieces)
         self.wire_nbytes = sum(len(p[0]) for p in pieces if p[1] is not None)  # of the compressed frames
         self.raw_compressed = sum(p[3] for p in pieces if p[1] is not None)
-
-    @property  # type: ignore[override]
-    def chunks(self) -> list[Any]:
-        out = []
-        for buffer, name, step, raw in self.pieces:
-            part = np.empty(raw, np.uint8)
-            _expand(buffer, name, step, raw, part, self.path)
-            out.append(memoryview(part))
-        return out
 
     def assemble_into(self, out: np.ndarray) -> np.ndarray:
         flat = out[: self.nbytes]

@@ -12,7 +12,7 @@ import torch
 
 from ferry import RemoteLoader
 from ferry.common import compression as comp
-from ferry.common.codec import ALLOWED_DTYPES, Chunked, decode_tree, encode_tree
+from ferry.common.codec import ALLOWED_DTYPES, Bfloat16Bits, Chunked, decode_tree, encode_tree
 from ferry.common.errors import ConfigError, ProtocolError
 from ferry.consumer.options import TransportOptions
 from ferry.producer.compressing import FrameCompressor
@@ -55,11 +55,9 @@ def hand_spec(array: np.ndarray, name: str, step: int) -> tuple[dict, list]:
 def test_roundtrip_every_dtype(name, dtype, shuffled):
     array = compressible(dtype).reshape(-1, 4)
     spec, frames = hand_spec(array, name, array.dtype.itemsize if shuffled and array.dtype.itemsize > 1 else 0)
-    leaf = decode_tree(spec, frames, max_bytes=LIMIT)
-    assert isinstance(leaf, comp.CompressedLeaf) and leaf.nbytes == array.nbytes
-    got = assembled(leaf)
+    got = decode_tree(spec, frames, max_bytes=LIMIT)
+    assert isinstance(got, np.ndarray)  # decompressed as it is decoded, on the io thread
     assert got.dtype == array.dtype and got.shape == array.shape and np.array_equal(got, array)
-    assert b"".join(bytes(c) for c in leaf.chunks) == array.tobytes()
 
 
 @pytest.mark.parametrize("name", CODECS)
@@ -113,17 +111,15 @@ def test_wrong_raw_size_is_a_protocol_error():
             decode_tree(spec, frames, max_bytes=LIMIT)
 
 
-def test_stream_shorter_or_longer_than_declared_is_caught_when_assembled():
+def test_stream_shorter_or_longer_than_declared_is_caught_when_decoded():
     array = compressible("<f4")
     spec, frames = hand_spec(array, "lz4", 0)
     spec["s"], spec["z"][0][2] = [len(array) + 1], array.nbytes + 4  # consistent spec, stream 4 bytes short
-    leaf = decode_tree(spec, frames, max_bytes=LIMIT)
     with pytest.raises(ProtocolError, match="decompresses to"):
-        assembled(leaf)
+        decode_tree(spec, frames, max_bytes=LIMIT)
     big = comp.codec("lz4").compress(bytes(1 << 20))  # 1 MiB of zeros, declared as 1000 bytes
-    leaf = decode_tree({"t": "a", "d": "|u1", "s": [1000], "f": 0, "z": [["lz4", 0, 1000]]}, [big], max_bytes=LIMIT)
     with pytest.raises(ProtocolError, match="does not decompress"):
-        assembled(leaf)
+        decode_tree({"t": "a", "d": "|u1", "s": [1000], "f": 0, "z": [["lz4", 0, 1000]]}, [big], max_bytes=LIMIT)
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -408,6 +404,7 @@ def test_sharded_datasets_compress_too():
 @pytest.mark.parametrize("entry, why", [
     (["brotli", 0, 4096], "unknown codec"),
     (["zstd", 0, 4096], "zstd frame declares"),  # its header says 1 MiB
+    (["lz4", 0, 4096], "does not decompress"),  # sizes agree, the body is not an lz4 block
 ])
 def test_a_producer_sending_bad_compressed_frames_is_rejected_and_its_task_reissued(spawn, endpoint, entry, why):
     import zmq
@@ -464,5 +461,5 @@ def test_bfloat16_leaves_stay_marked_when_compressed():
         compressor.close()
     assert out.compressed == {0} and out.spec["v"][0]["x"] == "bf16"
     leaf = decode_tree(out.spec, out.frames, max_bytes=LIMIT)["x"]
-    assert isinstance(leaf, comp.CompressedLeaf) and leaf.bfloat16
-    assert torch.equal(torch.from_numpy(assembled(leaf)).view(torch.bfloat16), tensor)
+    assert isinstance(leaf, Bfloat16Bits)
+    assert torch.equal(torch.from_numpy(leaf).view(torch.bfloat16), tensor)
