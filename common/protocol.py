@@ -12,7 +12,8 @@ Fields (docs/ARCHITECTURE.md#messages): TASK carries ``task`` (a unique id of th
 batch and its late twin are told apart without guessing) and ``on_error``; BATCH and FAIL echo ``task``;
 HELLO carries ``nonce``, which changes whenever the producer drops its state for this consumer.
 Optional: WELCOME ``frame_bytes`` (leaves up to that many bytes travel as one frame; without it, the
-producer splits leaves over FRAME_CHUNK_BYTES), HELLO ``shm`` (the token of the consumer's shared-memory slab the producer mapped) and TASK
+producer splits leaves over FRAME_CHUNK_BYTES), HELLO ``shm`` (the token of the consumer's shared-memory
+slab the producer mapped) and TASK
 ``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written; see :mod:`ferry.common.shm`).
 """
 
@@ -103,8 +104,11 @@ SCHEMAS: dict[str, dict[str, Check]] = {
 #: Optional fields, checked when present.
 OPTIONAL: dict[str, dict[str, Check]] = {
     HELLO: {"shm": _str},
+    # what the consumer asks producers to do with batch frames, and the codecs it can decompress
     # the largest array leaf the consumer wants as one frame; the producer clamps it (MIN/MAX_FRAME_BYTES)
-    WELCOME: {"frame_bytes": lambda v: _uint(v) and v > 0},
+    WELCOME: {"frame_bytes": lambda v: _uint(v) and v > 0,
+              "compression": lambda v: v in ("auto", "lz4", "zstd", "none"),
+              "codecs": lambda v: isinstance(v, list) and len(v) <= 8 and all(_str(c) for c in v)},
     TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0,
            "seed": _uint,  # the loader's seed, from which each sample's sample_info().seed is derived
            # a sharded dataset's task: [batch k, batch_size, drop_last, shuffle] of the shard indices[0] names

@@ -144,6 +144,8 @@ class Inbound:
             log.info("producer %s joined (%d slots); %d live", admission.name, admission.joined.slots, admission.live)
         self._router.send(peer, [protocol.pack(protocol.WELCOME, session=self.session,
                                                heartbeat=self.config.heartbeat, nonce=header["nonce"],
+                                               compression=self.config.compression,
+                                               codecs=list(self.config.codecs),
                                                frame_bytes=DEFAULT_FRAME_BYTES)])
 
     # --- results ------------------------------------------------------------------------------------
@@ -190,6 +192,8 @@ class Inbound:
             info.batches += 1
             info.bytes += batch.nbytes
         self.counters.shared_batches += batch.shared
+        self.counters.compressed_bytes += batch.compressed_bytes
+        self.counters.uncompressed_bytes += batch.uncompressed_bytes
         self.counters.received += 1
         self.counters.bytes += batch.nbytes
         if header["errors"]:
