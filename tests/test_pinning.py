@@ -180,6 +180,15 @@ def test_a_refused_registration_is_handled_logged_once_and_not_retried(caplog):
     assert not registry.covers(4 * PAGE, 1) and registry.ranges() == {}
 
 
+def test_the_thread_error_clearer_looks_only_at_a_loaded_runtime():
+    from ferry.consumer.pinning import _ThreadLastError
+
+    clearer = _ThreadLastError()
+    if not torch.cuda.is_available():
+        assert clearer._get_last_error is None  # no libcudart in this process: nothing loaded, nothing to clear
+    clearer()
+
+
 def test_a_failed_unregister_is_logged_and_the_range_forgotten(caplog):
     cudart = FakeCudart()
     registry = HostRegistry(cudart, clear_error=lambda: None)
