@@ -99,7 +99,8 @@ class HostRegistry:
     def __init__(self, cudart: Any = None, clear_error: Any = None) -> None:
         self._cudart = cudart
         self._clear_error = clear_error if clear_error is not None else (_ThreadLastError() if cudart is not None else None)
-        self._lock = threading.Lock()
+        # reentrant: a slab's unmap hook (unregister_within) may run from a finalizer on this very thread
+        self._lock = threading.RLock()
         self._ranges: dict[int, int] = {}  # start address -> registered bytes
         self._failed: set[tuple[int, int]] = set()  # (start, nbytes) refused by CUDA: not tried again
         self._errors_logged: set[int] = set()
@@ -148,7 +149,7 @@ class HostRegistry:
                 return True
             if (address, nbytes) in self._failed:
                 return False
-            for start, length in self._ranges.items():
+            for start, length in list(self._ranges.items()):
                 if start != address and start < address + nbytes and address < start + length:
                     raise ValueError(f"range of {nbytes} bytes at {address:#x} overlaps the registered range "
                                      f"of {length} bytes at {start:#x}")
@@ -166,7 +167,7 @@ class HostRegistry:
     def covers(self, address: int, nbytes: int) -> bool:
         """True if ``[address, address + nbytes)`` lies inside one registered range."""
         with self._lock:
-            for start, length in self._ranges.items():
+            for start, length in list(self._ranges.items()):
                 if start <= address and address + nbytes <= start + length:
                     return True
         return False
@@ -185,7 +186,9 @@ class HostRegistry:
             self._failed.clear()
 
     def _unregister_locked(self, start: int) -> None:
-        nbytes = self._ranges.pop(start)
+        nbytes = self._ranges.pop(start, None)
+        if nbytes is None:  # a finalizer on this thread got there first
+            return
         code = int(self._cudart.cudaHostUnregister(start))
         if code != CUDA_SUCCESS:  # the range is forgotten either way: it cannot be retried meaningfully
             self._handle_error(code, f"cudaHostUnregister of {nbytes} bytes at {start:#x}")
