@@ -255,18 +255,6 @@ def batch_in(slab: shm.Slab, slot, ends: list[int]) -> tuple[np.ndarray, list[np
 
 
 @needs_shm
-def test_slot_span_locates_a_range_inside_one_slot(slab):
-    base, size = slab.address, 8 * PAGE
-    assert slab.size == 3 * size
-    assert slab.slot_span(base, 1) == (base, 1)
-    assert slab.slot_span(base + size + 100, 50) == (base + size, 150)
-    assert slab.slot_span(base + 2 * size, size) == (base + 2 * size, size)  # a whole slot, the last one
-    for address, nbytes in [(base + size - 10, 20), (base - 1, 2), (base + 3 * size - 1, 2), (base, 0),
-                            (base + 3 * size, 1)]:
-        assert slab.slot_span(address, nbytes) is None, (address - base, nbytes)
-
-
-@needs_shm
 def test_the_used_part_of_a_slot_is_registered_once_and_extended_when_a_batch_uses_more(slab):
     stager, cudart, stream = stager_for(slab)
     slot = slab.take()
