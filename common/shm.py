@@ -86,19 +86,30 @@ class _Mapping:
 
     __slots__ = ("__array_interface__", "__weakref__")
 
-    def __init__(self, fd: int, size: int) -> None:
+    def __init__(self, fd: int, size: int, before_unmap: list[Callable[[int, int], None]]) -> None:
         address = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
         if address in (None, _MAP_FAILED):
             err = ctypes.get_errno()
             raise OSError(err, f"mmap of {size} bytes failed: {os.strerror(err)}")
         self.__array_interface__ = {"data": (address, False), "shape": (size,), "typestr": "|u1", "version": 3}
         # not at interpreter exit: a daemon thread may still read a batch then; the process unmaps it anyway
-        weakref.finalize(self, _libc.munmap, address, size).atexit = False
+        weakref.finalize(self, _unmap, address, size, before_unmap).atexit = False
 
 
-def map_file(fd: int, size: int) -> np.ndarray:
-    """The whole of ``fd`` as a uint8 array; the mapping lives as long as that array or any view of it."""
-    return np.asarray(_Mapping(fd, size))
+def _unmap(address: int, size: int, before_unmap: list[Callable[[int, int], None]]) -> None:
+    """Run the hooks (e.g. unregister the range from CUDA: that must come first), then unmap."""
+    try:
+        for hook in before_unmap:
+            hook(address, size)
+    finally:
+        _libc.munmap(address, size)
+
+
+def map_file(fd: int, size: int, before_unmap: list[Callable[[int, int], None]] | None = None) -> np.ndarray:
+    """The whole of ``fd`` as a uint8 array; the mapping lives as long as that array or any view of it.
+    ``before_unmap``: callables ``hook(address, size)`` run just before the mapping goes (the list may still
+    grow after this call)."""
+    return np.asarray(_Mapping(fd, size, before_unmap if before_unmap is not None else []))
 
 
 class _Lease:
@@ -123,12 +134,15 @@ class Slab:
         self.slots = slots
         self.token = secrets.token_hex(8)
         self._fd = os.memfd_create("ferry-slab", os.MFD_CLOEXEC)
+        self._before_unmap: list[Callable[[int, int], None]] = []
         try:
             os.ftruncate(self._fd, self.slots * self.slot_bytes)
-            self._mapping: np.ndarray | None = map_file(self._fd, self.slots * self.slot_bytes)
+            self._mapping: np.ndarray | None = map_file(self._fd, self.slots * self.slot_bytes, self._before_unmap)
         except BaseException:
             os.close(self._fd)
             raise
+        #: where the mapping starts in this process, and its length (they outlive ``close``) [Unit: byte]
+        self.address, self.size = self._mapping.ctypes.data, self.slots * self.slot_bytes
         self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
         self._lock = threading.Lock()
         self._free = list(range(self.slots - 1, -1, -1))
@@ -156,6 +170,22 @@ class Slab:
     def _release(self, index: int) -> None:
         with self._lock:
             self._free.append(index)
+
+    def slot_span(self, address: int, nbytes: int) -> tuple[int, int] | None:
+        """Where ``[address, address + nbytes)`` lies in the slab: ``(address of its slot, bytes from the
+        slot's start to the range's end)``; None if it is not inside one slot."""
+        offset = address - self.address
+        if nbytes <= 0 or offset < 0 or offset + nbytes > self.size:
+            return None
+        start = offset - offset % self.slot_bytes
+        if offset + nbytes > start + self.slot_bytes:
+            return None
+        return self.address + start, offset + nbytes - start
+
+    def before_unmap(self, hook: Callable[[int, int], None]) -> None:
+        """Call ``hook(address, size)`` just before the slab's memory is unmapped (after ``close`` and the
+        last batch view), e.g. to unregister it from CUDA first."""
+        self._before_unmap.append(hook)
 
     @property
     def free(self) -> int:
