@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     timed(3, lambda: scale_out(report, sizes))
     timed(5, lambda: stall(report, sizes))
     timed(6, lambda: first_batch(report, sizes))
+    timed(7, lambda: __import__("benchmarks.compression", fromlist=["*"]).compression_scenario(report, sizes))
     path = report.save(args.out)
     print(f"\n{report.markdown()}\n")
     for note in report.notes:

@@ -16,6 +16,9 @@ Tree spec grammar (what msgpack carries):
 * ``{"t": "n", "c": "module:QualName", "k": [fields], "v": [specs]}`` -- a namedtuple. The receiver uses
   that class if its module is already imported there and its fields match, else a namedtuple class of the
   same name and fields made on the spot (nothing is ever imported on a peer's word);
+* an array leaf with ``"z": [entry per frame]`` has compressed frames: each entry ``None`` (raw) or
+  ``[codec, shuffle, raw_nbytes]``; validated and bounded before anything is allocated, then decompressed
+  into one fresh array (see :mod:`ferry.common.compression`);
 * an array leaf with ``"x": "bf16"`` holds bfloat16 values as their int16 bits (numpy has no bfloat16);
   it decodes to a :class:`Bfloat16Bits` array, which the consumer's staging views as ``torch.bfloat16``.
 
@@ -153,23 +156,26 @@ class _Encoder:
         return {**spec, "f": len(frames) - 1}
 
 
-def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None, region: Any = None) -> Any:
+def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None, region: Any = None,
+                compressed: list[int] | None = None) -> Any:
     """Decode a tree spec over received frames (buffers). Arrays are zero-copy views of the frames;
     a leaf that spans several frames comes back as :class:`Chunked`.
 
     ``max_bytes`` bounds the total length of the frames (the batch's array bytes). ``region`` is the
     task's shared-memory slot (a uint8 array), where ``"m"`` leaves are views; without one they are an error.
+    ``compressed``, a list ``[wire, raw]``, is increased by the wire and raw bytes of compressed frames.
 
     Raises:
         ProtocolError: the spec or the frames are malformed; the message says what and where.
     """
     if len(frames) > MAX_FRAMES:
         raise ProtocolError(f"{len(frames)} frames, more than {MAX_FRAMES}")
+    total = sum(len(f) for f in frames)
     if max_bytes is not None:
-        total = sum(len(f) for f in frames)
         if total > max_bytes:
             raise ProtocolError(f"batch of {total} bytes exceeds the limit of {max_bytes} bytes")
-    decoder = _Decoder(frames, region)
+    decoder = _Decoder(frames, region, max_bytes)
+    decoder.compressed = compressed
     tree = decoder.node(spec, 0, "batch")
     if not all(decoder.used):
         raise ProtocolError(f"{decoder.used.count(False)} frame(s) not referenced by the tree")
@@ -177,10 +183,13 @@ def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None, 
 
 
 class _Decoder:
-    def __init__(self, frames: Sequence[Any], region: Any) -> None:
+    def __init__(self, frames: Sequence[Any], region: Any, max_bytes: int | None = None) -> None:
         self.frames, self.region = frames, region
         self.used = [False] * len(frames)
         self.leaves = 0
+        self.max_bytes = max_bytes
+        self.budget: Any = None  # the raw-size bound of compressed frames, made at the first one
+        self.compressed: list[int] | None = None  # [wire, raw] bytes of compressed frames, counted if given
 
     def node(self, node: Any, depth: int, path: str) -> Any:
         if depth > MAX_TREE_DEPTH:
@@ -194,7 +203,9 @@ class _Decoder:
             raise ProtocolError(f"unexpected {type(node).__name__} at {path}")
         tag = node.get("t")
         if tag == "a":
-            if "m" in node:
+            if "z" in node:  # compressed frames (common/compression.py); never in a shared-memory slot
+                array = self._compressed(node, path)
+            elif "m" in node:
                 array = _decode_slot_array(node, self.region, path)
             else:
                 array = _decode_array(node, self.frames, self.used, path)
@@ -226,6 +237,25 @@ class _Decoder:
             cls = _namedtuple_class(node.get("c"), node.get("k"), len(values), path)
             return cls(*(self.node(v, depth + 1, f"{path}.{f}") for f, v in zip(cls._fields, values)))
         raise ProtocolError(f"unknown node tag {tag!r} at {path}")
+
+    def _compressed(self, node: dict, path: str) -> Any:
+        from ferry.common.compression import Budget, decode_leaf
+
+        if "m" in node:
+            raise ProtocolError(f"array at {path} is both compressed and in a shared-memory slot")
+        np_dtype, shape, _ = _dtype_and_shape(node, path)
+        index, count = _frame_range(node, self.frames, self.used, path)
+        if self.budget is None:
+            self.budget = Budget(self.max_bytes, used=sum(len(f) for f in self.frames))
+        leaf = decode_leaf(np_dtype, tuple(shape), self.frames[index : index + count], node["z"], path, self.budget)
+        if self.compressed is not None:
+            self.compressed[0] += leaf.wire_nbytes
+            self.compressed[1] += leaf.raw_compressed
+        # decompressed here, on the io thread: a stream that lies fails as this producer's ProtocolError (its
+        # task re-issued, the producer rejected) instead of failing later in staging, where the batch is out
+        # of the reorder buffer and could not be re-issued. "auto" compresses only links slower than the
+        # decompress rate, so the io thread keeps up with the link.
+        return leaf.assemble_into(np.empty(leaf.nbytes, np.uint8))
 
 
 _made_classes: dict[tuple[str, tuple[str, ...]], type] = {}
@@ -282,8 +312,8 @@ def _decode_slot_array(node: dict, region: Any, path: str) -> np.ndarray:
     return region[offset : offset + nbytes].view(np_dtype).reshape(shape)
 
 
-def _decode_array(node: dict, frames: Sequence[Any], used: list[bool], path: str) -> np.ndarray | Chunked:
-    np_dtype, shape, elements = _dtype_and_shape(node, path)
+def _frame_range(node: dict, frames: Sequence[Any], used: list[bool], path: str) -> tuple[int, int]:
+    """The first frame and the frame count of an array leaf, checked and marked used."""
     index, count = node.get("f"), node.get("n", 1)
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise ProtocolError(f"bad frame count {count!r} at {path}")
@@ -292,6 +322,12 @@ def _decode_array(node: dict, frames: Sequence[Any], used: list[bool], path: str
     if any(used[index : index + count]):
         raise ProtocolError(f"frame {index} referenced twice (at {path})")
     used[index : index + count] = [True] * count
+    return index, count
+
+
+def _decode_array(node: dict, frames: Sequence[Any], used: list[bool], path: str) -> np.ndarray | Chunked:
+    np_dtype, shape, elements = _dtype_and_shape(node, path)
+    index, count = _frame_range(node, frames, used, path)
     buffers = frames[index : index + count]
     length = sum(len(b) for b in buffers)
     if elements * np_dtype.itemsize != length:

@@ -102,6 +102,9 @@ SCHEMAS: dict[str, dict[str, Check]] = {
 #: Optional fields, checked when present.
 OPTIONAL: dict[str, dict[str, Check]] = {
     HELLO: {"shm": _str},
+    # what the consumer asks producers to do with batch frames, and the codecs it can decompress
+    WELCOME: {"compression": lambda v: v in ("auto", "lz4", "zstd", "none"),
+              "codecs": lambda v: isinstance(v, list) and len(v) <= 8 and all(_str(c) for c in v)},
     TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0,
            "seed": _uint,  # the loader's seed, from which each sample's sample_info().seed is derived
            # a sharded dataset's task: [batch k, batch_size, drop_last, shuffle] of the shard indices[0] names

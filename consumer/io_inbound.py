@@ -142,7 +142,9 @@ class Inbound:
         if admission.joined is not None:
             log.info("producer %s joined (%d slots); %d live", admission.name, admission.joined.slots, admission.live)
         self._router.send(peer, [protocol.pack(protocol.WELCOME, session=self.session,
-                                               heartbeat=self.config.heartbeat, nonce=header["nonce"])])
+                                               heartbeat=self.config.heartbeat, nonce=header["nonce"],
+                                               compression=self.config.compression,
+                                               codecs=list(self.config.codecs))])
 
     # --- results ------------------------------------------------------------------------------------
     def _claim(self, info: ProducerInfo, header: dict[str, Any]) -> Task | None:
@@ -188,6 +190,8 @@ class Inbound:
             info.batches += 1
             info.bytes += batch.nbytes
         self.counters.shared_batches += batch.shared
+        self.counters.compressed_bytes += batch.compressed_bytes
+        self.counters.uncompressed_bytes += batch.uncompressed_bytes
         self.counters.received += 1
         self.counters.bytes += batch.nbytes
         if header["errors"]:

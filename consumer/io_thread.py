@@ -64,6 +64,8 @@ class IoConfig:
     seed: int = 0  # the loader's seed, sent with every TASK for sample_info()
     max_attempts: int = 3  # a seq lost this many times raises PoisonTaskError in its place
     dataset_spec: str | None = None  # admit only producers announcing this spec (dataset= given as a string)
+    compression: str = "none"  # told to producers in WELCOME: auto, lz4, zstd or none
+    codecs: tuple[str, ...] = ()  # the codecs this consumer can decompress, told with it
 
 
 @dataclass(frozen=True)

@@ -100,8 +100,10 @@ class RemoteLoader(ReadOnlyOptions):
         local: a :class:`LocalOptions`: start producer processes here (local mode). Needs ``dataset``.
             Flat shorthand: ``local_producers`` (the count; 0: none), ``producer_threads``,
             ``producer_slots``, ``mp_context``, ``producer_transform``, ``shared_memory``.
-        transport: a :class:`TransportOptions`: heartbeats, liveness, the task timeout, the batch size bound.
-            Flat shorthand: ``heartbeat``, ``liveness``, ``task_timeout``, ``max_batch_bytes``, ``max_attempts``.
+        transport: a :class:`TransportOptions`: heartbeats, liveness, the task timeout, the batch size bound,
+            compression. Flat shorthand: ``heartbeat``, ``liveness``, ``task_timeout``, ``max_batch_bytes``,
+            ``max_attempts``, ``compression`` (``"auto"``, the default; ``"lz4"``, ``"zstd"`` or None: see
+            :class:`TransportOptions`; ``stats()`` counts ``compressed_bytes`` and ``uncompressed_bytes``).
         curve: a :class:`CurveOptions`: encrypt, and let in only authorized producers.
             Flat shorthand: ``curve_secret_key``, ``curve_authorized_keys``.
 
@@ -132,7 +134,7 @@ class RemoteLoader(ReadOnlyOptions):
         mp_context: str | None = UNSET, producer_transform: Any = UNSET, shared_memory: bool = UNSET,
         collate_fn: Any = UNSET, producer_init: Any = UNSET,
         heartbeat: float = UNSET, liveness: int = UNSET, task_timeout: float = UNSET, max_batch_bytes: int = UNSET,
-        max_attempts: int = UNSET,
+        max_attempts: int = UNSET, compression: str | None = UNSET,
         curve_secret_key: str | None = UNSET, curve_authorized_keys: str | None = UNSET,
         **dataloader_options: Any,
     ) -> None:

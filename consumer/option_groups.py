@@ -22,6 +22,7 @@ from ferry.common.constants import (
     HEARTBEAT_S, LIVENESS, MAX_HEARTBEAT_S, MAX_SLOTS, MAX_THREADS, MIN_HEARTBEAT_S, MIN_LIVENESS,
 )
 from ferry.common.errors import ConfigError, ConfigTypeError
+from ferry.common import compression as comp
 
 __all__ = ["LocalOptions", "TransportOptions", "CurveOptions", "UNSET"]
 
@@ -34,6 +35,13 @@ class _Unset:
 
 
 UNSET: Any = _Unset()
+
+
+def _compression(name: str, value: Any) -> str | None:
+    """"auto", "lz4", "zstd" or None; an explicit codec needs its library here, to decompress."""
+    mode = comp.check_mode(name, value)
+    comp.require(mode)
+    return value
 
 
 def _start_method(name: str, value: Any) -> str:
@@ -139,6 +147,10 @@ class TransportOptions(_Group):
         max_attempts: a batch whose task is lost this many times (its producer died or fell silent, it held
             the task past ``task_timeout``, or its answer was unusable) raises PoisonTaskError in the loop
             instead of being issued again. An orderly leave (BYE) costs no attempt.
+        compression: what producers should do with batch frames: ``"auto"`` (compress only where it pays:
+            never on loopback, ipc or shared memory; elsewhere when the measured link is slower than compressing,
+            see docs/tuning.md), ``"lz4"``, ``"zstd"`` or None (off). A producer's ``--compression`` overrides
+            it. ``"lz4"`` needs ``ferry[lz4]``, ``"zstd"`` ``ferry[zstd]``; ``"auto"`` without either stays off.
     """
 
     heartbeat: float = HEARTBEAT_S
@@ -146,6 +158,7 @@ class TransportOptions(_Group):
     task_timeout: float = DEFAULT_TASK_TIMEOUT_S
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    compression: str | None = "auto"
 
     _CHECKS = {
         "heartbeat": ("heartbeat", lambda n, v: check.number(n, v, low=MIN_HEARTBEAT_S, high=MAX_HEARTBEAT_S)),
@@ -153,6 +166,7 @@ class TransportOptions(_Group):
         "task_timeout": ("task_timeout", lambda n, v: check.number(n, v, low=0, low_open=True)),
         "max_batch_bytes": ("max_batch_bytes", lambda n, v: check.integer(n, v, low=1, high=2**63 - 1)),
         "max_attempts": ("max_attempts", lambda n, v: check.integer(n, v, low=1)),
+        "compression": ("compression", _compression),
     }
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from ferry.common import compression as comp
 from ferry.common.constants import JOIN_TIMEOUT_S, STAGED_BATCHES
 from ferry.common.datasets import dataset_fingerprint, transformed_fingerprint
 from ferry.common.errors import ConfigError
@@ -35,6 +36,19 @@ from ferry.consumer.streaming import ShardBuffer
 from ferry.consumer.stats import STATS, Counters
 
 __all__ = ["Pipeline", "resolve_device"]
+
+
+def compression_welcome(option: str | None) -> dict[str, Any]:
+    """The WELCOME fields for ``compression=``: the mode producers should use, and the codecs this consumer
+    can decompress. ``"auto"`` without any codec library stays off, said once at INFO."""
+    mode, codecs = comp.check_mode("compression", option), comp.available()
+    if mode == "auto" and not codecs:
+        import logging
+
+        logging.getLogger("ferry.consumer").info(
+            "compression='auto' stays off: neither lz4 nor zstandard is installed (pip install 'ferry[lz4]')")
+        mode = "none"
+    return {"compression": mode, "codecs": codecs}
 
 
 def resolve_device(device: Any, pin_memory: bool | None) -> tuple[torch.device | None, bool]:
@@ -119,7 +133,8 @@ class Pipeline:
                      curve=curve, slab=self.local.slab if self.local is not None else None,
                      seed=opts.seed % (1 << 63), max_attempts=transport.max_attempts,
                      # dataset= a spec, no local producers: remote producers must serve that spec
-                     dataset_spec=dataset if isinstance(dataset, str) and local is None else None),
+                     dataset_spec=dataset if isinstance(dataset, str) and local is None else None,
+                     **compression_welcome(transport.compression)),
             self.buffer, counters, waker,
         )
         self.io.start()

@@ -34,6 +34,8 @@ class Batch:
     tree: Any  # views of the frames (and of the task's shared-memory slot, if it had one)
     nbytes: int
     shared: bool  # some of it came through shared memory
+    compressed_bytes: int = 0  # wire bytes of its compressed frames
+    uncompressed_bytes: int = 0  # what those frames hold once decompressed
 
 
 class BatchDecoder:
@@ -51,12 +53,13 @@ class BatchDecoder:
             raise ProtocolError(f"BATCH for task {header['task']} names seq {header['seq']}, expected {task.seq}")
         region = ledger.take_region(task.task)
         shared = region is not None
+        compressed = [0, 0]  # wire and raw bytes of compressed frames
         tree = decode_tree(header["tree"], [f.buffer for f in frames], max_bytes=self.max_batch_bytes,
-                           region=region)
+                           region=region, compressed=compressed)
         del region
         self._check_structure(task, tree, indices, header["errors"])
         nbytes = tree_nbytes(tree)
-        return Batch(tree, nbytes, shared and nbytes > sum(len(f) for f in frames))
+        return Batch(tree, nbytes, shared and nbytes > sum(len(f) for f in frames), *compressed)
 
     def _check_structure(self, task: Task, tree: Any, indices: Sequence[int], errors: list[dict[str, Any]]) -> None:
         if errors:

@@ -26,6 +26,8 @@ class Counters:
     invalid_messages: int = 0
     skipped_samples: int = 0
     shared_batches: int = 0  # received through the shared-memory slab (local producers)
+    compressed_bytes: int = 0  # wire bytes of compressed frames received
+    uncompressed_bytes: int = 0  # their size once decompressed
     # written by the training thread
     batches: int = 0  # yielded to the training loop
     bytes_yielded: int = 0
@@ -69,6 +71,8 @@ STATS: tuple[Figure, ...] = (
     Figure("per_producer", None, "figures per producer (name -> dict)"),
     Figure("shared_memory", None, "the shared-memory slab: slots, free, lost (None without one)"),
     Figure("shared_batches", COUNTER, "batches received through shared memory"),
+    Figure("compressed_bytes", COUNTER, "wire bytes of the compressed frames received"),
+    Figure("uncompressed_bytes", COUNTER, "bytes those compressed frames hold (their ratio is the compression's)"),
 )
 
 
@@ -101,6 +105,8 @@ def stats_figures(c: Counters, io: dict[str, Any], *, capacity: int, epoch: int)
         "per_producer": io.get("per_producer", {}),
         "shared_memory": io.get("shared_memory"),
         "shared_batches": c.shared_batches,
+        "compressed_bytes": c.compressed_bytes,
+        "uncompressed_bytes": c.uncompressed_bytes,
     }
     return {f.name: values[f.name] for f in STATS}  # a KeyError here: a field declared but not computed
 

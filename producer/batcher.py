@@ -66,6 +66,8 @@ class Job:
     slot: Any = None  # a ferry.common.shm.SlotWriter: the consumer's shared memory to write this batch into
     seed: int = 0  # the loader's seed: sample_info().seed derives from (seed, epoch, index)
     shard: Any = None  # a sharded dataset's task: [k, batch_size, drop_last] of shard indices[0] (producer/shards.py)
+    compress: str | None = None  # the codec of this batch's frames (producer/compressing.py), None: raw
+    probe: tuple[str, ...] = ()  # codecs to measure on this batch's data, for "auto"
 
 
 @dataclass
@@ -86,7 +88,7 @@ class Batcher:
     """Loads and collates batches on thread pools. ``close()`` waits for running work, bounded."""
 
     def __init__(self, dataset: Any, *, threads: int, batch_workers: int, done: "queue.SimpleQueue[Outcome]",
-                 waker: Waker, collate_fn: Any = None) -> None:
+                 waker: Waker, collate_fn: Any = None, compressor: Any = None) -> None:
         self._dataset = dataset
         self._collate_fn = collate_fn  # the user's own: then samples reach it as they are, no row layout
         layout = dataset.array_layout() if callable(getattr(dataset, "array_layout", None)) else None
@@ -99,6 +101,7 @@ class Batcher:
         self._batches = ThreadPoolExecutor(max_workers=batch_workers, thread_name_prefix="ferry-batch")
         self._done = done
         self._waker = waker
+        self._compressor = compressor  # a ferry.producer.compressing.FrameCompressor, owned by the service
         self._lock = threading.Lock()
         self.pending = 0  # jobs submitted and not yet in `done`
         self._shards = None  # a sharded dataset's tasks run through producer/shards.py
@@ -106,7 +109,8 @@ class Batcher:
             from ferry.producer.shards import ShardRunner
 
             self._shards = ShardRunner(dataset, pool=self._batches, collate=collate_fn or collate,
-                                       finish=self._finish, fail=self._fail, error_record=error_record)
+                                       finish=self._finish, fail=self._fail, error_record=error_record,
+                                       compress=lambda job, spec, frames: self._compress(job, spec, frames, None, 0)[:2])
 
     def submit(self, job: Job) -> None:
         with self._lock:
@@ -180,11 +184,12 @@ class Batcher:
             if samples:  # relearn, should the layout be an odd sample's or the data have changed shape
                 self._learn(samples[0])
         spec, array_frames = encode_tree(tree, chunk_bytes=FRAME_CHUNK_BYTES, slot=job.slot)
+        # every frame is tracked: the array frames are views of the pooled buffer, the rest small
+        spec, array_frames, pooled, views = self._compress(job, spec, array_frames, pooled, len(array_frames))
         header = protocol.pack(
             protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq, tree=spec, errors=errors
         )
-        # every frame is tracked: the array frames are views of the pooled buffer, the rest small
-        return Outcome(job, [header, *array_frames], buffer=pooled, buffer_frames=len(array_frames))
+        return Outcome(job, [header, *array_frames], buffer=pooled, buffer_frames=views)
 
     def _learn_first(self, first: Future) -> RowLayout | None:
         """The layout of the sample ``first`` loads (None if it raised or has no layout); kept for later batches."""
@@ -305,10 +310,29 @@ class Batcher:
             array, pooled = buffer, (buffer if room is None else None)
         spec, array_frames = encode_tree([array, np.asarray(labels, dtype=np.int64)], chunk_bytes=FRAME_CHUNK_BYTES,
                                          slot=job.slot)
+        spec, array_frames, pooled, views = self._compress(job, spec, array_frames, pooled, len(array_frames) - 1)
         header = protocol.pack(
             protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq, tree=spec, errors=errors
         )
-        return Outcome(job, [header, *array_frames], buffer=pooled, buffer_frames=len(array_frames) - 1)
+        return Outcome(job, [header, *array_frames], buffer=pooled, buffer_frames=views)
+
+    def _compress(self, job: Job, spec: Any, frames: list[Any], pooled: Any, views: int) -> tuple[Any, list[Any], Any, int]:
+        """Probe and compress the batch's frames as the job says (common/compression.py). The first ``views``
+        frames are views of ``pooled``: once every one of them is replaced by compressed bytes, the buffer is
+        back in the pool at once (nothing sent reads it); else it stays tracked. Slot leaves have no frames."""
+        if self._compressor is None or not frames:
+            return spec, frames, pooled, views
+        if job.probe:
+            from ferry.producer.compressing import frame_itemsizes
+
+            self._compressor.probe(frames, frame_itemsizes(spec), job.probe)
+        if job.compress is None:
+            return spec, frames, pooled, views
+        result = self._compressor.apply(job.compress, spec, frames)
+        if pooled is not None and all(i in result.compressed for i in range(views) if len(frames[i])):
+            self.pool.release(pooled)
+            pooled, views = None, 0
+        return result.spec, result.frames, pooled, views
 
     @staticmethod
     def _fail(job: Job, errors: list[dict[str, Any]]) -> Outcome:

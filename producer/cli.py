@@ -31,7 +31,7 @@ examples:
 
 Every flag can also come from the environment: FERRY_CONNECT (comma-separated), FERRY_DATASET,
 FERRY_DATASET_ARGS (JSON object), FERRY_TRANSFORM, FERRY_THREADS, FERRY_SLOTS, FERRY_CURVE_KEY,
-FERRY_CURVE_SERVER_KEY, FERRY_METRICS_PORT, FERRY_LOG_LEVEL. A flag wins over its variable; a variable
+FERRY_CURVE_SERVER_KEY, FERRY_METRICS_PORT, FERRY_LOG_LEVEL, FERRY_COMPRESSION. A flag wins over its variable; a variable
 that does not parse is an error (exit status 2), even with --help.
 
   # CURVE: encrypted, and only producers whose keys the consumer authorized get work
@@ -94,6 +94,11 @@ def build_parser(prog: str = "python -m ferry.producer", env: Mapping[str, Any] 
     parser.add_argument("--metrics-port", type=int, default=env("FERRY_METRICS_PORT") or None,
                         metavar="PORT", help="serve Prometheus metrics on this port (needs ferry[metrics]) "
                                              "[env FERRY_METRICS_PORT]")
+    parser.add_argument("--compression", default=env("FERRY_COMPRESSION"), type=str.lower,
+                        choices=("auto", "lz4", "zstd", "none"),
+                        help="compress batch frames: overrides what the consumer asks for (RemoteLoader's "
+                             "compression=, default auto: only when the measured link is slower than compressing); "
+                             "lz4 needs ferry[lz4], zstd ferry[zstd] [env FERRY_COMPRESSION]")
     parser.add_argument("--log-level", default=env("FERRY_LOG_LEVEL", "INFO"), type=str.upper, choices=LOG_LEVELS,
                         help="log verbosity, in any case (default INFO) [env FERRY_LOG_LEVEL]")
     return parser
@@ -135,7 +140,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m ferry.producer") 
             exit_with_parent=env.get("FERRY_EXIT_WITH_PARENT", False), curve=curve,
             transform=args.transform, metrics_port=args.metrics_port, shared_memory=env.get("FERRY_SHARED_MEMORY"),
             unreachable_warning_s=env.get("FERRY_UNREACHABLE_WARNING_S", UNREACHABLE_WARNING_S),
-            init=args.init, collate=args.collate, seed=args.seed,
+            init=args.init, collate=args.collate, seed=args.seed, compression=args.compression,
             worker_id=env.get("FERRY_WORKER", (0, 1))[0], num_workers=env.get("FERRY_WORKER", (0, 1))[1],
         )
         return serve(config)

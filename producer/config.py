@@ -16,6 +16,7 @@ from ferry.common.constants import (
     DEFAULT_SLOTS, DEFAULT_THREADS, HEARTBEAT_S, LIVENESS, MAX_HEARTBEAT_S, MAX_SLOTS, MAX_THREADS, MIN_HEARTBEAT_S,
     MIN_LIVENESS,
 )
+from ferry.common.compression import MODES, require
 from ferry.common.endpoints import expand_endpoints
 from ferry.common.errors import ConfigError
 
@@ -56,6 +57,8 @@ class ProducerConfig:
         collate: the batch's collate function (a callable, or a ``package.module:callable`` spec), run on
             the producer in place of ``default_collate``, like DataLoader's ``collate_fn``. Its output may be
             any tree of dicts, lists and tuples with array, tensor and scalar leaves.
+        compression: ``"auto"``, ``"lz4"``, ``"zstd"`` or ``"none"``: overrides what each consumer asks for in
+            its WELCOME; None (the default) follows the consumer (see producer/compressing.py).
     """
 
     endpoints: tuple[str, ...]
@@ -77,6 +80,7 @@ class ProducerConfig:
     num_workers: int = 1
     init: Any = None
     collate: Any = None
+    compression: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoints", expand_endpoints(list(self.endpoints)))
@@ -86,6 +90,9 @@ class ProducerConfig:
         check.integer("liveness", self.liveness, low=MIN_LIVENESS)
         check.number("unreachable_warning_s", self.unreachable_warning_s, low=0, low_open=True)
         check.optional(check.integer, "metrics_port", self.metrics_port, low=0, high=65535)
+        if self.compression is not None:
+            check.choice("compression", self.compression, MODES)
+            require(self.compression)  # an explicit codec without its library: a ConfigError naming the package
         if not self.dataset_label:
             object.__setattr__(self, "dataset_label", self.dataset)
 
@@ -136,6 +143,12 @@ def _token_path(text: str) -> tuple[str, str]:
     return path, token
 
 
+def _compression(text: str) -> str:
+    if text.lower() not in MODES:
+        raise ValueError(text)
+    return text.lower()
+
+
 def _worker(text: str) -> tuple[int, int]:
     """``ID/COUNT``: a local producer's place among its loader's producers (set by the loader)."""
     worker_id, _, count = text.partition("/")
@@ -162,6 +175,7 @@ PRODUCER_ENV: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("FERRY_INIT", str, "package.module:callable"),
     EnvVar("FERRY_COLLATE", str, "package.module:callable"),
     EnvVar("FERRY_WORKER", _worker, "ID/COUNT"),
+    EnvVar("FERRY_COMPRESSION", _compression, f"one of {', '.join(MODES)}"),
 )}
 
 

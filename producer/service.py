@@ -41,6 +41,7 @@ from ferry.common.waker import Waker
 
 from ferry.producer.batcher import Batcher, Job, Outcome
 from ferry.producer.buffers import tracked
+from ferry.producer.compressing import FrameCompressor, LinkCompression
 from ferry.producer.config import ProducerConfig
 from ferry.producer.connection import (
     EXIT_OK, Action, CheckAddress, Connection, FailTask, Log, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
@@ -59,6 +60,7 @@ class Link:
     endpoint: str
     sock: zmq.Socket
     conn: Connection
+    compression: LinkCompression  # the codec of this connection, and its link measurements
     said_bye: bool = False
     watching_out: bool = False  # the poller watches ``sock`` for POLLOUT too (see Producer._watch_writable)
 
@@ -81,6 +83,8 @@ class Producer:
         self._links: dict[int, Link] = {}
         self._resolver = AddressResolver(self._waker)  # DNS lookups off the main loop (producer/resolver.py)
         self._slab = self._map_slab(config.shared_memory)
+        # compresses frames for links that use a codec, on its own threads (common/compression.py)
+        self._compressor = FrameCompressor(workers=min(config.threads, os.cpu_count() or 1))
         self._batcher = Batcher(
             dataset,
             collate_fn=config.collate,
@@ -88,6 +92,7 @@ class Producer:
             batch_workers=config.slots * max(1, len(config.endpoints)),
             done=self._done,
             waker=self._waker,
+            compressor=self._compressor,
         )
         self.batches_sent = 0
         self.bytes_sent = 0
@@ -171,8 +176,9 @@ class Producer:
                 if not self._send(link, [self._hello(action.nonce)]):
                     self._apply(link, link.conn.hello_unsent(time.monotonic()))
             elif isinstance(action, SendPing):
-                self._send(link, [protocol.pack(protocol.PING,
-                                                load={"pending": action.pending, "sent": self.batches_sent})])
+                self._send(link, [protocol.pack(protocol.PING, load={
+                    "pending": action.pending, "sent": self.batches_sent,
+                    "compression": link.compression.codec or "off"})])
             elif isinstance(action, RunTask):
                 self._run_task(link, action.header)
             elif isinstance(action, FailTask):
@@ -196,9 +202,11 @@ class Producer:
             except ValueError as exc:
                 raise ProtocolError(str(exc)) from None
         link.conn.task_started()
+        codec, probe = link.compression.task()
         self._batcher.submit(
             Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
-                header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"))
+                header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"), compress=codec,
+                probe=probe)
         )
 
     # --- sockets ------------------------------------------------------------------------------------
@@ -206,7 +214,8 @@ class Producer:
         cfg = self.config
         conn = Connection(endpoint, now=time.monotonic(), heartbeat=cfg.heartbeat, liveness=cfg.liveness,
                           unreachable_warning_s=cfg.unreachable_warning_s, dataset_len=self.dataset_len)
-        return Link(key=next(self._keys), endpoint=endpoint, sock=self._socket(endpoint), conn=conn)
+        return Link(key=next(self._keys), endpoint=endpoint, sock=self._socket(endpoint), conn=conn,
+                    compression=LinkCompression(endpoint, cfg.compression, self._compressor))
 
     def _socket(self, endpoint: str) -> zmq.Socket:
         sock = self._ctx.socket(zmq.DEALER)
@@ -276,6 +285,9 @@ class Producer:
         for link in self._links.values():
             link.sock.close(linger=BYE_LINGER_MS if link.said_bye else 0)  # let a BYE leave, bounded
         self._batcher.close()
+        for link in self._links.values():
+            link.compression.close()
+        self._compressor.close()
         self._resolver.close()  # ends after the lookup in progress, if any (not waited for)
         self._ctx.term()
         self._waker.close()
@@ -289,7 +301,10 @@ class Producer:
                 return
             try:
                 header = protocol.parse_header(frames[0])
-                self._apply(link, link.conn.receive(header, len(frames), time.monotonic()))
+                actions = link.conn.receive(header, len(frames), time.monotonic())
+                if header["type"] == protocol.WELCOME:  # accepted: the consumer's compression wish
+                    link.compression.welcome(header)
+                self._apply(link, actions)
             except ProtocolError as exc:
                 self.invalid_messages += 1
                 self._invalid_log.warning("invalid message #%d from %s dropped: %s", self.invalid_messages,
@@ -308,14 +323,20 @@ class Producer:
                 continue  # the session it belonged to is gone
             link.conn.task_finished()
             frames, tracker = outcome.frames, None
-            if outcome.buffer is not None:
-                frames, tracker = tracked(frames, outcome.buffer_frames)
+            meter = link.compression.meter if not outcome.failed else None
+            count = len(frames) - 1 if meter is not None else outcome.buffer_frames if outcome.buffer is not None else 0
+            if count:  # the pooled buffer's views, or every frame of a link whose drain rate is measured
+                frames, tracker = tracked(frames, count)
+            sent_at = time.perf_counter()
             sent = self._send(link, frames)
             del frames
             self._release(outcome, tracker if sent else None)
             if sent and not outcome.failed:
+                wire = sum(len(f) for f in outcome.frames[1:])
+                if meter is not None and tracker is not None:
+                    meter.sent(tracker, wire, sent_at)
                 self.batches_sent += 1
-                self.bytes_sent += sum(len(f) for f in outcome.frames[1:])
+                self.bytes_sent += wire
                 if outcome.job.slot is not None and outcome.job.slot.used:
                     self.shared_batches += 1
                     self.bytes_sent += outcome.job.slot.used

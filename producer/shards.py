@@ -58,7 +58,8 @@ class ShardRunner:
 
     def __init__(self, dataset: Any, *, pool: Executor, collate: Callable[[list[Any]], Any],
                  finish: Callable[[Any, Any], None], fail: Callable[[Any, list[dict[str, Any]]], Any],
-                 error_record: Callable[[int, BaseException], dict[str, Any]]) -> None:
+                 error_record: Callable[[int, BaseException], dict[str, Any]],
+                 compress: Callable[[Any, Any, list[Any]], tuple[Any, list[Any]]] | None = None) -> None:
         self._dataset = dataset
         self._names = shard_names(dataset)
         self._buffer = shuffle_buffer(dataset)  # within-shard shuffle, when a task asks for it
@@ -67,6 +68,7 @@ class ShardRunner:
         self._finish = finish  # (job, outcome): hand the message to the main loop
         self._fail = fail
         self._error_record = error_record
+        self._compress = compress  # (job, spec, frames) -> (spec, frames): the job's codec, if it has one
         self._lock = threading.Lock()
         self._queues: dict[int, list[_Queued]] = {}  # shard index -> jobs waiting, lowest k first
         self._busy: set[int] = set()  # shards a worker is draining
@@ -109,6 +111,8 @@ class ShardRunner:
             return _outcome(job, [header])
         tree = self._collate(samples)
         spec, frames = encode_tree(tree, chunk_bytes=FRAME_CHUNK_BYTES, slot=job.slot)
+        if self._compress is not None:
+            spec, frames = self._compress(job, spec, frames)
         header = protocol.pack(protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq,
                                tree=spec, errors=[], count=len(samples), last=last)
         return _outcome(job, [header, *frames])

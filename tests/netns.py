@@ -134,3 +134,54 @@ def make_network(hosts: list[str]) -> Network:
     except (subprocess.CalledProcessError, FileNotFoundError, PermissionError) as exc:
         detail = getattr(exc, "stderr", b"") or b""
         cannot_run(f"cannot create network namespaces here: {exc} {detail.decode(errors='replace').strip()}")
+
+
+class ShapedLink:
+    """One namespace ``ns`` joined to the root namespace by a veth pair, its egress shaped by ``tc tbf``: a
+    slow link between a producer in ``ns`` (at ``addr_far``) and a consumer here (at ``addr_here``)."""
+
+    def __init__(self, tag: str, rate: str = "200mbit", burst: str = "256kb", latency: str = "50ms") -> None:
+        n = os.getpid() % 200 + 20
+        self.ns = f"ferry-{tag}-{os.getpid()}"
+        self.dev_here, self.dev_far = f"sh{n}{tag[:4]}", f"sf{n}{tag[:4]}"
+        self.addr_here, self.addr_far = f"10.233.{n}.1", f"10.233.{n}.2"
+        self.made: list[str] = []
+        try:
+            _ip("netns", "add", self.ns)
+            self.made.append("ns")
+            _ip("-n", self.ns, "link", "set", "lo", "up")
+            _ip("link", "add", self.dev_here, "type", "veth", "peer", "name", self.dev_far)
+            self.made.append("veth")
+            _ip("link", "set", self.dev_far, "netns", self.ns)
+            _ip("addr", "add", f"{self.addr_here}/24", "dev", self.dev_here)
+            _ip("link", "set", self.dev_here, "up")
+            _ip("-n", self.ns, "addr", "add", f"{self.addr_far}/24", "dev", self.dev_far)
+            _ip("-n", self.ns, "link", "set", self.dev_far, "up")
+            for where, dev in ((None, self.dev_here), (self.ns, self.dev_far)):  # both directions
+                prefix = ["ip", "netns", "exec", where] if where else []
+                subprocess.run([*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burst,
+                                "latency", latency], check=True, capture_output=True, timeout=10)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if "veth" in self.made:  # deleting one end deletes the pair
+            subprocess.run(["ip", "link", "del", self.dev_here], capture_output=True, timeout=10)
+        if "ns" in self.made:
+            subprocess.run(["ip", "netns", "del", self.ns], capture_output=True, timeout=10)
+        self.made.clear()
+
+
+def make_shaped_link(tag: str, rate: str = "200mbit") -> ShapedLink:
+    if os.geteuid() != 0:
+        cannot_run("a shaped veth link needs root")
+    import shutil
+
+    if shutil.which("tc") is None:
+        cannot_run("a shaped veth link needs tc (iproute2)")
+    try:
+        return ShapedLink(tag, rate)
+    except (subprocess.CalledProcessError, FileNotFoundError, PermissionError) as exc:
+        detail = getattr(exc, "stderr", b"") or b""
+        cannot_run(f"cannot create a shaped veth link here: {exc} {detail.decode(errors='replace').strip()}")

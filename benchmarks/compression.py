@@ -1,0 +1,177 @@
+"""Scenario 7: compression for slow links (issue 12, part 3). ``python -m benchmarks --only 7``.
+
+Two rows, each Ferry with ``compression="auto"`` against ``compression=None``, measured alternating:
+
+* a 1 Gbit/s link (a veth pair to a network namespace, shaped with ``tc tbf``), compressible tiles (whole-number
+  float32, like satellite counts): auto should turn compression on (target ≥ 1.8× the samples/s of None);
+* the same link with incompressible bytes, and tcp loopback with the tiles: auto should stay off and cost
+  nothing (target ≥ 0.95×).
+
+The producer runs in the namespace (``ip netns exec``), the loader here. Needs root and ``tc``; without them
+the rows say why they were skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from ferry import RemoteLoader
+
+from .harness import Figure, Report, Row, alternate, ratio
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BATCH = 32
+#: Tasks "auto" needs before its first decisions (producer/compressing.py): warm-up epochs cover them.
+WARM_EPOCHS = 2
+
+
+class Tiles:
+    """Sample i: a float32 tile of whole numbers 0..4095 (smooth, like sensor counts), cycling through a few
+    precomputed ones so that loading costs only a copy. Compresses about 2-3x after the byte shuffle."""
+
+    def __init__(self, length: int = 512, shape=(13, 128, 128), variants: int = 16) -> None:
+        self.length, self.shape = int(length), tuple(shape)
+        rng = np.random.default_rng(0)
+        steps = rng.integers(-6, 7, size=(variants, *self.shape))
+        self._tiles = (np.cumsum(steps, axis=-1) % 4096).astype(np.float32)
+        self.fingerprint = f"bench-tiles:{self.length}:{self.shape}:{variants}"
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        return self._tiles[index % len(self._tiles)].copy(), index
+
+
+class Noise(Tiles):
+    """Like Tiles, but random bytes of the same size: incompressible."""
+
+    def __init__(self, length: int = 512, shape=(13, 128, 128), variants: int = 16) -> None:
+        super().__init__(length, shape, 1)
+        rng = np.random.default_rng(1)
+        self._tiles = rng.integers(0, 256, size=(variants, *self.shape, 4), dtype=np.uint8).view(np.float32)[..., 0]
+        self.fingerprint = f"bench-noise:{self.length}:{self.shape}:{variants}"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _producer(endpoint: str, spec: str, args: dict[str, Any], netns: str | None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "ferry.producer", "--connect", endpoint, "--dataset", spec, "--threads", "2",
+           "--slots", "3", "--heartbeat", "0.2", "--log-level", "WARNING"]
+    for key, value in args.items():
+        cmd += ["--dataset-arg", f"{key}={json.dumps(value)}"]
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    return subprocess.Popen(cmd, env=_env(), stdin=subprocess.DEVNULL, cwd=REPO)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
+def _port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _epoch_rate(loader: RemoteLoader) -> float:
+    start = time.perf_counter()
+    samples = sum(len(batch[1]) for batch in loader)
+    return samples / (time.perf_counter() - start)
+
+
+def _auto_vs_none(host: str, netns: str | None, spec: str, args: dict[str, Any], repeats: int) -> tuple[dict, dict]:
+    """Two loaders, each with its own producer, warmed, then alternating epochs. Returns (figures, auto's stats)."""
+    procs: list[subprocess.Popen] = []
+    loaders: dict[str, RemoteLoader] = {}
+    try:
+        for name, compression in (("auto", "auto"), ("none", None)):
+            endpoint = f"tcp://{host}:{_port()}"
+            loaders[name] = RemoteLoader(endpoint=endpoint, batch_size=BATCH, compression=compression,
+                                         buffer_batches=8, heartbeat=0.2, timeout=120, log_every=None)
+            procs.append(_producer(endpoint, spec, args, netns))
+        deadline = time.monotonic() + 120
+        while any(each.stats()["producers"] < 1 for each in loaders.values()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the producers did not join")
+            time.sleep(0.05)
+        for each in loaders.values():
+            for _ in range(WARM_EPOCHS):
+                _epoch_rate(each)
+        figures = alternate({name: (lambda l=each: _epoch_rate(l)) for name, each in loaders.items()}, repeats)
+        return figures, loaders["auto"].stats()
+    finally:
+        for each in loaders.values():
+            each.close()
+        _stop(procs)
+
+
+def _shaped_link(rate: str) -> Any:
+    """A veth link to a fresh namespace, shaped to ``rate``; or a string saying why there is none."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces and tc)"
+    if shutil.which("tc") is None or shutil.which("ip") is None:
+        return "needs iproute2 (ip, tc)"
+    try:
+        from tests.netns import ShapedLink
+
+        return ShapedLink("bench", rate=rate)
+    except Exception as exc:  # noqa: BLE001 - any failure to build the link skips the row, saying why
+        return f"cannot build a shaped link here: {exc}"
+
+
+def _row(report: Report, case: str, figures: dict[str, Figure], stats: dict[str, Any], target: float,
+         note: str = "") -> None:
+    r = ratio(figures["auto"], figures["none"])
+    wire, raw = stats.get("compressed_bytes", 0), stats.get("uncompressed_bytes", 0)
+    on = f"auto compressed {raw / 1e6:.0f} MB into {wire / 1e6:.0f} MB" if wire else "auto sent raw"
+    report.add(Row("7 compression", case, {"auto samples/s": figures["auto"].text(),
+                                           "none samples/s": figures["none"].text()},
+                   ratio=r, target=f"auto / none ≥ {target}", met=r >= target,
+                   note="; ".join(x for x in (on, note) if x), raw={k: v.values for k, v in figures.items()}))
+
+
+def compression_scenario(report: Report, sizes: Any) -> None:
+    length = max(4 * BATCH, sizes.seed_samples * 2)
+    shape = list(sizes.seed_shape[:1]) + [128, 128] if len(sizes.seed_shape) == 3 else [13, 128, 128]
+    args = {"length": length, "shape": shape}
+    link = _shaped_link("1gbit")
+    try:
+        if isinstance(link, str):
+            for case in ("1 Gbit/s link, compressible tiles", "1 Gbit/s link, incompressible bytes"):
+                report.add(Row("7 compression", case, {}, note=f"skipped: {link}"))
+        else:
+            figures, stats = _auto_vs_none(link.addr_here, link.ns, "benchmarks.compression:Tiles", args,
+                                           sizes.repeats)
+            _row(report, "1 Gbit/s tbf-shaped veth link, compressible float32 tiles", figures, stats, 1.8)
+            figures, stats = _auto_vs_none(link.addr_here, link.ns, "benchmarks.compression:Noise", args,
+                                           sizes.repeats)
+            _row(report, "1 Gbit/s tbf-shaped veth link, incompressible bytes", figures, stats, 0.95)
+    finally:
+        if not isinstance(link, str):
+            link.close()
+    figures, stats = _auto_vs_none("127.0.0.1", None, "benchmarks.compression:Tiles", args, sizes.repeats)
+    _row(report, "tcp loopback, compressible float32 tiles", figures, stats, 0.95)
