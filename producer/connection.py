@@ -10,11 +10,11 @@ tested without a socket (tests/test_connection.py)::
 While GREETING, the producer says HELLO at once, then every heartbeat. A HELLO that cannot even be queued
 (no connection yet: the socket has IMMEDIATE set) is sent again the moment the socket becomes writable, which
 the loop watches for while :attr:`Connection.wants_writable` (event :meth:`~Connection.writable`): a producer
-started before its consumer binds is welcomed as soon as libzmq connects, not a heartbeat later. While
-SERVING it runs TASKs and PINGs. Leaving
-SERVING drops that consumer's pending work (outcomes of the old session are no longer :meth:`owns`-ed, so
-the loop discards them) and draws a new ``nonce``, so the consumer can tell a fresh HELLO from a repeated
-one. If, while GREETING, no HELLO can even be queued (no connection: the socket has IMMEDIATE set) for
+started before its consumer binds is welcomed as soon as libzmq connects, not a heartbeat later.
+
+While SERVING it runs TASKs and PINGs. Leaving SERVING drops that consumer's pending work (outcomes of the
+old session are no longer :meth:`owns`-ed, so the loop discards them) and draws a new ``nonce``, so the
+consumer can tell a fresh HELLO from a repeated one. If, while GREETING, no HELLO can even be queued (no connection: the socket has IMMEDIATE set) for
 LIVENESS heartbeats on a socket that had been welcomed, the machine asks for a fresh socket
 (:class:`Rebuild`): libzmq does not reconnect after a protocol error (an oversized frame, say), so a broken
 or hostile peer would otherwise cut this endpoint off for good. A connection that merely waits (a cut
