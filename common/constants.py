@@ -26,8 +26,10 @@ DEFAULT_MAX_ATTEMPTS = 3
 
 #: How long a producer lets a BYE leave its socket on shutdown. [Unit: millisecond]
 BYE_LINGER_MS = 500
-#: A producer's DEALER reconnects after this long, backing off up to the maximum. [Unit: millisecond]
-RECONNECT_IVL_MS = 100
+#: A producer's DEALER reconnects after this long, doubling (plus jitter) up to the maximum. [Unit: millisecond]
+#: Short, because local producers connect before their consumer binds: libzmq's first retry decides how soon
+#: the first HELLO can go out (about 10-30 ms after the bind, against 100-200 ms at 100 ms).
+RECONNECT_IVL_MS = 10
 RECONNECT_IVL_MAX_MS = 2000
 #: Most ports one ``tcp://HOST:LO-HI`` endpoint range may name.
 MAX_PORT_RANGE = 256

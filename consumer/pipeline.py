@@ -140,7 +140,8 @@ class Pipeline:
         self.io.start()
         if self.local is not None:  # a local producer's death, seen through its sentinel, loses it at once
             self.local.on_death = self.io.producer_died
-        self.stager = make_stager(device, pin_memory, opts.buffer_batches + STAGED_BATCHES + 4)
+        self.stager = make_stager(device, pin_memory, opts.buffer_batches + STAGED_BATCHES + 4,
+                                  slab=self.local.slab if self.local is not None else None)
         self.staging = threading.Thread(
             target=staging_loop, name="ferry-staging", daemon=True,
             args=(self.buffer, self.staged, self.stop, self.stager, self.staging_failure),

@@ -6,12 +6,17 @@
   the tensor owns that buffer until the training loop drops it, and a finalizer returns it to the pool.
   With ``pin_memory=True`` (and CUDA present) leaves are copied into page-locked memory instead, as
   ``DataLoader(pin_memory=True)`` does.
-* CUDA: each array leaf is copied into a *reused* page-locked buffer from :class:`PinnedPool`, then
-  ``copy_(non_blocking=True)`` to the device on a dedicated side stream. An event recorded after the
-  copies travels with the batch; the training thread makes its current stream wait on it and calls
-  ``record_stream`` on the tensors. A pinned buffer goes back to the pool only after its event completed.
+* CUDA: each array leaf is copied ``copy_(non_blocking=True)`` to the device on a dedicated side stream,
+  straight from where it lies when that memory is registered with CUDA (:mod:`ferry.consumer.pinning`): a
+  shared-memory slot, or a receive-pool buffer a chunked leaf was assembled in. Any other leaf (a frame that
+  libzmq owns) is first copied into a *reused* page-locked buffer from :class:`PinnedPool`. An event
+  recorded after the copies travels with the batch; the training thread makes its current stream wait on
+  it and calls ``record_stream`` on the tensors. The host memory a batch's copies read from (its slot, its
+  pool buffers, its pinned buffers) is held until that event completed: only then can a producer write
+  into the slot again, or a pool hand the buffer out again.
 
-The thread body is :func:`staging_loop`; it stops when ``stop`` is set, with every wait bounded.
+The thread body is :func:`staging_loop`; it stops when ``stop`` is set, with every wait bounded. Between
+batches it lets the stager drop what completed copies held (``reclaim``), so slots come back promptly.
 """
 
 from __future__ import annotations
@@ -27,15 +32,24 @@ import torch
 
 from ferry.common.codec import Chunked
 from ferry.common.constants import POLL_SLICE_S
+from ferry.common.shm import Slab
 from ferry.common.tree import iter_leaves, map_tree
 
 from ferry.consumer.buffer import Delivery, ReorderBuffer, is_eof
+from ferry.consumer.pinning import HostRegistry, page_aligned_buffer, page_span
+
+
+def is_assembled(leaf: Any) -> bool:
+    """A leaf the receiver assembles (:class:`Chunked`, or anything with its ``assemble_into``, such as a
+    compressed leaf decoded lazily) rather than an array over received memory."""
+    return hasattr(leaf, "assemble_into")
 
 
 def map_arrays(tree: Any, fn: Callable[[np.ndarray | Chunked], torch.Tensor]) -> Any:
     """The tree with ``fn(leaf)``, a tensor, in place of each array leaf. A bfloat16 leaf (its int16 bits on
     the wire) becomes a bfloat16 tensor over the same memory."""
-    return map_tree(lambda leaf: _tensor_of(leaf, fn) if isinstance(leaf, (np.ndarray, Chunked)) else leaf, tree)
+    return map_tree(lambda leaf: _tensor_of(leaf, fn) if isinstance(leaf, np.ndarray) or is_assembled(leaf)
+                    else leaf, tree)
 
 
 def _tensor_of(leaf: np.ndarray | Chunked, fn: Callable[[np.ndarray | Chunked], torch.Tensor]) -> torch.Tensor:
@@ -54,10 +68,15 @@ class HostPool:
     array is garbage-collected (the training loop dropped every tensor over it), a ``weakref.finalize``
     puts the buffer back. At most ``limit`` buffers per size are pooled; beyond that (a loop that keeps
     every batch) leaves go into one-off allocations, so correctness never depends on the pool.
+
+    With an enabled ``registry`` (staging to CUDA), each pooled buffer is page-aligned and registered with
+    CUDA once, when it is allocated, so that a leaf assembled in it is copied to the device from there. The
+    registry's owner unregisters before the buffers are freed (``CudaStager.close``).
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, registry: HostRegistry | None = None) -> None:
         self._limit = limit
+        self._registry = registry if registry is not None and registry.enabled else None
         self._lock = threading.Lock()
         self._free: dict[int, list[np.ndarray]] = {}
         self._count: dict[int, int] = {}
@@ -78,8 +97,13 @@ class HostPool:
                 return free.pop(), True
             if self._count.get(nbytes, 0) < self._limit:
                 self._count[nbytes] = self._count.get(nbytes, 0) + 1
-                return np.empty(nbytes, np.uint8), True
-        return np.empty(nbytes, np.uint8), False
+            else:
+                return np.empty(nbytes, np.uint8), False
+        if self._registry is None:
+            return np.empty(nbytes, np.uint8), True
+        buffer = page_aligned_buffer(nbytes)
+        self._registry.register(*page_span(buffer.ctypes.data, nbytes))  # False: copied via the pinned pool
+        return buffer, True
 
     def _release(self, buffer: np.ndarray) -> None:
         with self._lock:
@@ -106,7 +130,10 @@ class CpuStager:
             delivery.tree = map_arrays(delivery.tree, lambda a: torch.from_numpy(self._array(a)))
 
     def _array(self, leaf: np.ndarray | Chunked) -> np.ndarray:
-        return self.host.adopt(leaf) if isinstance(leaf, Chunked) else leaf
+        return self.host.adopt(leaf) if is_assembled(leaf) else leaf
+
+    def reclaim(self) -> None:
+        """Nothing is held past ``stage`` on the CPU."""
 
     def close(self) -> None:
         self.host.close()
@@ -119,7 +146,8 @@ class PinnedPool:
     memory on our reference machine), so buffers are kept by size and handed out again.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, pin: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor.pin_memory) -> None:
+        self._pin = pin
         self._free: dict[int, list[torch.Tensor]] = {}
         self._busy: deque[tuple[Any, list[torch.Tensor]]] = deque()  # (event, buffers), oldest first
 
@@ -132,7 +160,7 @@ class PinnedPool:
             free = self._free.get(size)
         if free:
             return free.pop()
-        return torch.empty(size, dtype=torch.uint8).pin_memory()
+        return self._pin(torch.empty(size, dtype=torch.uint8))
 
     def release_after(self, event: Any, buffers: list[torch.Tensor]) -> None:
         self._busy.append((event, buffers))
@@ -156,52 +184,131 @@ class PinnedPool:
         self._free.clear()
 
 
-class CudaStager:
-    """Reused pinned buffers -> device, on a side stream, with one event per batch."""
+class _SideStream:
+    """The stager's CUDA stream and the events recorded on it (tests of the stager's bookkeeping pass a
+    stand-in with the same two methods)."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
         self.stream = torch.cuda.Stream(device=device)
-        self.pool = PinnedPool()
+
+    def scope(self) -> Any:
+        """Make the side stream current (a context manager)."""
+        return torch.cuda.stream(self.stream)
+
+    def record(self) -> Any:
+        """An event recorded after everything queued on the side stream so far."""
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event
+
+
+class CudaStager:
+    """Host memory -> device, on a side stream, with one event per batch.
+
+    Where each array leaf's copy starts:
+
+    * in a range registered with CUDA: from where it lies, no CPU copy. A shared-memory slot's used part is
+      registered the first time a batch in that slot is staged (extended if a later one uses more); a
+      receive-pool buffer (where chunked leaves are assembled) is registered when the pool allocates it;
+    * anywhere else (a frame that libzmq owns, or memory CUDA refused to register): copied into a reused
+      pinned buffer first (:class:`PinnedPool`), as registering each fresh frame would cost more (about a
+      millisecond per call) than the copy.
+
+    Invariant: the host arrays a batch's copies read from are held, with the batch's event, until the event
+    completed (``reclaim`` drops them; events complete in order on the one stream). A slot goes back to the
+    producers only when its last view is dropped, and a pool buffer back to its pool likewise, so neither
+    is written again under a copy in flight. ``close`` synchronizes, unregisters, and only then lets go.
+    """
+
+    def __init__(self, device: torch.device, *, slab: Slab | None = None, registry: HostRegistry | None = None,
+                 pool_limit: int = 12, stream: Any = None,
+                 pin: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor.pin_memory) -> None:
+        self.device = device
+        self.stream = stream if stream is not None else _SideStream(device)
+        self.registry = registry if registry is not None else HostRegistry.for_device(device)
+        self.slab = slab
+        self.pool = PinnedPool(pin)
+        self.host = HostPool(pool_limit, self.registry)
+        self._holds: deque[tuple[Any, list[np.ndarray]]] = deque()  # (event, host sources), oldest first
+        self.direct = 0  # leaves copied from registered memory
+        self.through_pool = 0  # leaves copied into a pinned buffer first
+        if slab is not None and self.registry.enabled:  # unregister before the slab's memory is unmapped
+            slab.before_unmap(self.registry.unregister_within)
 
     def stage(self, delivery: Delivery) -> None:
+        self.reclaim()
+        self._register_slots(delivery.tree)
+        held: list[np.ndarray] = []
         used: list[torch.Tensor] = []
 
         def to_device(leaf: np.ndarray | Chunked) -> torch.Tensor:
             dtype = torch.from_numpy(np.empty(0, leaf.dtype)).dtype
-            if leaf.nbytes == 0:
-                return torch.empty(leaf.shape, dtype=dtype, device=self.device)
-            raw = self.pool.acquire(leaf.nbytes)
-            used.append(raw)
-            pinned = raw[: leaf.nbytes].view(dtype).view(leaf.shape)
-            if isinstance(leaf, Chunked):  # chunks go straight into the pinned buffer: no extra copy
-                offset = 0
-                for chunk in leaf.chunks:
-                    raw[offset : offset + len(chunk)].copy_(torch.frombuffer(chunk, dtype=torch.uint8))
-                    offset += len(chunk)
-            else:
-                pinned.copy_(torch.from_numpy(leaf))  # CPU memcpy, releases the GIL
             target = torch.empty(leaf.shape, dtype=dtype, device=self.device)
-            target.copy_(pinned, non_blocking=True)
+            if leaf.nbytes == 0:
+                return target
+            host = self.host.adopt(leaf) if is_assembled(leaf) else leaf
+            if self.registry.covers(host.ctypes.data, host.nbytes):
+                source = torch.from_numpy(host)
+                held.append(host)
+                self.direct += 1
+            else:
+                raw = self.pool.acquire(host.nbytes)
+                used.append(raw)
+                source = raw[: host.nbytes].view(dtype).view(leaf.shape)
+                source.copy_(torch.from_numpy(host))  # CPU memcpy, releases the GIL
+                self.through_pool += 1
+            target.copy_(source, non_blocking=True)
             return target
 
-        with torch.cuda.stream(self.stream):
+        with self.stream.scope():
             delivery.tree = map_arrays(delivery.tree, to_device)
-            event = torch.cuda.Event()
-            event.record(self.stream)
+            event = self.stream.record()
         self.pool.release_after(event, used)
+        if held:
+            self._holds.append((event, held))
         delivery.event = event
         delivery.frames = []  # the host frames are no longer needed
 
+    def _register_slots(self, tree: Any) -> None:
+        """Register, per shared-memory slot this batch lies in, the pages from the slot's start to the end of
+        its last leaf there. Safe to extend: the slot is this batch's, and earlier copies from it completed."""
+        if self.slab is None or not self.registry.enabled:
+            return
+        ends: dict[int, int] = {}
+        for leaf in iter_leaves(tree):
+            if isinstance(leaf, np.ndarray) and leaf.nbytes:
+                span = self.slab.slot_span(leaf.ctypes.data, leaf.nbytes)
+                if span is not None:
+                    ends[span[0]] = max(ends.get(span[0], 0), span[1])
+        for slot, end in ends.items():
+            self.registry.register(*page_span(slot, end))
+
+    @property
+    def held(self) -> int:
+        """Batches whose host sources are still held (their copies may be in flight)."""
+        return len(self._holds)
+
+    def reclaim(self) -> None:
+        """Let go of the host sources of batches whose copies completed."""
+        while self._holds and self._holds[0][0].query():
+            self._holds.popleft()
+
     def close(self) -> None:
+        for event, _ in self._holds:
+            event.synchronize()
         self.pool.close()
+        self.registry.unregister_all()  # no copy is in flight any more; and nothing is freed yet
+        self._holds.clear()
+        self.host.close()
 
 
-def make_stager(device: torch.device | None, pin_memory: bool, pool_limit: int) -> CpuStager | CudaStager:
-    """``pool_limit``: host buffers kept per batch size (the loader passes its capacity plus a margin)."""
+def make_stager(device: torch.device | None, pin_memory: bool, pool_limit: int,
+                slab: Slab | None = None) -> CpuStager | CudaStager:
+    """``pool_limit``: host buffers kept per batch size (the loader passes its capacity plus a margin).
+    ``slab``: the local producers' shared-memory slab, whose used slots a CUDA stager registers."""
     if device is not None and device.type == "cuda":
         if pin_memory:
-            return CudaStager(device)
+            return CudaStager(device, slab=slab, pool_limit=pool_limit)
         return _PlainCudaStager(device, pool_limit)
     return CpuStager(pin_memory, pool_limit)
 
@@ -226,6 +333,7 @@ def staging_loop(buffer: ReorderBuffer, out: "queue.Queue[Any]", stop: threading
         while not stop.is_set():
             item = buffer.get(timeout=POLL_SLICE_S)
             if item is None:
+                stager.reclaim()
                 continue
             if not is_eof(item) and item.error is None:
                 stager.stage(item)
@@ -234,6 +342,7 @@ def staging_loop(buffer: ReorderBuffer, out: "queue.Queue[Any]", stop: threading
                     out.put(item, timeout=POLL_SLICE_S)
                     break
                 except queue.Full:
+                    stager.reclaim()
                     continue
     except BaseException as exc:
         failure.append(exc)

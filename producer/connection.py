@@ -7,10 +7,14 @@ tested without a socket (tests/test_connection.py)::
     GREETING --WELCOME--> SERVING --(consumer silent LIVENESS x heartbeat, BYE, or REJECT)--> GREETING
         \\--REJECT(permanent)--> CLOSED  <--REJECT(permanent)-- SERVING
 
-While GREETING, the producer says HELLO every heartbeat. While SERVING it runs TASKs and PINGs. Leaving
-SERVING drops that consumer's pending work (outcomes of the old session are no longer :meth:`owns`-ed, so
-the loop discards them) and draws a new ``nonce``, so the consumer can tell a fresh HELLO from a repeated
-one. If, while GREETING, no HELLO can even be queued (no connection: the socket has IMMEDIATE set) for
+While GREETING, the producer says HELLO at once, then every heartbeat. A HELLO that cannot even be queued
+(no connection yet: the socket has IMMEDIATE set) is sent again the moment the socket becomes writable, which
+the loop watches for while :attr:`Connection.wants_writable` (event :meth:`~Connection.writable`): a producer
+started before its consumer binds is welcomed as soon as libzmq connects, not a heartbeat later.
+
+While SERVING it runs TASKs and PINGs. Leaving SERVING drops that consumer's pending work (outcomes of the
+old session are no longer :meth:`owns`-ed, so the loop discards them) and draws a new ``nonce``, so the
+consumer can tell a fresh HELLO from a repeated one. If, while GREETING, no HELLO can even be queued (no connection: the socket has IMMEDIATE set) for
 LIVENESS heartbeats on a socket that had been welcomed, the machine asks for a fresh socket
 (:class:`Rebuild`): libzmq does not reconnect after a protocol error (an oversized frame, say), so a broken
 or hostile peer would otherwise cut this endpoint off for good. A connection that merely waits (a cut
@@ -24,6 +28,7 @@ is named as a DNS failure in the next warning.
 Events: :meth:`Connection.receive` (a parsed message), :meth:`~Connection.tick` (time passes),
 :meth:`~Connection.address_checked` (what resolving the host found),
 :meth:`~Connection.sent` / :meth:`~Connection.hello_unsent` (what became of a send),
+:meth:`~Connection.writable` (a connection came up while a HELLO waits for one),
 :meth:`~Connection.stop`, and the task ledger :meth:`~Connection.task_started` /
 :meth:`~Connection.task_finished`.
 """
@@ -152,6 +157,7 @@ class Connection:
         self.address_problem: str | None = None  # the endpoint's host does not resolve: why
         self.unsendable_since: float | None = None  # GREETING, and no HELLO could be queued, since when
         self.welcomed_here = False  # a consumer welcomed us on this socket (so a connection existed)
+        self.awaiting_connection = False  # GREETING, and the last HELLO found no connection to go out on
 
     @property
     def serving(self) -> bool:
@@ -160,6 +166,11 @@ class Connection:
     @property
     def closed(self) -> bool:
         return self.phase is Phase.CLOSED
+
+    @property
+    def wants_writable(self) -> bool:
+        """Whether the loop should tell this machine when the socket becomes writable (:meth:`writable`)."""
+        return self.awaiting_connection and self.phase is Phase.GREETING
 
     def owns(self, session: int) -> bool:
         """Whether an outcome of ``session`` may still be sent (else the loop discards it)."""
@@ -227,9 +238,19 @@ class Connection:
         self.last_sent = now
         if self.phase is Phase.GREETING:  # greeting, the only message sent is HELLO
             self.unsendable_since = None
+            self.awaiting_connection = False
+
+    def writable(self, now: float) -> list[Action]:
+        """The socket can take a message now. While a HELLO waits for a connection, say it at once."""
+        if not self.wants_writable:
+            return []
+        self.awaiting_connection = False
+        self.last_sent = now  # the heartbeat's HELLO schedule counts from this one
+        return [SendHello(self.nonce)]
 
     def hello_unsent(self, now: float) -> list[Action]:
-        """A HELLO could not even be queued: the socket has no connection."""
+        """A HELLO could not even be queued: the socket has no connection. It goes out once it is writable."""
+        self.awaiting_connection = self.phase is Phase.GREETING
         if self.unsendable_since is None:
             self.unsendable_since = now
             return []
@@ -257,7 +278,7 @@ class Connection:
         if self.phase is not Phase.GREETING:
             return []  # a repeated WELCOME (we said HELLO twice before it came)
         self.phase, self.session = Phase.SERVING, header["session"]
-        self.welcomed_here = True
+        self.welcomed_here, self.awaiting_connection = True, False
         self.heartbeat = min(max(float(header["heartbeat"]), MIN_WELCOME_HEARTBEAT_S), MAX_WELCOME_HEARTBEAT_S)
         self.last_heard, self.warnings, self.address_problem = now, 0, None
         return [Log(logging.INFO, f"serving consumer at {self.endpoint} (session {self.session:x})")]
@@ -288,6 +309,7 @@ class Connection:
         self.nonce = self._new_nonce()
         self.started, self.warnings = now, 0
         self.last_sent = 0.0  # say HELLO at the next tick
+        self.awaiting_connection = False
         return [Log(level, why)]
 
 

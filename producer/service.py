@@ -3,7 +3,8 @@
 Each ``--connect`` endpoint is a :class:`Link`: one DEALER socket and one
 :class:`~ferry.producer.connection.Connection`, the pure state machine of that consumer connection (its
 lifecycle is drawn there). The loop reads the clock, feeds the machine its events (messages, ticks, the
-fate of a send, stop) and carries out the actions it returns: send HELLO / PING / BYE, run a TASK, rebuild
+fate of a send, the socket becoming writable while a HELLO waits for a connection, stop) and carries out
+the actions it returns: send HELLO / PING / BYE, run a TASK, rebuild
 the socket, log.
 
 Threads: the main loop (this module), plus the batcher's pools (:mod:`ferry.producer.batcher`). Shutdown order,
@@ -62,6 +63,7 @@ class Link:
     compression: LinkCompression  # the codec of this connection, and its link measurements
     said_bye: bool = False
     frame_bytes: int = FRAME_CHUNK_BYTES  # leaves up to this travel as one frame: what its WELCOME announced
+    watching_out: bool = False  # the poller watches ``sock`` for POLLOUT too (see Producer._watch_writable)
 
 
 class Producer:
@@ -146,17 +148,21 @@ class Producer:
                     log.error("every consumer rejected this producer permanently; exiting")
                     code = rejected
                     break
+                now = time.monotonic()  # ticks before the poll: the first HELLO goes out at once
+                for link in self._links.values():
+                    self._apply(link, link.conn.tick(now))
+                    self._watch_writable(link)
                 events = dict(poller.poll(timeout=self._poll_timeout_ms()))
                 if self._waker.fileno() in events:
                     self._waker.drain()
                 for link in self._links.values():
-                    if link.sock in events:
+                    ready = events.get(link.sock, 0)
+                    if ready & zmq.POLLIN:
                         self._receive(link)
+                    if ready & zmq.POLLOUT:  # a connection came up while a HELLO waited for one
+                        self._apply(link, link.conn.writable(time.monotonic()))
                 self._send_outcomes()
                 self._address_results()
-                now = time.monotonic()
-                for link in self._links.values():
-                    self._apply(link, link.conn.tick(now))
             for link in self._links.values():
                 self._apply(link, link.conn.stop())
         finally:
@@ -243,6 +249,16 @@ class Producer:
         link.sock.close(0)
         link.sock = self._socket(link.endpoint)
         self._poller.register(link.sock, zmq.POLLIN)
+        link.watching_out = False
+
+    def _watch_writable(self, link: Link) -> None:
+        """Poll ``link``'s socket for POLLOUT exactly while its connection waits for one (a HELLO that found no
+        connection): with IMMEDIATE a DEALER is writable only once connected, so this wakes the loop the moment
+        libzmq connects. Never otherwise: a connected socket is almost always writable, and the loop would spin."""
+        wanted = link.conn.wants_writable
+        if wanted != link.watching_out:
+            self._poller.modify(link.sock, zmq.POLLIN | (zmq.POLLOUT if wanted else 0))
+            link.watching_out = wanted
 
     def _send(self, link: Link, frames: list[Any]) -> bool:
         try:

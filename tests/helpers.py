@@ -260,6 +260,12 @@ def cuda_pinned_pool(loader: Any) -> Any:
     return loader._staging_stager.pool
 
 
+def cuda_stager(loader: Any) -> Any:
+    """The CudaStager of a loader staging to CUDA with pinned memory (its ``registry``, ``direct``,
+    ``through_pool``, ``held``). PRIVATE: ``RemoteLoader._staging_stager``."""
+    return loader._staging_stager
+
+
 def local_producer_pids(loader: Any) -> list[int]:
     """pids of the producers a loader started itself, live or not. PRIVATE: ``RemoteLoader._local.pids``."""
     return list(loader._local.pids)

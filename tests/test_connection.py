@@ -73,6 +73,42 @@ def test_a_hello_that_finds_no_peer_is_retried_a_heartbeat_later_not_at_once():
     assert kinds(conn.tick(101.0)) == [SendHello]
 
 
+def test_a_hello_that_finds_no_connection_goes_out_the_moment_the_socket_is_writable():
+    conn = make(100.0)
+    assert not conn.wants_writable  # nothing to wait for before the first HELLO
+    assert kinds(conn.tick(100.0)) == [SendHello]
+    conn.hello_unsent(100.0)
+    assert conn.wants_writable  # the loop now watches the socket for POLLOUT
+    assert conn.tick(100.01) == []  # the tick schedule alone would wait a heartbeat
+    assert conn.writable(100.012) == [SendHello(conn.nonce)]  # libzmq connected: at once, not at the next tick
+    assert not conn.wants_writable  # one HELLO per connection event, never a stream of them
+    assert conn.writable(100.013) == []
+    conn.sent(100.012)
+    assert conn.tick(100.5) == []  # the heartbeat schedule counts from that HELLO
+    assert kinds(conn.tick(101.012)) == [SendHello]
+
+
+def test_a_hello_sent_on_writable_that_still_finds_no_connection_waits_again():
+    conn = make(100.0)
+    conn.tick(100.0)
+    conn.hello_unsent(100.0)
+    assert kinds(conn.writable(100.01)) == [SendHello]
+    conn.hello_unsent(100.01)  # the connection dropped again in between
+    assert conn.wants_writable and conn.unsendable_since == 100.0  # the Rebuild count is not restarted
+    conn.receive(welcome(conn), 1, 100.02)
+    assert not conn.wants_writable and conn.writable(100.03) == []  # serving: POLLOUT means nothing
+
+
+def test_writable_while_serving_or_after_a_hello_went_out_does_nothing():
+    conn = make(100.0)
+    conn.tick(100.0)
+    conn.sent(100.0)
+    assert not conn.wants_writable and conn.writable(100.1) == []
+    conn = serving()
+    conn.tick(104.5)  # silent consumer: back to GREETING, HELLO due at the next tick, not on POLLOUT
+    assert conn.phase is Phase.GREETING and not conn.wants_writable
+
+
 def test_welcome_starts_serving_with_the_consumers_heartbeat_bounded():
     conn = make()
     actions = conn.receive(welcome(conn, session=0xBEEF, heartbeat=0.001), 1, 100.0)

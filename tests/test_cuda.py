@@ -1,8 +1,11 @@
-"""The CUDA staging path: reused pinned buffers, a side stream and events. Skipped without CUDA.
+"""The CUDA staging path: registered slab slots, reused pinned buffers, a side stream and events. Skipped
+without CUDA (the stager's bookkeeping is tested on the CPU with a stand-in runtime in tests/test_pinning.py).
 
-What must hold on the first GPU these tests meet: pinned buffers are reused (not allocated per batch); a
-pinned buffer is never overwritten before its host-to-device copy completed (every batch on the device equals
-the dataset, with large batches, a slow loop and a fast one); and a loader on CUDA leaves nothing behind."""
+What must hold on the first GPU these tests meet: batches from the shared-memory slab are copied from the
+registered slots, with no pinned copy; pinned buffers are reused (not allocated per batch); neither a slot nor
+a pinned buffer is overwritten before its host-to-device copy completed (every batch on the device equals the
+dataset, with large batches, a slow loop and a fast one, over the slab and over the socket); and a loader on
+CUDA leaves nothing behind, its registrations included."""
 
 import gc
 
@@ -14,7 +17,7 @@ from ferry import RemoteLoader
 from ferry.common.datasets import SyntheticDataset
 from tests.datasets import DictDataset
 
-from .helpers import FullLeakCheck, assert_tree_equal, cuda_pinned_pool, reference_batches
+from .helpers import FullLeakCheck, assert_tree_equal, cuda_pinned_pool, cuda_stager, reference_batches
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
 
@@ -65,10 +68,12 @@ def _expected_on_device(dataset: SyntheticDataset, indices) -> torch.Tensor:
 
 @cuda
 def test_pinned_buffers_are_reused_and_device_transform_runs_on_device():
+    """Over the socket (no slab): each frame is copied into a reused pinned buffer, then to the device."""
     args = {"length": 256, "shape": [3, 32, 32], "dtype": "uint8"}
     dataset = SyntheticDataset(**args)
     with RemoteLoader(dataset="synthetic", dataset_args=args, local_producers=1, batch_size=16, device="cuda",
-                      heartbeat=0.2, timeout=60, device_transform=lambda b: [b[0].float().div_(255), b[1]]) as loader:
+                      shared_memory=False, heartbeat=0.2, timeout=60,
+                      device_transform=lambda b: [b[0].float().div_(255), b[1]]) as loader:
         handed = _watch_acquisitions(cuda_pinned_pool(loader))  # before the first batch is staged
         for seq, (x, y) in enumerate(loader):
             indices = range(seq * 16, seq * 16 + 16)
@@ -82,16 +87,44 @@ def test_pinned_buffers_are_reused_and_device_transform_runs_on_device():
 
 
 @cuda
+def test_slab_batches_are_copied_from_their_registered_slots_with_no_pinned_copy():
+    args = {"length": 128, "shape": [3, 64, 64], "dtype": "uint8"}
+    dataset = SyntheticDataset(**args)
+    with RemoteLoader(dataset="synthetic", dataset_args=args, local_producers=2, batch_size=16, device="cuda",
+                      heartbeat=0.2, timeout=60, log_every=None) as loader:
+        stager = cuda_stager(loader)
+        handed = _watch_acquisitions(stager.pool)
+        expected = reference_batches(dataset, batch_size=16, drop_last=False, world_size=1, rank=0, shuffle=False,
+                                     seed=0, epoch=0)
+        for seq, (x, y) in enumerate(loader):
+            assert x.is_cuda and torch.equal(x.cpu(), expected[seq][0]), f"batch {seq} differs on the device"
+            assert torch.equal(y.cpu(), expected[seq][1])
+        assert loader.stats()["shared_batches"] == len(expected)
+        assert handed == [], "a slab leaf was copied into a pinned buffer first"
+        assert stager.direct == 2 * len(expected) and stager.through_pool == 0
+        slab = loader._local.slab
+        ranges = stager.registry.ranges()
+        assert 0 < len(ranges) <= slab.slots  # one registration per slot used, never per batch
+        assert stager.registry.calls == len(ranges)  # same-sized batches: no slot registered twice
+        for start, nbytes in ranges.items():
+            assert slab.slot_span(start, nbytes) is not None and (start - slab.address) % slab.slot_bytes == 0
+    assert stager.registry.ranges() == {} and stager.registry.failures == 0
+
+
+@cuda
+@pytest.mark.parametrize("shared_memory", [True, False], ids=["slab", "socket"])
 @pytest.mark.parametrize("step_s", [0.05, 0.0], ids=["slow loop", "fast loop"])
-def test_no_batch_sees_its_pinned_buffer_overwritten_before_its_copy_completed(step_s):
-    """32 MiB batches: each host-to-device copy takes long enough that a pinned buffer handed out again too
-    early (before the copy's event completed) would be overwritten under the copy."""
+def test_no_batch_sees_its_source_overwritten_before_its_copy_completed(step_s, shared_memory):
+    """32 MiB batches: each host-to-device copy takes long enough that a source handed out again too early
+    (before the copy's event completed) would be overwritten under the copy: a slot written by the next
+    batch's producer, or a pinned buffer filled with the next frame."""
     import time
 
     args = {"length": 96, "shape": [4, 1024, 1024], "dtype": "uint8"}
     dataset = SyntheticDataset(**args)
     with RemoteLoader(dataset="synthetic", dataset_args=args, local_producers=2, batch_size=8, shuffle=True, seed=9,
-                      device="cuda", heartbeat=0.2, timeout=60, log_every=None) as loader:
+                      device="cuda", heartbeat=0.2, timeout=60, log_every=None,
+                      shared_memory=shared_memory) as loader:
         expected = reference_batches(dataset, batch_size=8, drop_last=False, world_size=1, rank=0, shuffle=True,
                                      seed=9, epoch=0)
         kept: list[tuple[int, torch.Tensor]] = []
@@ -103,6 +136,8 @@ def test_no_batch_sees_its_pinned_buffer_overwritten_before_its_copy_completed(s
             for old, tensor in kept:
                 assert torch.equal(tensor, expected[old][0].cuda()), f"batch {old} changed while the loop held it"
         assert seq + 1 == len(expected)
+        if shared_memory:
+            assert cuda_stager(loader).through_pool == 0 and cuda_stager(loader).direct == 2 * len(expected)
 
 
 @cuda
@@ -116,6 +151,9 @@ def test_a_cuda_loader_leaves_nothing():
                 for batch in loader:
                     assert batch[0].is_cuda
             del batch
+            registry = cuda_stager(loader).registry
+            assert registry.registered_bytes > 0
+        assert registry.ranges() == {}, "host memory left registered with CUDA after close"
 
     one_loader()  # the first use of CUDA opens driver fds and starts driver threads: not ours to count
     gc.collect()

@@ -121,6 +121,39 @@ def test_the_token_is_random_and_the_path_names_this_process():
         two.close()
 
 
+def test_slot_span_locates_a_range_inside_one_slot(slab):
+    base, size = slab.address, PAGE
+    assert slab.size == 3 * size
+    assert slab.slot_span(base, 1) == (base, 1)
+    assert slab.slot_span(base + size + 100, 50) == (base + size, 150)
+    assert slab.slot_span(base + 2 * size, size) == (base + 2 * size, size)  # a whole slot, the last one
+    for address, nbytes in [(base + size - 10, 20), (base - 1, 2), (base + 3 * size - 1, 2), (base, 0),
+                            (base + 3 * size, 1)]:
+        assert slab.slot_span(address, nbytes) is None, (address - base, nbytes)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the finalizer reports the hook's error
+def test_unmap_hooks_run_before_the_memory_goes_even_when_one_fails():
+    gc.collect()
+    slab = shm.Slab(2, PAGE)
+    seen = []
+
+    def hook(address, size):
+        seen.append((address, size, slab_mappings()))
+        raise RuntimeError("a hook that fails")
+
+    slab.before_unmap(hook)
+    slab.before_unmap(lambda address, size: seen.append("second"))  # never reached: the first one raised
+    address, mapped = slab.address, slab_mappings()
+    view = slab.region(slab.take())
+    slab.close()
+    assert seen == []  # a batch view still lives
+    del view
+    gc.collect()  # the finalizer reports the hook's error and goes on
+    assert seen == [(address, 2 * PAGE, mapped)]  # called with the mapping still in place
+    assert slab_mappings() == mapped - 1  # and unmapped all the same
+
+
 def test_close_closes_the_file_once_and_the_mapping_goes_with_the_last_view():
     gc.collect()  # mappings that earlier tests left to the collector go now, not during this test
     before = slab_mappings()
