@@ -35,7 +35,8 @@ def _report(nbytes: int, took: float, faults: int, cpu: float) -> None:
 def ferry_consume(endpoint: str, mib: float, count: int, buffer_batches: int = 8) -> None:
     from ferry import RemoteLoader
 
-    with RemoteLoader(endpoint=endpoint, batch_size=1, buffer_batches=buffer_batches, timeout=120, heartbeat=0.2) as loader:
+    with RemoteLoader(endpoint=endpoint, batch_size=1, buffer_batches=buffer_batches, timeout=120,
+                      heartbeat=0.2) as loader:
         it = iter(loader)
         for _ in range(WARMUP):
             next(it)

@@ -28,7 +28,6 @@ def pieces(mib: float) -> dict[str, callable]:
     tree = [array, labels]
     spec, frames = encode_tree(tree, chunk_bytes=DEFAULT_FRAME_BYTES)
     header = protocol.pack(protocol.BATCH, session=1, task=2, epoch=0, seq=3, tree=spec, errors=[])
-    ctx = zmq.Context.instance()
     zframes = [zmq.Frame(header), *(zmq.Frame(f) for f in frames)]
     buffers = [f.buffer for f in zframes[1:]]
     decoded = decode_tree(spec, buffers)

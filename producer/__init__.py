@@ -19,7 +19,7 @@ import sys
 import threading
 from typing import Any
 
-from ferry.common.heap import HEAP_BLOCK_BYTES, KEEP_FREED_BYTES, keep_freed_memory  # noqa: F401 (re-exported)
+from ferry.common.heap import keep_freed_memory
 from ferry.producer.config import ProducerConfig
 
 __all__ = ["serve", "ProducerConfig", "keep_freed_memory"]
