@@ -399,7 +399,8 @@ def ingest_once(system: str, mib: float, count: int, transport: str, veth: VethP
         receiver = [*peers, "ferry-consume", bind, str(mib), str(count)]
         sender = [sys.executable, "-m", "ferry.producer", "--connect", connect,
                   "--dataset", "benchmarks.datasets:Blank", "--dataset-arg", "length=1000000",
-                  "--dataset-arg", f"mib={mib}", "--threads", "1", "--slots", str(INGEST_SLOTS), "--heartbeat", "0.2", "--log-level", "WARNING"]
+                  "--dataset-arg", f"mib={mib}", "--threads", "1", "--slots", str(INGEST_SLOTS),
+                  "--heartbeat", "0.2", "--log-level", "WARNING"]
     else:
         receiver = [*peers, "raw-pull", bind, str(mib), str(count)]
         sender = [*peers, "raw-push", connect, str(mib), str(count)]
