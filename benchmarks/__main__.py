@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(mode=name)
     report.notes.append("warm page cache (datasets are written just before they are read)")
     started = time.monotonic()
-    print(f"ferry benchmarks ({name}): scenarios {sorted(only)}", flush=True)
+    print(f"ferry benchmarks ({name}): scenarios {sorted(only)} at commit {report.machine['commit']}", flush=True)
     transport = None
 
     def timed(number: int, run) -> None:

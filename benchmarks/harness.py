@@ -11,6 +11,21 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 
+def _commit() -> str:
+    """The commit the benchmark runs on (with "+dirty" if the work tree differs), or "unknown"."""
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head + ("+dirty" if dirty else "")) if head else "unknown"
+
+
 @dataclass
 class Figure:
     """Repeated measurements of one quantity (higher is better unless ``lower_is_better``)."""
@@ -61,7 +76,8 @@ class Report:
     rows: list[Row] = field(default_factory=list)
     started: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S"))
     machine: dict[str, Any] = field(default_factory=lambda: {
-        "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()})
+        "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+        "commit": _commit(), "load_average_at_start": os.getloadavg()})
     notes: list[str] = field(default_factory=list)
 
     def add(self, row: Row) -> None:
