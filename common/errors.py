@@ -153,6 +153,16 @@ def _rebuild_sample_index_error(index, length, epoch, seq):
     return SampleIndexError(index=index, length=length, epoch=epoch, seq=seq)
 
 
+class BatchTooLarge(FerryError, ValueError):
+    """A producer's batch is larger than the consumer's ``max_batch_bytes`` (which the consumer announces in
+    WELCOME), so it was never sent: the producer answers the task with this error instead.
+
+    Raised in the training loop at that batch's position, whatever ``on_error`` says, and never re-issued: every
+    producer would build the same batch. Raise ``max_batch_bytes`` or lower ``batch_size``. The message names
+    both sizes and, on the consumer, the producer and the batch.
+    """
+
+
 class PoisonTaskError(FerryError, RuntimeError):
     """A batch's task was lost ``max_attempts`` times (its producer died, it timed out, or its answer was
     unusable): it is not issued again.
@@ -178,4 +188,4 @@ def _rebuild_poison_task_error(epoch, seq, indices, attempts):
     return PoisonTaskError(epoch=epoch, seq=seq, indices=indices, attempts=attempts)
 
 
-__all__ += ["SampleIndexError", "PoisonTaskError"]
+__all__ += ["SampleIndexError", "PoisonTaskError", "BatchTooLarge"]

@@ -107,6 +107,7 @@ OPTIONAL: dict[str, dict[str, Check]] = {
     # what the consumer asks producers to do with batch frames, and the codecs it can decompress
     # the largest array leaf the consumer wants as one frame; the producer clamps it (MIN/MAX_FRAME_BYTES)
     WELCOME: {"frame_bytes": lambda v: _uint(v) and v > 0,
+              "max_batch_bytes": lambda v: _uint(v) and v > 0,  # the largest batch it accepts: a bigger one FAILs
               "compression": lambda v: v in ("auto", "lz4", "zstd", "none"),
               "codecs": lambda v: isinstance(v, list) and len(v) <= 8 and all(_str(c) for c in v)},
     TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0,

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from ferry.common import protocol
 from ferry.common.constants import DEFAULT_FRAME_BYTES
-from ferry.common.errors import ProtocolError, SampleIndexError, VersionMismatch
+from ferry.common.errors import BatchTooLarge, ProtocolError, SampleIndexError, VersionMismatch
 from ferry.common.shm import SlotLedger
 
 from ferry.consumer.buffer import Delivery, ReorderBuffer
@@ -146,7 +146,8 @@ class Inbound:
                                                heartbeat=self.config.heartbeat, nonce=header["nonce"],
                                                compression=self.config.compression,
                                                codecs=list(self.config.codecs),
-                                               frame_bytes=DEFAULT_FRAME_BYTES)])
+                                               frame_bytes=DEFAULT_FRAME_BYTES,
+                                               max_batch_bytes=self.config.max_batch_bytes)])
 
     # --- results ------------------------------------------------------------------------------------
     def _claim(self, info: ProducerInfo, header: dict[str, Any]) -> Task | None:
@@ -206,6 +207,12 @@ class Inbound:
         if task is None:
             return
         self._ledger.give_back(task.task)
+        too_large = next((e for e in header["errors"] if e["exc_type"] == BatchTooLarge.__name__), None)
+        if too_large is not None:  # never skipped, never retried: every producer would build the same batch
+            error = BatchTooLarge(f"{too_large['message']} (epoch {self._epoch}, batch {task.seq}, from producer "
+                                  f"{info.name})")
+            self.buffer.put(Delivery(run=task.run, seq=task.seq, error=error))
+            return
         out_of_range = next((e for e in header["errors"] if e["exc_type"] == SampleIndexError.__name__), None)
         if out_of_range is not None:  # never skipped, never retried: the plan itself is wrong
             error = SampleIndexError(index=out_of_range["index"], length=self._peers.dataset_len or 0,

@@ -17,6 +17,7 @@ from ferry.common.errors import (
     ConfigError,
     ConfigTypeError,
     DatasetError,
+    BatchTooLarge,
     DatasetSpecError,
     FerryError,
     FerryThreadError,
@@ -57,6 +58,7 @@ __all__ = [
     "RemoteSampleError",
     "SampleIndexError",
     "PoisonTaskError",
+    "BatchTooLarge",
     "VersionMismatch",
 ]
 

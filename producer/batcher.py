@@ -41,6 +41,7 @@ import numpy as np
 from ferry.common import protocol
 from ferry.common.codec import encode_tree
 from ferry.common.constants import FRAME_CHUNK_BYTES
+from ferry.common.errors import BatchTooLarge
 from ferry.common.shm import SLOT_ALIGN
 from ferry.common.shardplan import is_sharded
 from ferry.common.waker import Waker
@@ -69,6 +70,7 @@ class Job:
     frame_bytes: int = FRAME_CHUNK_BYTES  # array leaves up to this travel as one frame (the consumer's WELCOME)
     compress: str | None = None  # the codec of this batch's frames (producer/compressing.py), None: raw
     probe: tuple[str, ...] = ()  # codecs to measure on this batch's data, for "auto"
+    max_batch_bytes: int | None = None  # the consumer's bound (its WELCOME): a larger batch is answered by a FAIL
 
 
 @dataclass
@@ -320,7 +322,18 @@ class Batcher:
     def _compress(self, job: Job, spec: Any, frames: list[Any], pooled: Any, views: int) -> tuple[Any, list[Any], Any, int]:
         """Probe and compress the batch's frames as the job says (common/compression.py). The first ``views``
         frames are views of ``pooled``: once every one of them is replaced by compressed bytes, the buffer is
-        back in the pool at once (nothing sent reads it); else it stays tracked. Slot leaves have no frames."""
+        back in the pool at once (nothing sent reads it); else it stays tracked. Slot leaves have no frames.
+
+        Raises:
+            BatchTooLarge: the frames hold more than the consumer's ``max_batch_bytes`` (``pooled`` is given back
+                first). The job's runner answers the task with it: the consumer raises it in the loop.
+        """
+        size = sum(len(f) for f in frames)
+        if job.max_batch_bytes is not None and size > job.max_batch_bytes:
+            if pooled is not None:
+                self.pool.release(pooled)
+            raise BatchTooLarge(f"a batch of {size} bytes ({len(job.indices)} samples) exceeds the consumer's "
+                                f"max_batch_bytes={job.max_batch_bytes}: raise max_batch_bytes or lower batch_size")
         if self._compressor is None or not frames:
             return spec, frames, pooled, views
         if job.probe:

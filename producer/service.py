@@ -63,6 +63,7 @@ class Link:
     compression: LinkCompression  # the codec of this connection, and its link measurements
     said_bye: bool = False
     frame_bytes: int = FRAME_CHUNK_BYTES  # leaves up to this travel as one frame: what its WELCOME announced
+    max_batch_bytes: int | None = None  # the largest batch its consumer accepts (WELCOME); None: not announced
     watching_out: bool = False  # the poller watches ``sock`` for POLLOUT too (see Producer._watch_writable)
 
 
@@ -207,7 +208,7 @@ class Producer:
         self._batcher.submit(
             Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
                 header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"), compress=codec,
-                probe=probe, frame_bytes=link.frame_bytes)
+                probe=probe, frame_bytes=link.frame_bytes, max_batch_bytes=link.max_batch_bytes)
         )
 
     # --- sockets ------------------------------------------------------------------------------------
@@ -306,6 +307,7 @@ class Producer:
                 if header["type"] == protocol.WELCOME:  # accepted: the consumer's compression wish, frame bound
                     link.compression.welcome(header)
                     link.frame_bytes = announced_frame_bytes(header)
+                    link.max_batch_bytes = header.get("max_batch_bytes")
                 self._apply(link, actions)
             except ProtocolError as exc:
                 self.invalid_messages += 1
