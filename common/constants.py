@@ -31,6 +31,10 @@ BYE_LINGER_MS = 500
 #: the first HELLO can go out (about 10-30 ms after the bind, against 100-200 ms at 100 ms).
 RECONNECT_IVL_MS = 10
 RECONNECT_IVL_MAX_MS = 2000
+#: A producer whose CURVE key a consumer denied tries again with a fresh socket after this long, doubling up to
+#: the maximum (libzmq never retries a denied handshake itself). [Unit: second]
+AUTH_RETRY_FIRST_S = 0.5
+AUTH_RETRY_MAX_S = 30.0
 #: Most ports one ``tcp://HOST:LO-HI`` endpoint range may name.
 MAX_PORT_RANGE = 256
 #: A producer polls its sockets at least this often: a quarter heartbeat, never under POLL_MIN_MS.

@@ -42,7 +42,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Union
 
 from ferry.common import protocol
-from ferry.common.constants import MAX_PENDING_TASKS, MAX_WELCOME_HEARTBEAT_S, MIN_WELCOME_HEARTBEAT_S
+from ferry.common.constants import (
+    AUTH_RETRY_FIRST_S, AUTH_RETRY_MAX_S, MAX_PENDING_TASKS, MAX_WELCOME_HEARTBEAT_S, MIN_WELCOME_HEARTBEAT_S,
+)
 from ferry.common.errors import ProtocolError
 
 __all__ = [
@@ -158,6 +160,8 @@ class Connection:
         self.unsendable_since: float | None = None  # GREETING, and no HELLO could be queued, since when
         self.welcomed_here = False  # a consumer welcomed us on this socket (so a connection existed)
         self.awaiting_connection = False  # GREETING, and the last HELLO found no connection to go out on
+        self.denials = 0  # the consumer refused our CURVE key this many times in a row
+        self.rebuild_at: float | None = None  # when to retry with a fresh socket after a denial
 
     @property
     def serving(self) -> bool:
@@ -203,6 +207,9 @@ class Connection:
 
     def tick(self, now: float) -> list[Action]:
         """Time passes: HELLO while greeting, PING or give up on a silent consumer while serving."""
+        if self.rebuild_at is not None and now >= self.rebuild_at:  # retry a denied key (auth_denied)
+            self.rebuild_at = None
+            return [Rebuild()]
         if self.phase is Phase.GREETING and now - self.last_sent >= self.heartbeat:
             self.last_sent = now  # also when the send finds no peer: retry next heartbeat
             actions: list[Action] = [SendHello(self.nonce)]
@@ -228,6 +235,18 @@ class Connection:
         """Seconds of GREETING after which warning number ``given`` (from 0) is due: w, 3w, 6w, then every 30w."""
         w = self.unreachable_warning_s
         return (w, 3 * w, 6 * w)[given] if given < 3 else 6 * w + 30 * w * (given - 2)
+
+    def auth_denied(self, now: float) -> list[Action]:
+        """The consumer refused this producer's CURVE key. libzmq never retries a denied handshake on its own,
+        so the machine asks for a fresh socket after a back-off (AUTH_RETRY_FIRST_S, doubling up to
+        AUTH_RETRY_MAX_S): a key that the consumer authorizes later (it reads its folder at every handshake)
+        gets in without a restart. Warned about once per run of denials."""
+        delay = min(AUTH_RETRY_FIRST_S * 2 ** min(self.denials, 16), AUTH_RETRY_MAX_S)
+        self.denials += 1
+        self.rebuild_at = now + delay
+        level = logging.WARNING if self.denials == 1 else logging.DEBUG
+        return [Log(level, f"the consumer at {self.endpoint} denied this producer's CURVE key (is its public key "
+                           f"in the consumer's authorized folder?); trying again in {delay:.1f} s, then with back-off")]
 
     def address_checked(self, problem: str | None) -> None:
         """What resolving the endpoint's host found: None (it resolves, or it has no host), else why not."""
@@ -279,6 +298,7 @@ class Connection:
             return []  # a repeated WELCOME (we said HELLO twice before it came)
         self.phase, self.session = Phase.SERVING, header["session"]
         self.welcomed_here, self.awaiting_connection = True, False
+        self.denials, self.rebuild_at = 0, None
         self.heartbeat = min(max(float(header["heartbeat"]), MIN_WELCOME_HEARTBEAT_S), MAX_WELCOME_HEARTBEAT_S)
         self.last_heard, self.warnings, self.address_problem = now, 0, None
         return [Log(logging.INFO, f"serving consumer at {self.endpoint} (session {self.session:x})")]

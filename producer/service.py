@@ -65,6 +65,7 @@ class Link:
     frame_bytes: int = FRAME_CHUNK_BYTES  # leaves up to this travel as one frame: what its WELCOME announced
     max_batch_bytes: int | None = None  # the largest batch its consumer accepts (WELCOME); None: not announced
     watching_out: bool = False  # the poller watches ``sock`` for POLLOUT too (see Producer._watch_writable)
+    monitor: zmq.Socket | None = None  # with CURVE: ``sock``'s event socket, which reports a denied key
 
 
 class Producer:
@@ -141,6 +142,8 @@ class Producer:
         poller.register(self._waker.fileno(), zmq.POLLIN)
         for link in self._links.values():
             poller.register(link.sock, zmq.POLLIN)
+            if link.monitor is not None:
+                poller.register(link.monitor, zmq.POLLIN)
         code = EXIT_OK
         try:
             while not self._stop_requested:
@@ -162,6 +165,8 @@ class Producer:
                         self._receive(link)
                     if ready & zmq.POLLOUT:  # a connection came up while a HELLO waited for one
                         self._apply(link, link.conn.writable(time.monotonic()))
+                    if link.monitor is not None and events.get(link.monitor, 0) & zmq.POLLIN:
+                        self._monitor_events(link)
                 self._send_outcomes()
                 self._address_results()
             for link in self._links.values():
@@ -216,8 +221,33 @@ class Producer:
         cfg = self.config
         conn = Connection(endpoint, now=time.monotonic(), heartbeat=cfg.heartbeat, liveness=cfg.liveness,
                           unreachable_warning_s=cfg.unreachable_warning_s, dataset_len=self.dataset_len)
-        return Link(key=next(self._keys), endpoint=endpoint, sock=self._socket(endpoint), conn=conn,
+        link = Link(key=next(self._keys), endpoint=endpoint, sock=self._socket(endpoint), conn=conn,
                     compression=LinkCompression(endpoint, cfg.compression, self._compressor))
+        link.monitor = self._monitor(link.sock)
+        return link
+
+    def _monitor(self, sock: zmq.Socket) -> zmq.Socket | None:
+        """With CURVE, a socket that reports ``sock``'s denied handshakes (Connection.auth_denied); else None."""
+        if self.config.curve is None:
+            return None
+        return sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+    def _close_monitor(self, link: Link) -> None:
+        if link.monitor is not None:
+            link.sock.disable_monitor()
+            link.monitor.close(0)
+            link.monitor = None
+
+    def _monitor_events(self, link: Link) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        for _ in range(RECEIVE_BURST):
+            try:
+                event = recv_monitor_message(link.monitor, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._apply(link, link.conn.auth_denied(time.monotonic()))
 
     def _socket(self, endpoint: str) -> zmq.Socket:
         sock = self._ctx.socket(zmq.DEALER)
@@ -247,9 +277,15 @@ class Producer:
     def _rebuild(self, link: Link) -> None:
         """A fresh socket for ``link``: libzmq never reconnects one that hit a protocol error."""
         self._poller.unregister(link.sock)
+        if link.monitor is not None:
+            self._poller.unregister(link.monitor)
+        self._close_monitor(link)
         link.sock.close(0)
         link.sock = self._socket(link.endpoint)
+        link.monitor = self._monitor(link.sock)
         self._poller.register(link.sock, zmq.POLLIN)
+        if link.monitor is not None:
+            self._poller.register(link.monitor, zmq.POLLIN)
         link.watching_out = False
 
     def _watch_writable(self, link: Link) -> None:
@@ -285,6 +321,7 @@ class Producer:
         # linger), which hands their pooled buffers back. A batch job waiting for such a buffer would
         # otherwise hold the batcher's shutdown for BUFFER_ACQUIRE_TIMEOUT_S. Batch jobs never touch sockets.
         for link in self._links.values():
+            self._close_monitor(link)
             link.sock.close(linger=BYE_LINGER_MS if link.said_bye else 0)  # let a BYE leave, bounded
         self._batcher.close()
         for link in self._links.values():

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from ferry.common import protocol
-from ferry.common.constants import MAX_PENDING_TASKS
+from ferry.common.constants import AUTH_RETRY_FIRST_S, AUTH_RETRY_MAX_S, MAX_PENDING_TASKS
 from ferry.common.errors import ProtocolError
 from ferry.producer.connection import (
     EXIT_REJECTED, CheckAddress, Connection, FailTask, Log, Phase, Rebuild, RunTask, SendBye, SendHello, SendPing,
@@ -344,6 +344,37 @@ def test_a_hello_that_goes_out_resets_the_unsendable_count():
         elif any(isinstance(a, Rebuild) for a in conn.hello_unsent(now)):
             rebuilt_at.append(now)
     assert rebuilt_at == [112.0]  # 108 + more than LIVENESS beats; without the reset it would be 109
+
+
+def test_a_denied_key_asks_for_a_fresh_socket_after_a_back_off_that_doubles_and_warns_once():
+    conn = make(100.0)
+    conn.tick(100.0)
+    actions = conn.auth_denied(100.0)
+    assert [a.level for a in actions if isinstance(a, Log)] == [logging.WARNING]
+    assert "denied this producer's CURVE key" in actions[0].message
+    assert Rebuild not in kinds(conn.tick(100.0 + AUTH_RETRY_FIRST_S - 0.01))
+    assert kinds(conn.tick(100.0 + AUTH_RETRY_FIRST_S)) == [Rebuild]
+    assert Rebuild not in kinds(conn.tick(100.0 + AUTH_RETRY_FIRST_S + 0.01))  # once per denial
+    now = 101.0
+    again = conn.auth_denied(now)  # denied again: twice the delay, and no second warning
+    assert [a.level for a in again if isinstance(a, Log)] == [logging.DEBUG]
+    assert Rebuild not in kinds(conn.tick(now + 2 * AUTH_RETRY_FIRST_S - 0.01))
+    assert kinds(conn.tick(now + 2 * AUTH_RETRY_FIRST_S)) == [Rebuild]
+    for _ in range(40):  # the back-off is bounded
+        conn.auth_denied(now)
+    assert conn.rebuild_at == now + AUTH_RETRY_MAX_S
+
+
+def test_a_welcome_forgets_the_denials():
+    conn = make(100.0)
+    conn.tick(100.0)
+    conn.sent(100.0)
+    conn.auth_denied(100.0)
+    conn.auth_denied(100.0)
+    conn.receive(welcome(conn), 1, 100.2)
+    assert conn.denials == 0 and conn.rebuild_at is None
+    assert Rebuild not in kinds(conn.tick(200.0))
+    assert [a.level for a in conn.auth_denied(300.0) if isinstance(a, Log)] == [logging.WARNING]  # a new run: warned
 
 
 def test_rejoin_after_a_consumer_restart():
