@@ -1,6 +1,6 @@
 """The producer service: one poll loop that owns every DEALER socket and applies what the connections decide.
 
-Each ``--connect`` endpoint is a :class:`Link`: one DEALER socket and one
+Each ``--connect`` endpoint is a :class:`~ferry.producer.links.Link`: one DEALER socket and one
 :class:`~ferry.producer.connection.Connection`, the pure state machine of that consumer connection (its
 lifecycle is drawn there). The loop reads the clock, feeds the machine its events (messages, ticks, the
 fate of a send, the socket becoming writable while a HELLO waits for a connection, stop) and carries out
@@ -23,18 +23,14 @@ import queue
 import socket as pysocket
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
 from ferry.common import protocol
-from ferry.common.constants import (
-    BYE_LINGER_MS, FRAME_CHUNK_BYTES, HEARTBEAT_S, MAX_FRAME_BYTES, MAX_HEADER_BYTES, MIN_FRAME_BYTES,
-    POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST, RECONNECT_IVL_MAX_MS, RECONNECT_IVL_MS, SOCKET_HWM,
-)
+from ferry.common.constants import BYE_LINGER_MS, HEARTBEAT_S, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST
 from ferry.common.datasets import dataset_fingerprint
-from ferry.common.errors import ConfigError, ProtocolError
+from ferry.common.errors import ProtocolError
 from ferry.common.ratelimit import RateLimitedLog
 from ferry.common.shardplan import is_sharded, shard_names
 from ferry.common.waker import Waker
@@ -47,25 +43,10 @@ from ferry.producer.connection import (
     EXIT_OK, Action, CheckAddress, Connection, FailTask, Log, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
     exit_code,
 )
+from ferry.producer.links import Link, announced_frame_bytes
 from ferry.producer.resolver import AddressResolver
 
 log = logging.getLogger("ferry.producer")
-
-
-@dataclass
-class Link:
-    """One consumer endpoint: the socket (owned by the loop) and the state machine of its connection."""
-
-    key: int
-    endpoint: str
-    sock: zmq.Socket
-    conn: Connection
-    compression: LinkCompression  # the codec of this connection, and its link measurements
-    said_bye: bool = False
-    frame_bytes: int = FRAME_CHUNK_BYTES  # leaves up to this travel as one frame: what its WELCOME announced
-    max_batch_bytes: int | None = None  # the largest batch its consumer accepts (WELCOME); None: not announced
-    watching_out: bool = False  # the poller watches ``sock`` for POLLOUT too (see Producer._watch_writable)
-    monitor: zmq.Socket | None = None  # with CURVE: ``sock``'s event socket, which reports a denied key
 
 
 class Producer:
@@ -141,9 +122,7 @@ class Producer:
         poller = self._poller
         poller.register(self._waker.fileno(), zmq.POLLIN)
         for link in self._links.values():
-            poller.register(link.sock, zmq.POLLIN)
-            if link.monitor is not None:
-                poller.register(link.monitor, zmq.POLLIN)
+            link.register()
         code = EXIT_OK
         try:
             while not self._stop_requested:
@@ -155,7 +134,7 @@ class Producer:
                 now = time.monotonic()  # ticks before the poll: the first HELLO goes out at once
                 for link in self._links.values():
                     self._apply(link, link.conn.tick(now))
-                    self._watch_writable(link)
+                    link.watch_writable()
                 events = dict(poller.poll(timeout=self._poll_timeout_ms()))
                 if self._waker.fileno() in events:
                     self._waker.drain()
@@ -165,8 +144,8 @@ class Producer:
                         self._receive(link)
                     if ready & zmq.POLLOUT:  # a connection came up while a HELLO waited for one
                         self._apply(link, link.conn.writable(time.monotonic()))
-                    if link.monitor is not None and events.get(link.monitor, 0) & zmq.POLLIN:
-                        self._monitor_events(link)
+                    if link.auth_denials(events):  # with CURVE: the consumer refused our key
+                        self._apply(link, link.conn.auth_denied(time.monotonic()))
                 self._send_outcomes()
                 self._address_results()
             for link in self._links.values():
@@ -195,7 +174,7 @@ class Producer:
             elif isinstance(action, Stale):
                 self.stale_messages += 1
             elif isinstance(action, Rebuild):
-                self._rebuild(link)
+                link.rebuild()
             elif isinstance(action, SendBye):
                 link.said_bye = self._send(link, [protocol.pack(protocol.BYE)])
             elif isinstance(action, Log):
@@ -221,51 +200,10 @@ class Producer:
         cfg = self.config
         conn = Connection(endpoint, now=time.monotonic(), heartbeat=cfg.heartbeat, liveness=cfg.liveness,
                           unreachable_warning_s=cfg.unreachable_warning_s, dataset_len=self.dataset_len)
-        link = Link(key=next(self._keys), endpoint=endpoint, sock=self._socket(endpoint), conn=conn,
-                    compression=LinkCompression(endpoint, cfg.compression, self._compressor))
-        link.monitor = self._monitor(link.sock)
+        link = Link(key=next(self._keys), endpoint=endpoint, conn=conn, ctx=self._ctx, poller=self._poller,
+                    compression=LinkCompression(endpoint, cfg.compression, self._compressor), curve=cfg.curve)
+        link.open()
         return link
-
-    def _monitor(self, sock: zmq.Socket) -> zmq.Socket | None:
-        """With CURVE, a socket that reports ``sock``'s denied handshakes (Connection.auth_denied); else None."""
-        if self.config.curve is None:
-            return None
-        return sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-
-    def _close_monitor(self, link: Link) -> None:
-        if link.monitor is not None:
-            link.sock.disable_monitor()
-            link.monitor.close(0)
-            link.monitor = None
-
-    def _monitor_events(self, link: Link) -> None:
-        from zmq.utils.monitor import recv_monitor_message
-
-        for _ in range(RECEIVE_BURST):
-            try:
-                event = recv_monitor_message(link.monitor, flags=zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                self._apply(link, link.conn.auth_denied(time.monotonic()))
-
-    def _socket(self, endpoint: str) -> zmq.Socket:
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a consumer that is not there
-        sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
-        sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES)  # a producer only receives control messages
-        sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
-        if self.config.curve is not None:
-            self.config.curve.apply_client(sock)
-        try:
-            sock.connect(endpoint)
-        except zmq.ZMQError as exc:
-            sock.close(0)
-            raise ConfigError(f"cannot connect to {endpoint!r}: {exc}") from None
-        return sock
 
     def _check_address(self, link: Link) -> None:
         self._resolver.check(link.key, link.endpoint)
@@ -273,29 +211,6 @@ class Producer:
     def _address_results(self) -> None:
         for key, problem in self._resolver.results():
             self._links[key].conn.address_checked(problem)
-
-    def _rebuild(self, link: Link) -> None:
-        """A fresh socket for ``link``: libzmq never reconnects one that hit a protocol error."""
-        self._poller.unregister(link.sock)
-        if link.monitor is not None:
-            self._poller.unregister(link.monitor)
-        self._close_monitor(link)
-        link.sock.close(0)
-        link.sock = self._socket(link.endpoint)
-        link.monitor = self._monitor(link.sock)
-        self._poller.register(link.sock, zmq.POLLIN)
-        if link.monitor is not None:
-            self._poller.register(link.monitor, zmq.POLLIN)
-        link.watching_out = False
-
-    def _watch_writable(self, link: Link) -> None:
-        """Poll ``link``'s socket for POLLOUT exactly while its connection waits for one (a HELLO that found no
-        connection): with IMMEDIATE a DEALER is writable only once connected, so this wakes the loop the moment
-        libzmq connects. Never otherwise: a connected socket is almost always writable, and the loop would spin."""
-        wanted = link.conn.wants_writable
-        if wanted != link.watching_out:
-            self._poller.modify(link.sock, zmq.POLLIN | (zmq.POLLOUT if wanted else 0))
-            link.watching_out = wanted
 
     def _send(self, link: Link, frames: list[Any]) -> bool:
         try:
@@ -321,8 +236,7 @@ class Producer:
         # linger), which hands their pooled buffers back. A batch job waiting for such a buffer would
         # otherwise hold the batcher's shutdown for BUFFER_ACQUIRE_TIMEOUT_S. Batch jobs never touch sockets.
         for link in self._links.values():
-            self._close_monitor(link)
-            link.sock.close(linger=BYE_LINGER_MS if link.said_bye else 0)  # let a BYE leave, bounded
+            link.close(linger=BYE_LINGER_MS if link.said_bye else 0)  # let a BYE leave, bounded
         self._batcher.close()
         for link in self._links.values():
             link.compression.close()
@@ -416,15 +330,6 @@ class Producer:
         beat = min((link.conn.heartbeat for link in self._links.values()), default=HEARTBEAT_S)
         return max(POLL_MIN_MS, int(beat * POLL_HEARTBEAT_FRACTION * 1000))
 
-
-
-def announced_frame_bytes(welcome: dict[str, Any]) -> int:
-    """The frame bound a WELCOME announces (validated as a positive int by parse_header), clamped into
-    [MIN_FRAME_BYTES, MAX_FRAME_BYTES]; FRAME_CHUNK_BYTES for a consumer that announces none."""
-    announced = welcome.get("frame_bytes")
-    if announced is None:
-        return FRAME_CHUNK_BYTES
-    return min(max(announced, MIN_FRAME_BYTES), MAX_FRAME_BYTES)
 
 
 def _index_fail(action: FailTask) -> bytes:
