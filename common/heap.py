@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 
 __all__ = ["keep_freed_memory", "KEEP_FREED_BYTES", "HEAP_BLOCK_BYTES"]
 
@@ -29,9 +30,14 @@ _applied: list[bool] = []
 
 def keep_freed_memory() -> bool:
     """Raise glibc's mmap threshold to HEAP_BLOCK_BYTES and its trim threshold to KEEP_FREED_BYTES, once per
-    process. True if applied (now or before); False where the C library is not glibc or refused."""
+    process. True if applied (now or before); False where the C library is not glibc or refused, or where
+    the environment says ``FERRY_KEEP_FREED_MEMORY=0`` (these are process-wide settings: in a trainer they
+    apply to everything it allocates)."""
     if _applied:
         return _applied[0]
+    if os.environ.get("FERRY_KEEP_FREED_MEMORY", "1").strip().lower() in ("0", "false", "no", "off"):
+        _applied.append(False)  # the user keeps glibc's defaults for this process (docs/tuning.md#frame-size)
+        return False
     try:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
