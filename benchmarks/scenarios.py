@@ -435,8 +435,9 @@ def ingest(report: Report, sizes: Sizes) -> float | None:
     127.0.0.1, ipc, and a veth pair between two network namespaces (root only). Returns the raw pyzmq ipc
     figure at 16 MiB (or the largest measured), for scenario 1's notes."""
     transport_gbps = None
-    transports = ["tcp", "ipc"]
-    veth = make_veth() if sizes is not SIZES["tiny"] else None
+    tiny = sizes is SIZES["tiny"]  # the test suite's run: one transport keeps the harness from rotting
+    transports = ["tcp"] if tiny else ["tcp", "ipc"]
+    veth = make_veth() if not tiny else None
     if veth is not None:
         transports.append("veth")
     try:

@@ -79,13 +79,15 @@ def test_pool_reuses_a_buffer_only_after_its_send_completed():
     assert pool.acquire((4, 4), np.float32) is not c
 
 
-def test_chunked_batches_land_in_reused_host_buffers_released_by_the_loop():
+def test_chunked_batches_land_in_reused_host_buffers_released_by_the_loop(monkeypatch):
     """Batches bigger than the frame bound the loader announces (over the socket) are assembled into pooled
     buffers that return as soon as the loop drops them: no garbage collection needed (no reference cycle
     holds a batch)."""
-    from ferry.common.constants import DEFAULT_FRAME_BYTES
+    from ferry.common.constants import MIN_FRAME_BYTES
 
-    mib = 2 * DEFAULT_FRAME_BYTES / (1 << 20) + 0.5  # three frames per batch
+    # the loader announces the smallest bound a producer accepts, so that three frames are 8.5 MiB, not 48.5
+    monkeypatch.setattr("ferry.consumer.io_inbound.DEFAULT_FRAME_BYTES", MIN_FRAME_BYTES)
+    mib = 2 * MIN_FRAME_BYTES / (1 << 20) + 0.5  # three frames per batch
     with RemoteLoader(dataset="synthetic", dataset_args={"length": 12, "shape": [int(mib * (1 << 20))],
                                                          "dtype": "uint8"},
                       local_producers=1, batch_size=1, heartbeat=0.2, timeout=30, shared_memory=False) as loader:
