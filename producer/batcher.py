@@ -137,6 +137,8 @@ class Batcher:
     def _run(self, job: Job) -> None:
         try:
             outcome = self._assemble(job)
+        except BatchTooLarge as exc:  # one record, whatever on_error: the consumer raises it, never skips it
+            outcome = self._fail(job, [error_record(job.indices[0], exc)])
         except BaseException as exc:  # never lose a job: a bug here becomes a FAIL the consumer sees
             outcome = self._fail(job, self._whole_batch(job, job.indices, exc))
         self._finish(job, outcome)
@@ -186,13 +188,8 @@ class Batcher:
                 job.slot.used = 0
             if samples:  # relearn, should the layout be an odd sample's or the data have changed shape
                 self._learn(samples[0])
-        spec, array_frames = encode_tree(tree, chunk_bytes=job.frame_bytes, slot=job.slot)
         # every frame is tracked: the array frames are views of the pooled buffer, the rest small
-        spec, array_frames, pooled, views = self._compress(job, spec, array_frames, pooled, len(array_frames))
-        header = protocol.pack(
-            protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq, tree=spec, errors=errors
-        )
-        return Outcome(job, [header, *array_frames], buffer=pooled, buffer_frames=views)
+        return self._message(job, tree, errors, pooled, untracked=0)
 
     def _learn_first(self, first: Future) -> RowLayout | None:
         """The layout of the sample ``first`` loads (None if it raised or has no layout); kept for later batches."""
@@ -281,10 +278,14 @@ class Batcher:
     @staticmethod
     def _whole_batch(job: Job, indices: list[int], exc: BaseException) -> list[dict[str, Any]]:
         """Records for a batch lost as a whole: under skip one per sample, so that the consumer counts every
-        sample that did not arrive; else one, naming the first."""
+        sample that did not arrive (only the first with the message and traceback: a FAIL header stays far
+        below MAX_HEADER_BYTES for any batch size); else one, naming the first."""
+        first = error_record(indices[0], exc)
         if job.on_error == "skip":
-            return [error_record(i, exc) for i in indices]
-        return [error_record(indices[0], exc)]
+            same = f"the whole batch failed: see sample {indices[0]}"
+            return [first] + [{"index": i, "exc_type": first["exc_type"], "message": same, "traceback": ""}
+                              for i in indices[1:]]
+        return [first]
 
     def _assemble_fast(self, job: Job) -> Outcome:
         shape, dtype = self._layout
@@ -311,13 +312,21 @@ class Batcher:
             self.pool.release(buffer)
         else:
             array, pooled = buffer, (buffer if room is None else None)
-        spec, array_frames = encode_tree([array, np.asarray(labels, dtype=np.int64)], chunk_bytes=job.frame_bytes,
-                                         slot=job.slot)
-        spec, array_frames, pooled, views = self._compress(job, spec, array_frames, pooled, len(array_frames) - 1)
-        header = protocol.pack(
-            protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq, tree=spec, errors=errors
-        )
-        return Outcome(job, [header, *array_frames], buffer=pooled, buffer_frames=views)
+        return self._message(job, [array, np.asarray(labels, dtype=np.int64)], errors, pooled, untracked=1)
+
+    def _message(self, job: Job, tree: Any, errors: list[dict[str, Any]], pooled: Any, untracked: int) -> Outcome:
+        """The BATCH for ``tree``: encoded, compressed as the job says, packed. Its array frames but the last
+        ``untracked`` are views of ``pooled``. Should any step raise, ``pooled`` goes back to the pool first."""
+        try:
+            spec, frames = encode_tree(tree, chunk_bytes=job.frame_bytes, slot=job.slot)
+            spec, frames, pooled, views = self._compress(job, spec, frames, pooled, len(frames) - untracked)
+            header = protocol.pack(protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq,
+                                   tree=spec, errors=errors)
+        except BaseException:
+            if pooled is not None:
+                self.pool.release(pooled)
+            raise
+        return Outcome(job, [header, *frames], buffer=pooled, buffer_frames=views)
 
     def _compress(self, job: Job, spec: Any, frames: list[Any], pooled: Any, views: int) -> tuple[Any, list[Any], Any, int]:
         """Probe and compress the batch's frames as the job says (common/compression.py). The first ``views``
@@ -325,13 +334,11 @@ class Batcher:
         back in the pool at once (nothing sent reads it); else it stays tracked. Slot leaves have no frames.
 
         Raises:
-            BatchTooLarge: the frames hold more than the consumer's ``max_batch_bytes`` (``pooled`` is given back
-                first). The job's runner answers the task with it: the consumer raises it in the loop.
+            BatchTooLarge: the frames hold more than the consumer's ``max_batch_bytes``. The job's runner answers
+                the task with it: the consumer raises it in the loop.
         """
         size = sum(len(f) for f in frames)
-        if job.max_batch_bytes is not None and size > job.max_batch_bytes:
-            if pooled is not None:
-                self.pool.release(pooled)
+        if job.max_batch_bytes is not None and size > job.max_batch_bytes:  # the caller gives ``pooled`` back
             raise BatchTooLarge(f"a batch of {size} bytes ({len(job.indices)} samples) exceeds the consumer's "
                                 f"max_batch_bytes={job.max_batch_bytes}: raise max_batch_bytes or lower batch_size")
         if self._compressor is None or not frames:

@@ -132,6 +132,19 @@ def test_a_loop_fed_only_oversized_batches_gets_an_error_naming_max_batch_bytes(
     assert producer.proc.poll() is None
 
 
+def test_an_oversized_batch_of_many_samples_under_skip_still_names_max_batch_bytes(endpoint, spawn):
+    """One FAIL record for BatchTooLarge, whatever on_error: one per sample (each with its traceback) made a
+    FAIL header of megabytes for a big batch, over MAX_HEADER_BYTES, dropped as invalid, and the batch was
+    re-issued until it was poison."""
+    spawn(endpoint, "synthetic", {"length": 4096, "shape": [1024], "dtype": "uint8"}, threads=1, slots=1)
+    with RemoteLoader(endpoint=endpoint, batch_size=2048, max_batch_bytes=LIMIT, heartbeat=0.2, timeout=30,
+                      task_timeout=10, on_error="skip", log_every=None) as loader:
+        with pytest.raises(BatchTooLarge, match="max_batch_bytes"):
+            next(iter(loader))
+        stats = loader.stats()
+    assert stats["invalid_messages"] == 0 and stats["reissued"] == 0, stats
+
+
 # --- stall_fraction: "the share of the loop's time spent waiting for data" ---------------------------------
 @pytest.mark.parametrize("load_s, step_s, expected", [
     (0.12, 0.04, (0.12 - 0.04) / 0.12),  # loading is the bottleneck: each step waits load - step

@@ -269,3 +269,35 @@ def test_general_path_buffers_are_reused_only_after_libzmq_is_done_with_them(end
     owned = pooled_buffer_ids(pool)
     assert len(acquired) == slow.TASKS, "a batch that did not take the rows path"
     assert sum(1 for i in acquired if i in owned) - len(owned) >= 1, "no pooled buffer was reused"
+
+
+class _FailingCompressor:
+    """A compressor whose every batch fails, as a codec error or a MemoryError would."""
+
+    def probe(self, *args):
+        pass
+
+    def apply(self, *args):
+        raise RuntimeError("compression failed")
+
+    def close(self):
+        pass
+
+
+def test_a_batch_that_fails_after_its_pooled_buffer_was_taken_gives_it_back():
+    """Encoding or compressing can raise after a batch took its pooled buffer (rows written): the FAIL goes out
+    and the buffer is back in the pool, or the pool would shrink by one buffer per such failure."""
+    done, waker = queue.SimpleQueue(), Waker()
+    batcher = Batcher(ShapePerBatch(), threads=2, batch_workers=1, done=done, waker=waker,
+                      compressor=_FailingCompressor())
+    try:
+        for seq in range(3):  # the first batch teaches the layout; the later ones write rows into pooled buffers
+            batcher.submit(Job(0, 1, seq, 0, seq, [0, 1, 2, 3], "raise", compress="lz4"))
+            outcome = done.get(timeout=30)
+            assert outcome.failed and outcome.buffer is None
+            assert "compression failed" in protocol.parse_header(outcome.frames[0])["errors"][0]["message"]
+        pool = batcher.pool
+        assert pool._count and sum(len(free) for free in pool._free.values()) == sum(pool._count.values())
+    finally:
+        batcher.close()
+        waker.close()
