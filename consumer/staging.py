@@ -21,6 +21,8 @@ batches it lets the stager drop what completed copies held (``reclaim``), so slo
 
 from __future__ import annotations
 
+import contextlib
+
 import queue
 import threading
 import weakref
@@ -233,7 +235,11 @@ class CudaStager:
         self.direct = 0  # leaves copied from registered memory
         self.through_pool = 0  # leaves copied into a pinned buffer first
         if slab is not None and self.registry.enabled:  # unregister before the slab's memory is unmapped
-            slab.before_unmap(self.registry.unregister_within)
+            slab.before_unmap(self._unregister_within)
+
+    def _unregister_within(self, address: int, size: int) -> None:
+        with device_guard(self.device):  # the unmap hook may run on any thread (a finalizer)
+            self.registry.unregister_within(address, size)
 
     def stage(self, delivery: Delivery) -> None:
         self.reclaim()
@@ -302,6 +308,20 @@ class CudaStager:
         self.host.close()
 
 
+def _use_device(device: torch.device | None) -> None:
+    """Make ``device`` this thread's CUDA device. A new thread starts on device 0: without this, pinning and
+    registering memory for a loader on ``cuda:N`` would create a CUDA context on GPU 0 (in every DDP rank)."""
+    if device is not None and device.type == "cuda" and torch.cuda.is_available():
+        torch.cuda.set_device(device)
+
+
+def device_guard(device: torch.device | None) -> Any:
+    """A context that makes ``device`` current, for CUDA calls on a thread that is not the staging thread."""
+    if device is not None and device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
 def make_stager(device: torch.device | None, pin_memory: bool, pool_limit: int,
                 slab: Slab | None = None) -> CpuStager | CudaStager:
     """``pool_limit``: host buffers kept per batch size (the loader passes its capacity plus a margin).
@@ -330,6 +350,7 @@ def staging_loop(buffer: ReorderBuffer, out: "queue.Queue[Any]", stop: threading
     """Move items from ``buffer`` to ``out``, staging batches on the way. Bounded waits; stops on ``stop``."""
     torch.set_num_threads(1)
     try:
+        _use_device(getattr(stager, "device", None))
         while not stop.is_set():
             item = buffer.get(timeout=POLL_SLICE_S)
             if item is None:

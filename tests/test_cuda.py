@@ -174,3 +174,36 @@ def test_cuda_request_without_cuda_is_a_clear_error():
 
     with pytest.raises(ConfigError, match="CUDA is not available"):
         RemoteLoader(endpoint="tcp://127.0.0.1:1", device="cuda", batch_size=2)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_the_staging_thread_pins_and_registers_on_the_loaders_device_not_gpu_0():
+    """A new thread starts on device 0; the staging thread makes the loader's device current first, or pinning
+    and cudaHostRegister for a loader on cuda:1 would create a context on GPU 0 (in every DDP rank)."""
+    import threading
+
+    from ferry.consumer.staging import _use_device
+
+    seen = []
+
+    def staging_like() -> None:
+        _use_device(torch.device("cuda:1"))
+        seen.append(torch.cuda.current_device())
+
+    thread = threading.Thread(target=staging_like)
+    thread.start()
+    thread.join(30)
+    assert seen == [1]
+
+
+def test_device_guard_and_use_device_do_nothing_without_cuda_devices():
+    from ferry.consumer.staging import _use_device, device_guard
+
+    _use_device(None)
+    _use_device(torch.device("cpu"))
+    with device_guard(torch.device("cpu")):
+        pass
+    if not torch.cuda.is_available():  # here: a CUDA device named on a machine without CUDA is no error either
+        _use_device(torch.device("cuda:1"))
+        with device_guard(torch.device("cuda:1")):
+            pass
