@@ -25,7 +25,6 @@ import contextlib
 
 import queue
 import threading
-import weakref
 from collections import deque
 from typing import Any, Callable
 
@@ -38,7 +37,8 @@ from ferry.common.shm import Slab
 from ferry.common.tree import iter_leaves, map_tree
 
 from ferry.consumer.buffer import Delivery, ReorderBuffer, is_eof
-from ferry.consumer.pinning import HostRegistry, page_aligned_buffer, page_span
+from ferry.consumer.hostpool import HostPool
+from ferry.consumer.pinning import HostRegistry, page_span
 
 
 def is_assembled(leaf: Any) -> bool:
@@ -61,59 +61,6 @@ def _tensor_of(leaf: np.ndarray | Chunked, fn: Callable[[np.ndarray | Chunked], 
 
 def iter_tensors(tree: Any):
     return (leaf for leaf in iter_leaves(tree) if isinstance(leaf, torch.Tensor))
-
-
-class HostPool:
-    """Reused host buffers for assembling chunked leaves, handed out for as long as the loop holds them.
-
-    ``adopt`` assembles a leaf into a pooled buffer and returns a fresh array object over it; when that
-    array is garbage-collected (the training loop dropped every tensor over it), a ``weakref.finalize``
-    puts the buffer back. At most ``limit`` buffers per size are pooled; beyond that (a loop that keeps
-    every batch) leaves go into one-off allocations, so correctness never depends on the pool.
-
-    With an enabled ``registry`` (staging to CUDA), each pooled buffer is page-aligned and registered with
-    CUDA once, when it is allocated, so that a leaf assembled in it is copied to the device from there. The
-    registry's owner unregisters before the buffers are freed (``CudaStager.close``).
-    """
-
-    def __init__(self, limit: int, registry: HostRegistry | None = None) -> None:
-        self._limit = limit
-        self._registry = registry if registry is not None and registry.enabled else None
-        self._lock = threading.Lock()
-        self._free: dict[int, list[np.ndarray]] = {}
-        self._count: dict[int, int] = {}
-        self.reused = 0
-
-    def adopt(self, leaf: Chunked) -> np.ndarray:
-        buffer, pooled = self._acquire(leaf.nbytes)
-        array = leaf.assemble_into(buffer)
-        if pooled:
-            weakref.finalize(array, self._release, buffer)
-        return array
-
-    def _acquire(self, nbytes: int) -> tuple[np.ndarray, bool]:
-        with self._lock:
-            free = self._free.get(nbytes)
-            if free:
-                self.reused += 1
-                return free.pop(), True
-            if self._count.get(nbytes, 0) < self._limit:
-                self._count[nbytes] = self._count.get(nbytes, 0) + 1
-            else:
-                return np.empty(nbytes, np.uint8), False
-        if self._registry is None:
-            return np.empty(nbytes, np.uint8), True
-        buffer = page_aligned_buffer(nbytes)
-        self._registry.register(*page_span(buffer.ctypes.data, nbytes))  # False: copied via the pinned pool
-        return buffer, True
-
-    def _release(self, buffer: np.ndarray) -> None:
-        with self._lock:
-            self._free.setdefault(len(buffer), []).append(buffer)
-
-    def close(self) -> None:
-        with self._lock:
-            self._free.clear()
 
 
 class CpuStager:

@@ -233,6 +233,33 @@ def test_the_receive_pool_registers_each_pooled_buffer_once():
     assert len([c for c in cudart.calls if c[0] == "register"]) == 1  # registered once, reused since
 
 
+def test_the_receive_pool_locks_no_more_than_limit_buffers_of_the_largest_size_when_sizes_vary():
+    """Leaves whose size changes every batch (padded to the longest sequence) must not lock a new buffer per
+    size for ever: the free buffers of the least recently used sizes are unregistered to make room."""
+    cudart = FakeCudart()
+    registry = HostRegistry(cudart, clear_error=lambda: None)
+    pool = HostPool(limit=2, registry=registry)
+    largest = 0
+    for step in range(50):
+        n = (3 + step % 17) * PAGE + 8 * step  # 17 sizes, over and over, and each new
+        largest = max(largest, n)
+        leaf = Chunked(np.dtype(np.uint8), (n,), [bytes(n)])
+        held = pool.adopt(leaf)  # the loop holds one batch at a time
+        assert pool.locked_bytes <= 2 * largest, (step, pool.locked_bytes)
+        assert registry.registered_bytes <= 2 * largest + 2 * PAGE * 2
+        assert not held.any()
+        del held
+        gc.collect()
+    assert len(cudart.unregistered()) > 0  # room was made by unregistering
+    assert len(pool._recent) <= 2 * 17  # sizes with nothing left are forgotten
+    same = Chunked(np.dtype(np.uint8), (4 * PAGE,), [bytes(4 * PAGE)])
+    first = pool.adopt(same)
+    address = first.ctypes.data
+    del first
+    gc.collect()
+    assert pool.adopt(same).ctypes.data == address  # a steady size is still reused
+
+
 # --- the CUDA stager's bookkeeping, with a real slab -------------------------------------------------------
 @pytest.fixture
 def slab():
