@@ -13,12 +13,8 @@ the rows say why they were skipped.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
-import time
 from typing import Any
 
 import numpy as np
@@ -26,8 +22,8 @@ import numpy as np
 from ferry import RemoteLoader
 
 from .harness import Figure, Report, Row, alternate, ratio
+from .scenarios import Producers, epoch_rate, free_port, wait_producers
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 32
 #: Tasks "auto" needs before its first decisions (producer/compressing.py): warm-up epochs cover them.
 WARM_EPOCHS = 2
@@ -61,72 +57,29 @@ class Noise(Tiles):
         self.fingerprint = f"bench-noise:{self.length}:{self.shape}:{variants}"
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
-    return env
-
-
-def _producer(endpoint: str, spec: str, args: dict[str, Any], netns: str | None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "ferry.producer", "--connect", endpoint, "--dataset", spec, "--threads", "2",
-           "--slots", "3", "--heartbeat", "0.2", "--log-level", "WARNING"]
-    for key, value in args.items():
-        cmd += ["--dataset-arg", f"{key}={json.dumps(value)}"]
-    if netns:
-        cmd = ["ip", "netns", "exec", netns, *cmd]
-    return subprocess.Popen(cmd, env=_env(), stdin=subprocess.DEVNULL, cwd=REPO)
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(10)
-
-
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _epoch_rate(loader: RemoteLoader) -> float:
-    start = time.perf_counter()
-    samples = sum(len(batch[1]) for batch in loader)
-    return samples / (time.perf_counter() - start)
-
-
 def _auto_vs_none(host: str, netns: str | None, spec: str, args: dict[str, Any], repeats: int) -> tuple[dict, dict]:
     """Two loaders, each with its own producer, warmed, then alternating epochs. Returns (figures, auto's stats)."""
-    procs: list[subprocess.Popen] = []
+    producers: list[Producers] = []
     loaders: dict[str, RemoteLoader] = {}
     try:
         for name, compression in (("auto", "auto"), ("none", None)):
-            endpoint = f"tcp://{host}:{_port()}"
+            endpoint = f"tcp://{host}:{free_port()}"
             loaders[name] = RemoteLoader(endpoint=endpoint, batch_size=BATCH, compression=compression,
                                          buffer_batches=8, heartbeat=0.2, timeout=120, log_every=None)
-            procs.append(_producer(endpoint, spec, args, netns))
-        deadline = time.monotonic() + 120
-        while any(each.stats()["producers"] < 1 for each in loaders.values()):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the producers did not join")
-            time.sleep(0.05)
+            producers.append(Producers(endpoint))
+            producers[-1].add(1, spec, args, threads=2, slots=3, netns=netns)
         for each in loaders.values():
-            for _ in range(WARM_EPOCHS):
-                _epoch_rate(each)
-        figures = alternate({name: (lambda l=each: _epoch_rate(l)) for name, each in loaders.items()}, repeats)
+            wait_producers(each, 1)
+        for each in loaders.values():
+            epoch_rate(each, BATCH, epochs=WARM_EPOCHS)
+        figures = alternate({name: (lambda l=each: epoch_rate(l, BATCH, epochs=1)) for name, each in loaders.items()},
+                            repeats)
         return figures, loaders["auto"].stats()
     finally:
         for each in loaders.values():
             each.close()
-        _stop(procs)
+        for each in producers:
+            each.close()
 
 
 def _shaped_link(rate: str) -> Any:

@@ -27,9 +27,19 @@ def _usage() -> tuple[int, float]:
     return r.ru_minflt, r.ru_utime + r.ru_stime
 
 
-def _report(nbytes: int, took: float, faults: int, cpu: float) -> None:
-    print(json.dumps({"gbps": nbytes / took / 1e9, "minflt_per_gb": faults / (nbytes / 1e9), "cpu_s": cpu,
-                      "seconds": took}), flush=True)
+def _measure(next_batch_bytes, count: int) -> None:
+    """The one measurement both receivers share: WARMUP batches, then ``count`` timed ones, each taken by
+    ``next_batch_bytes()`` (which hands the batch to the loop as tensors and returns its array bytes); prints
+    one JSON line."""
+    for _ in range(WARMUP):
+        next_batch_bytes()
+    faults, cpu = _usage()
+    start = time.perf_counter()
+    nbytes = sum(next_batch_bytes() for _ in range(count))
+    took = time.perf_counter() - start
+    faults2, cpu2 = _usage()
+    print(json.dumps({"gbps": nbytes / took / 1e9, "minflt_per_gb": (faults2 - faults) / (nbytes / 1e9),
+                      "cpu_s": cpu2 - cpu, "seconds": took}), flush=True)
 
 
 def ferry_consume(endpoint: str, mib: float, count: int, buffer_batches: int = 8) -> None:
@@ -38,16 +48,7 @@ def ferry_consume(endpoint: str, mib: float, count: int, buffer_batches: int = 8
     with RemoteLoader(endpoint=endpoint, batch_size=1, buffer_batches=buffer_batches, timeout=120,
                       heartbeat=0.2) as loader:
         it = iter(loader)
-        for _ in range(WARMUP):
-            next(it)
-        faults, cpu = _usage()
-        start = time.perf_counter()
-        nbytes = 0
-        for _ in range(count):
-            nbytes += next(it)[0].numel()
-        took = time.perf_counter() - start
-        faults2, cpu2 = _usage()
-    _report(nbytes, took, faults2 - faults, cpu2 - cpu)
+        _measure(lambda: next(it)[0].numel(), count)
 
 
 def raw_pull(endpoint: str, mib: float, count: int, *_: int) -> None:
@@ -59,23 +60,17 @@ def raw_pull(endpoint: str, mib: float, count: int, *_: int) -> None:
     pull.setsockopt(zmq.RCVHWM, 4)
     pull.setsockopt(zmq.LINGER, 0)
     pull.bind(endpoint)
+
+    def next_batch_bytes() -> int:
+        frames = pull.recv_multipart(copy=False)
+        batch = [torch.frombuffer(f.buffer, dtype=torch.uint8) for f in frames[1:]]
+        return batch[0].numel()
+
     try:
-        for _ in range(WARMUP):
-            pull.recv_multipart(copy=False)
-        faults, cpu = _usage()
-        start = time.perf_counter()
-        nbytes = 0
-        for _ in range(count):
-            frames = pull.recv_multipart(copy=False)
-            batch = [torch.frombuffer(f.buffer, dtype=torch.uint8) for f in frames[1:]]
-            nbytes += batch[0].numel()
-            del batch, frames
-        took = time.perf_counter() - start
-        faults2, cpu2 = _usage()
+        _measure(next_batch_bytes, count)
     finally:
         pull.close(0)
         ctx.term()
-    _report(nbytes, took, faults2 - faults, cpu2 - cpu)
 
 
 def raw_push(endpoint: str, mib: float, count: int, *_: int) -> None:

@@ -68,7 +68,9 @@ class Producers:
         self.endpoint = endpoint
         self.procs: list[subprocess.Popen] = []
 
-    def add(self, count: int, spec: str, args: dict[str, Any], threads: int, slots: int) -> None:
+    def add(self, count: int, spec: str, args: dict[str, Any], threads: int, slots: int,
+            netns: str | None = None) -> None:
+        """``count`` producers; in the network namespace ``netns`` if given (``ip netns exec``)."""
         import json
 
         for _ in range(count):
@@ -76,6 +78,8 @@ class Producers:
                    "--threads", str(threads), "--slots", str(slots), "--heartbeat", "0.2", "--log-level", "WARNING"]
             for k, v in args.items():
                 cmd += ["--dataset-arg", f"{k}={json.dumps(v)}"]
+            if netns:
+                cmd = ["ip", "netns", "exec", netns, *cmd]
             self.procs.append(subprocess.Popen(cmd, env=env(), stdin=subprocess.DEVNULL))
 
     def close(self) -> None:
@@ -89,12 +93,16 @@ class Producers:
                 p.wait(10)
 
 
-def free_endpoint() -> str:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        return s.getsockname()[1]
+
+
+def free_endpoint() -> str:
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 def wait_producers(loader: RemoteLoader, count: int, timeout: float = 120.0) -> None:
