@@ -201,22 +201,28 @@ class Inbound:
             count_skips(self.counters, info.name, header["errors"])
         self.buffer.put(Delivery(run=task.run, seq=task.seq, tree=batch.tree, nbytes=batch.nbytes, frames=data))
 
+    def _unretryable(self, info: ProducerInfo, errors: list[dict[str, Any]], seq: int) -> Exception | None:
+        """The error a FAIL names that no producer could avoid, or None: a sample index outside the dataset
+        (the plan itself is wrong), or a batch larger than max_batch_bytes (every producer builds the same)."""
+        kinds: dict[str, dict[str, Any]] = {}
+        for error in errors:
+            kinds.setdefault(error["exc_type"], error)  # the first of each kind names it
+        if BatchTooLarge.__name__ in kinds:
+            return BatchTooLarge(f"{kinds[BatchTooLarge.__name__]['message']} (epoch {self._epoch}, batch {seq}, "
+                                 f"from producer {info.name})")
+        if SampleIndexError.__name__ in kinds:
+            return SampleIndexError(index=kinds[SampleIndexError.__name__]["index"],
+                                    length=self._peers.dataset_len or 0, epoch=self._epoch, seq=seq)
+        return None
+
     def _fail(self, info: ProducerInfo, header: dict[str, Any], data: list[Any]) -> None:
         check_fail(header, data)
         task = self._claim(info, header)
         if task is None:
             return
         self._ledger.give_back(task.task)
-        too_large = next((e for e in header["errors"] if e["exc_type"] == BatchTooLarge.__name__), None)
-        if too_large is not None:  # never skipped, never retried: every producer would build the same batch
-            error = BatchTooLarge(f"{too_large['message']} (epoch {self._epoch}, batch {task.seq}, from producer "
-                                  f"{info.name})")
-            self.buffer.put(Delivery(run=task.run, seq=task.seq, error=error))
-            return
-        out_of_range = next((e for e in header["errors"] if e["exc_type"] == SampleIndexError.__name__), None)
-        if out_of_range is not None:  # never skipped, never retried: the plan itself is wrong
-            error = SampleIndexError(index=out_of_range["index"], length=self._peers.dataset_len or 0,
-                                     epoch=self._epoch, seq=task.seq)
+        error = self._unretryable(info, header["errors"], task.seq)
+        if error is not None:  # raised at this batch's position whatever on_error says, never re-issued
             self.buffer.put(Delivery(run=task.run, seq=task.seq, error=error))
             return
         if task_fields(self._plan, task.seq):  # a shard whose iterator raised ends there
