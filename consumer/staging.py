@@ -255,18 +255,20 @@ class CudaStager:
         self.host.close()
 
 
+def _on_cuda(device: torch.device | None) -> bool:
+    return device is not None and device.type == "cuda" and torch.cuda.is_available()
+
+
 def _use_device(device: torch.device | None) -> None:
     """Make ``device`` this thread's CUDA device. A new thread starts on device 0: without this, pinning and
     registering memory for a loader on ``cuda:N`` would create a CUDA context on GPU 0 (in every DDP rank)."""
-    if device is not None and device.type == "cuda" and torch.cuda.is_available():
+    if _on_cuda(device):
         torch.cuda.set_device(device)
 
 
 def device_guard(device: torch.device | None) -> Any:
     """A context that makes ``device`` current, for CUDA calls on a thread that is not the staging thread."""
-    if device is not None and device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.device(device)
-    return contextlib.nullcontext()
+    return torch.cuda.device(device) if _on_cuda(device) else contextlib.nullcontext()
 
 
 def make_stager(device: torch.device | None, pin_memory: bool, pool_limit: int,
