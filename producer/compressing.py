@@ -284,9 +284,14 @@ class LinkCompression:
         self._tasks = 0
         usable = self._usable([mode] if mode in comp.CODECS else [])
         self.codec = usable[0] if usable else None
-        if mode == "auto" and not self.local and self._usable(comp.CODECS) and self.meter is None:
-            self.meter = LinkMeter(str(id(self) % 10000))
-        elif mode == "auto" and not self._usable(comp.CODECS) and "auto" not in self._warned:
+        if mode != "auto" or self.local:
+            # "auto" is off on loopback, ipc and inproc without measuring, so a local link never loads a codec
+            # library: in a producer forked from the trainer that load took 100 ms before the first TASK
+            return
+        if self._usable(comp.CODECS):
+            if self.meter is None:
+                self.meter = LinkMeter(str(id(self) % 10000))
+        elif "auto" not in self._warned:
             self._warned.add("auto")
             log.info("compression 'auto' stays off towards %s: no codec both here and at the consumer "
                      "(pip install 'ferry[lz4]' or 'ferry[zstd]')", self.endpoint)
