@@ -30,6 +30,7 @@ producers write batches into (see :mod:`ferry.common.shm`), and closes it last.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import multiprocessing
@@ -93,7 +94,7 @@ class LocalProducers:
                     self.children.append(self._spawn_cli(index, count, dataset, dataset_args or {}, threads, slots,
                                                          heartbeat, liveness))
             else:
-                from ferry.producer import ProducerConfig
+                from ferry.producer import ProducerConfig, preload
 
                 config = ProducerConfig(
                     endpoints=(self.endpoint,), dataset=type(dataset).__qualname__, threads=threads, slots=slots,
@@ -102,10 +103,21 @@ class LocalProducers:
                     num_workers=count, init=init, collate=collate,
                 )
                 ctx = multiprocessing.get_context(mp_context or ("fork" if sys.platform == "linux" else "spawn"))
-                for index in range(count):
-                    seeded = dataclasses.replace(config, worker_id=index,
-                                                 seed=None if base_seed is None else base_seed + index)
-                    self.children.append(self._start_process(index, ctx, seeded, dataset))
+                forking = ctx.get_start_method() == "fork"
+                if forking:
+                    preload()  # forked producers inherit the modules serve needs: no imports before the first batch
+                    # the children's garbage collector then skips every object inherited from the trainer: its
+                    # first pass otherwise wrote into (copied) each page of them, about 100 ms of page
+                    # copies before a producer's first batch (the advice of the gc module's documentation)
+                    gc.freeze()
+                try:
+                    for index in range(count):
+                        seeded = dataclasses.replace(config, worker_id=index,
+                                                     seed=None if base_seed is None else base_seed + index)
+                        self.children.append(self._start_process(index, ctx, seeded, dataset))
+                finally:
+                    if forking:
+                        gc.unfreeze()  # the trainer's own collector sees its objects again
             self._watch.start()
         except BaseException:
             self.close()

@@ -22,10 +22,19 @@ from typing import Any
 from ferry.common.heap import keep_freed_memory
 from ferry.producer.config import ProducerConfig
 
-__all__ = ["serve", "ProducerConfig", "keep_freed_memory"]
+__all__ = ["serve", "preload", "ProducerConfig", "keep_freed_memory"]
 
 _PR_SET_PDEATHSIG = 1
 # keep_freed_memory (and its constants) lives in ferry.common.heap: the consumer sets it too
+
+
+def preload() -> None:
+    """Import every module :func:`serve` needs. A process forked after this call starts serving at once
+    instead of importing them first (35 ms alone, 100 ms and more while the trainer and the other producers
+    start on the same cores): the consumer's local mode calls it before it forks its producers."""
+    import ferry.common.datasets  # noqa: F401
+    import ferry.common.sampleinfo  # noqa: F401
+    import ferry.producer.service  # noqa: F401
 
 
 def serve(config: ProducerConfig, dataset: Any = None) -> int:
