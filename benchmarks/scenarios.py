@@ -571,12 +571,19 @@ def first_batch(report: Report, sizes: Sizes) -> None:
         # each run's own epoch 0 against its own steady state, then the median: runs move with the load
         shares = [e0 / steady for _, e0, steady in results["ferry"]]
         share = Figure(shares).median
+        # the same epoch 0 without its first batch: the warm-up tax alone (fresh slots), apart from start-up,
+        # which the time-to-first-batch row measures; an 8-batch epoch cannot reach 0.8 from construction
+        # while its first batch takes longer than a quarter of a steady epoch
+        after_first = Figure([(samples - batch) / (samples / e0 - first) / steady
+                              for first, e0, steady in results["ferry"]])
         report.add(Row("6 epoch 0", f"user Dataset, float32, P=2: epoch 0 from construction / steady state ({shape})",
                        {"ferry epoch 0 samples/s": f_e0.text(), "ferry steady samples/s": f_steady.text(),
                         "ferry epoch 0 / steady": Figure(shares).text(2),
+                        "ferry epoch 0 after its first batch / steady": after_first.text(2),
                         "dataloader epoch 0 samples/s": d_e0.text(), "dataloader steady samples/s": d_steady.text()},
                        ratio=ratio(f_e0, d_e0), target="Ferry epoch 0 ≥ 0.8 × its steady state",
-                       met=share >= 0.8, note=f"ferry epoch 0 / steady = {share:.2f}; dataloader "
+                       met=share >= 0.8, note=f"ferry epoch 0 / steady = {share:.2f} (after its first batch "
+                                              f"{after_first.median:.2f}); dataloader "
                                               f"{Figure([e0 / st for _, e0, st in results['dataloader']]).median:.2f}",
                        raw={"ferry epoch 0": f_e0.values, "ferry steady": f_steady.values,
                             "dataloader epoch 0": d_e0.values, "dataloader steady": d_steady.values}))
