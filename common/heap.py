@@ -14,6 +14,8 @@ import ctypes
 import logging
 import os
 
+from ferry.common.errors import ConfigError
+
 __all__ = ["keep_freed_memory", "KEEP_FREED_BYTES", "HEAP_BLOCK_BYTES"]
 
 # glibc's mallopt parameters (malloc.h)
@@ -32,10 +34,17 @@ def keep_freed_memory() -> bool:
     """Raise glibc's mmap threshold to HEAP_BLOCK_BYTES and its trim threshold to KEEP_FREED_BYTES, once per
     process. True if applied (now or before); False where the C library is not glibc or refused, or where
     the environment says ``FERRY_KEEP_FREED_MEMORY=0`` (these are process-wide settings: in a trainer they
-    apply to everything it allocates)."""
+    apply to everything it allocates).
+
+    Raises:
+        ConfigError: ``FERRY_KEEP_FREED_MEMORY`` is set to something other than 0 or 1."""
     if _applied:
         return _applied[0]
-    if os.environ.get("FERRY_KEEP_FREED_MEMORY", "1").strip().lower() in ("0", "false", "no", "off"):
+    wanted = os.environ.get("FERRY_KEEP_FREED_MEMORY", "1").strip()
+    if wanted not in ("0", "1"):  # a typo must not silently pick one of two process-wide behaviours
+        raise ConfigError(f"FERRY_KEEP_FREED_MEMORY must be 0 (glibc's defaults) or 1 (keep freed memory, the "
+                          f"default), got {wanted!r}")
+    if wanted == "0":
         _applied.append(False)  # the user keeps glibc's defaults for this process (docs/tuning.md#frame-size)
         return False
     try:

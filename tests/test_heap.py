@@ -55,3 +55,20 @@ def test_the_environment_keeps_glibc_defaults():
     # glibc's default trim threshold (twice its adapted mmap threshold) gives the freed 48 MiB back to the
     # kernel every round, which faults it in again (measured about 1.5k a round, with huge pages)
     assert min(default["faults"]) > 400, default
+
+
+@pytest.mark.parametrize("value", ["no", "O", "2", ""])
+def test_a_value_other_than_0_or_1_is_an_error_naming_the_variable(value):
+    env = {**os.environ, "FERRY_KEEP_FREED_MEMORY": value}
+    out = subprocess.run([sys.executable, "-c", "from ferry.common.heap import keep_freed_memory; keep_freed_memory()"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "ConfigError: FERRY_KEEP_FREED_MEMORY must be 0" in out.stderr and repr(value) in out.stderr, out.stderr
+
+
+def test_a_producer_started_with_a_bad_value_says_so_and_exits_2(tmp_path):
+    env = {**os.environ, "FERRY_KEEP_FREED_MEMORY": "off"}
+    out = subprocess.run([sys.executable, "-m", "ferry.producer", "--connect", f"ipc://{tmp_path}/none.sock",
+                          "--dataset", "synthetic"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "FERRY_KEEP_FREED_MEMORY must be 0" in out.stderr and "'off'" in out.stderr
