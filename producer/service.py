@@ -290,6 +290,7 @@ class Producer:
                 wire = sum(len(f) for f in outcome.frames[1:])
                 if meter is not None and tracker is not None:
                     meter.sent(tracker, wire, sent_at)
+                    link.compression.delivered.sent(outcome.raw_bytes)
                 self.batches_sent += 1
                 self.bytes_sent += wire
                 if outcome.job.slot is not None and outcome.job.slot.used:

@@ -463,3 +463,88 @@ def test_bfloat16_leaves_stay_marked_when_compressed():
     leaf = decode_tree(out.spec, out.frames, max_bytes=LIMIT)["x"]
     assert isinstance(leaf, Bfloat16Bits)
     assert torch.equal(torch.from_numpy(leaf).view(torch.bfloat16), tensor)
+
+
+# --- units: "auto" keeps a codec only if the link then delivers more ---------------------------------
+class _Meter:
+    def __init__(self, rate):
+        self.value = rate
+
+    def rate(self):
+        return self.value
+
+    def close(self):
+        pass
+
+
+def auto_link(monkeypatch, link_rate, rates):
+    """A remote link under "auto" whose measured link rate and codec rates are given, on a clock the test moves."""
+    from ferry.producer import compressing
+
+    clock = [0.0]
+    monkeypatch.setattr(compressing.time, "perf_counter", lambda: clock[0])
+    link = link_compression("tcp://10.0.0.2:5555")
+    link.welcome({"compression": "auto", "codecs": ["lz4", "zstd"]})
+    link.meter.close()
+    link.meter = _Meter(link_rate)
+    link.compressor.rates.snapshot = lambda: rates
+    return link, clock
+
+
+def drive(link, clock, tasks, gap, raw_bytes=1_000_000):
+    """``tasks`` tasks arriving ``gap`` seconds apart, each answered with a batch of ``raw_bytes``; the codecs used."""
+    used = []
+    for _ in range(tasks):
+        clock[0] += gap
+        used.append(link.task()[0])
+        link.delivered.sent(raw_bytes)
+    return used
+
+
+def test_auto_tries_a_codec_and_keeps_it_when_the_link_delivers_more(monkeypatch):
+    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
+    try:
+        used = drive(link, clock, 13, gap=0.01)  # 100 MB/s uncompressed: the rule picks lz4 at task 12
+        assert used == [None] * 12 + ["lz4"]
+        used = drive(link, clock, 40, gap=0.005)  # twice the raw bytes per second with it: judged, and kept
+        assert used == ["lz4"] * 40 and link.codec == "lz4"
+    finally:
+        link.close()
+
+
+def test_auto_goes_back_when_a_codec_does_not_pay_and_holds_before_trying_again(monkeypatch, caplog):
+    # the case measured over a veth pair: the receiver, not the wire, was the bound
+    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
+    try:
+        assert drive(link, clock, 13, gap=0.01)[-1] == "lz4"
+        with caplog.at_level("INFO", logger="ferry.producer"):
+            used = drive(link, clock, 20, gap=0.02)  # half the raw bytes per second with it
+        assert used[:-1] == ["lz4"] * 19 and used[-1] is None and "back to off" in caplog.text
+        # held for 64 tasks, although the rule would pick lz4 again at every evaluation
+        assert drive(link, clock, 64, gap=0.01) == [None] * 64
+        assert drive(link, clock, 16, gap=0.01)[-1] == "lz4"  # tried again once the hold is over
+        assert drive(link, clock, 16, gap=0.02)[-1] is None  # and judged again
+        assert drive(link, clock, 128, gap=0.01) == [None] * 128  # the hold doubled
+    finally:
+        link.close()
+
+
+def test_auto_waits_for_a_baseline_before_trying_a_codec(monkeypatch):
+    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
+    try:
+        # every task at the same instant: no rate without compression yet, so nothing to compare a trial with
+        assert drive(link, clock, 16, gap=0.0) == [None] * 16 and link.codec is None
+    finally:
+        link.close()
+
+
+def test_a_pause_of_the_loop_during_a_trial_is_not_taken_for_the_links_pace(monkeypatch):
+    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
+    try:
+        assert drive(link, clock, 13, gap=0.02)[-1] == "lz4"  # 50 MB/s without
+        drive(link, clock, 10, gap=0.01)  # 100 MB/s with it...
+        clock[0] += 2.0  # ...then the loop stops asking for 2 s (an evaluation), within the trial's window
+        used = drive(link, clock, 20, gap=0.01)
+        assert used == ["lz4"] * 20 and link.codec == "lz4"
+    finally:
+        link.close()
