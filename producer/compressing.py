@@ -32,7 +32,7 @@ import numpy as np
 
 from ferry.common import compression as comp
 from ferry.common.compression import MIN_FRAME_BYTES, codec, compress_frame, decide_shuffle, shuffle
-from ferry.producer.linkpace import Delivered, LinkMeter
+from ferry.producer.linkpace import SETTLE_TASKS, Delivered, LinkMeter
 
 log = logging.getLogger("ferry.producer")
 
@@ -203,8 +203,10 @@ def frame_itemsizes(spec: Any) -> dict[int, int]:
 class LinkCompression:
     """The codec of one consumer connection (see the module docstring)."""
 
-    def __init__(self, endpoint: str, override: str | None, compressor: FrameCompressor) -> None:
+    def __init__(self, endpoint: str, override: str | None, compressor: FrameCompressor, slots: int = 2) -> None:
         self.endpoint = endpoint
+        self.slots = slots  # the producer's tasks in flight: credits of the old codec still come after a change
+        self.clock = time.perf_counter  # when a task comes in (replaceable in tests)
         self.override = override  # the producer's --compression, or None to follow the consumer
         self.compressor = compressor
         self.local = comp.is_local_endpoint(endpoint)
@@ -215,10 +217,6 @@ class LinkCompression:
         self._tasks = 0
         self._warned: set[str] = set()
         self._welcomed = False
-        self.delivered = Delivered()
-        self._trial: tuple[str | None, str | None, float] | None = None  # (tried, before, rate before)
-        self._hold_until = 0  # no change before this task count (after a failed trial)
-        self._hold = TRIAL_HOLD_FIRST
         self._set_mode(self.mode)
 
     def welcome(self, header: dict[str, Any]) -> None:
@@ -237,6 +235,11 @@ class LinkCompression:
     def _set_mode(self, mode: str) -> None:
         self.mode = mode
         self._tasks = 0
+        # "auto" starts over: a trial, a hold or a rate measured under the old mode or consumer says nothing now
+        self.delivered = Delivered(settle_after_change=max(SETTLE_TASKS, self.slots + 2))
+        self._trial: tuple[str | None, str | None, float] | None = None  # (tried, before, rate before)
+        self._hold_until = 0  # no change while the task count is below this (after a failed trial)
+        self._hold = TRIAL_HOLD_FIRST
         usable = self._usable([mode] if mode in comp.CODECS else [])
         self.codec = usable[0] if usable else None
         if mode != "auto" or self.local:
@@ -274,7 +277,7 @@ class LinkCompression:
         if self.mode != "auto" or self.local or self.meter is None:
             return self.codec, ()
         count, self._tasks = self._tasks, self._tasks + 1
-        self.delivered.arrived(self.codec, time.perf_counter())
+        self.delivered.arrived(self.codec, self.clock())
         if count in FIRST_EVALS or (count and count % EVAL_EVERY == 0):
             self._decide()
         probe = self._usable(comp.CODECS) if count % PROBE_EVERY == 0 else ()
@@ -318,6 +321,8 @@ class LinkCompression:
                      self.endpoint, tried or "off", now / 1e6, before / 1e6, previous or "none")
             self._hold = TRIAL_HOLD_FIRST
             return
+        if previous is not None and previous not in self._usable([previous]):
+            previous = None  # no longer one the consumer can decompress
         log.info("compression towards %s: back to %s: %s delivered %.0f MB/s of raw data, against %.0f MB/s "
                  "before; no change for %d batches", self.endpoint, previous or "off", tried or "off", now / 1e6,
                  before / 1e6, self._hold)

@@ -93,7 +93,8 @@ class Delivered:
     size times the arrivals over their span (credits come back in bursts: a single gap says little), leaving
     out pauses of the loop (PAUSE_S)."""
 
-    def __init__(self) -> None:
+    def __init__(self, settle_after_change: int = SETTLE_TASKS) -> None:
+        self._settle_after_change = settle_after_change
         self._arrivals: dict[str | None, deque[float]] = {}
         self._sizes: deque[int] = deque(maxlen=METER_WINDOW)  # raw bytes of recent batches
         self._settle = SETTLE_FIRST
@@ -110,7 +111,7 @@ class Delivered:
 
     def changed(self, codec: str | None) -> None:
         """The link now uses ``codec``: wait for the pipeline to settle, and measure it afresh."""
-        self._settle = SETTLE_TASKS
+        self._settle = self._settle_after_change
         self._arrivals.pop(codec, None)
 
     def rate(self, codec: str | None) -> float | None:
@@ -120,7 +121,8 @@ class Delivered:
             return None
         gaps = [b - a for a, b in zip(times, list(times)[1:])]
         paced = [g for g in gaps if g < PAUSE_S]
-        if len(paced) < len(gaps) and paced and max(paced) < PAUSE_S / 4:
+        # a pause stands out of a measurable pace; bursts a second apart are the pace itself (their gaps near 0)
+        if len(paced) < len(gaps) and paced and PAUSE_S / 1000 <= statistics.fmean(paced) and max(paced) < PAUSE_S / 4:
             gaps = paced  # the loop stopped asking for a while (an evaluation, a checkpoint): not the link's pace
         seconds = sum(gaps)
         return len(gaps) * statistics.fmean(self._sizes) / seconds if seconds > 0 else None

@@ -201,7 +201,8 @@ class Producer:
         conn = Connection(endpoint, now=time.monotonic(), heartbeat=cfg.heartbeat, liveness=cfg.liveness,
                           unreachable_warning_s=cfg.unreachable_warning_s, dataset_len=self.dataset_len)
         link = Link(key=next(self._keys), endpoint=endpoint, conn=conn, ctx=self._ctx, poller=self._poller,
-                    compression=LinkCompression(endpoint, cfg.compression, self._compressor), curve=cfg.curve)
+                    compression=LinkCompression(endpoint, cfg.compression, self._compressor, slots=cfg.slots),
+                    curve=cfg.curve)
         link.open()
         return link
 

@@ -479,11 +479,9 @@ class _Meter:
 
 def auto_link(monkeypatch, link_rate, rates):
     """A remote link under "auto" whose measured link rate and codec rates are given, on a clock the test moves."""
-    from ferry.producer import compressing
-
     clock = [0.0]
-    monkeypatch.setattr(compressing.time, "perf_counter", lambda: clock[0])
     link = link_compression("tcp://10.0.0.2:5555")
+    link.clock = lambda: clock[0]
     link.welcome({"compression": "auto", "codecs": ["lz4", "zstd"]})
     link.meter.close()
     link.meter = _Meter(link_rate)
@@ -501,13 +499,29 @@ def drive(link, clock, tasks, gap, raw_bytes=1_000_000):
     return used
 
 
-def test_auto_tries_a_codec_and_keeps_it_when_the_link_delivers_more(monkeypatch):
+def test_auto_tries_a_codec_and_keeps_it_when_the_link_delivers_more(monkeypatch, caplog):
     link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
     try:
         used = drive(link, clock, 13, gap=0.01)  # 100 MB/s uncompressed: the rule picks lz4 at task 12
         assert used == [None] * 12 + ["lz4"]
-        used = drive(link, clock, 40, gap=0.005)  # twice the raw bytes per second with it: judged, and kept
+        with caplog.at_level("INFO", logger="ferry.producer"):
+            used = drive(link, clock, 40, gap=0.005)  # twice the raw bytes per second with it: judged, and kept
         assert used == ["lz4"] * 40 and link.codec == "lz4"
+        assert link._trial is None and "lz4 kept" in caplog.text
+    finally:
+        link.close()
+
+
+def test_a_new_welcome_during_a_trial_starts_auto_over(monkeypatch):
+    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
+    try:
+        assert drive(link, clock, 13, gap=0.01)[-1] == "lz4"  # a trial of lz4 under way
+        link.welcome({"compression": "auto", "codecs": ["lz4"]})  # another consumer on the same endpoint
+        assert link.codec is None and link._trial is None
+        used = drive(link, clock, 13, gap=0.01)  # measured afresh: tried again at its task 12
+        assert used == [None] * 12 + ["lz4"]
+        drive(link, clock, 20, gap=0.005)
+        assert link._trial is None and link.codec == "lz4"  # and judged, not stuck
     finally:
         link.close()
 
@@ -545,6 +559,6 @@ def test_a_pause_of_the_loop_during_a_trial_is_not_taken_for_the_links_pace(monk
         drive(link, clock, 10, gap=0.01)  # 100 MB/s with it...
         clock[0] += 2.0  # ...then the loop stops asking for 2 s (an evaluation), within the trial's window
         used = drive(link, clock, 20, gap=0.01)
-        assert used == ["lz4"] * 20 and link.codec == "lz4"
+        assert used == ["lz4"] * 20 and link.codec == "lz4" and link._trial is None
     finally:
         link.close()
