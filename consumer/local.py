@@ -29,6 +29,7 @@ producers write batches into (see :mod:`ferry.common.shm`), and closes it last.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -40,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ferry.common import shm
 from ferry.common.constants import JOIN_TIMEOUT_S
@@ -54,6 +55,29 @@ log = logging.getLogger("ferry.consumer")
 
 #: How often the watch thread polls exit codes where the platform gives no sentinel (no pidfd). [Unit: second]
 EXIT_POLL_S = 0.1
+
+
+_freeze_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _frozen_for_fork(forking: bool) -> Iterator[None]:
+    """While local producers are forked: the trainer's objects frozen out of the garbage collector's reach, so
+    that a child's collector skips them. Its first pass otherwise wrote into (copied) each page of them, about
+    100 ms of page copies before a producer's first batch (the advice of the gc module's documentation).
+    Undone after the forks, unless the trainer had frozen objects itself; loaders built on several threads at
+    once take turns."""
+    if not forking:
+        yield
+        return
+    with _freeze_lock:
+        ours = gc.get_freeze_count() == 0
+        gc.freeze()
+        try:
+            yield
+        finally:
+            if ours:
+                gc.unfreeze()  # the trainer's own collector sees its objects again
 
 
 class LocalProducers:
@@ -106,18 +130,11 @@ class LocalProducers:
                 forking = ctx.get_start_method() == "fork"
                 if forking:
                     preload()  # forked producers inherit the modules serve needs: no imports before the first batch
-                    # the children's garbage collector then skips every object inherited from the trainer: its
-                    # first pass otherwise wrote into (copied) each page of them, about 100 ms of page
-                    # copies before a producer's first batch (the advice of the gc module's documentation)
-                    gc.freeze()
-                try:
+                with _frozen_for_fork(forking):
                     for index in range(count):
                         seeded = dataclasses.replace(config, worker_id=index,
                                                      seed=None if base_seed is None else base_seed + index)
                         self.children.append(self._start_process(index, ctx, seeded, dataset))
-                finally:
-                    if forking:
-                        gc.unfreeze()  # the trainer's own collector sees its objects again
             self._watch.start()
         except BaseException:
             self.close()

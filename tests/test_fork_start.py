@@ -16,8 +16,7 @@ from ferry import RemoteLoader
 
 
 class FreezeCountDataset:
-    """Labels each sample with what the producer process sees: objects frozen out of its collector's reach,
-    and whether the producer's service module was already loaded when the process started serving."""
+    """Labels each sample with the number of objects frozen out of the producer process's collector."""
 
     def __len__(self) -> int:
         return 12
@@ -71,3 +70,15 @@ def test_auto_compression_on_a_local_link_loads_no_codec_library_but_a_remote_li
     local, remote = out.stdout.splitlines()
     assert local == "ipc:///tmp/ferry-none.sock None False []", local
     assert remote == "tcp://trainer.invalid:5555 None True ['lz4', 'zstandard']", remote
+
+
+def test_a_trainer_that_froze_its_objects_itself_keeps_them_frozen():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with RemoteLoader(dataset=FreezeCountDataset(), local_producers=1, batch_size=4, mp_context="fork",
+                          timeout=60) as loader:
+            assert gc.get_freeze_count() >= frozen  # not undone behind the user's back
+            assert len(list(loader)) == 3
+    finally:
+        gc.unfreeze()
