@@ -40,7 +40,7 @@ def keep_freed_memory() -> bool:
         ConfigError: ``FERRY_KEEP_FREED_MEMORY`` is set to something other than 0 or 1."""
     if _applied:
         return _applied[0]
-    wanted = os.environ.get("FERRY_KEEP_FREED_MEMORY", "1").strip()
+    wanted = os.environ.get("FERRY_KEEP_FREED_MEMORY", "").strip() or "1"  # empty: unset, as for every FERRY_*
     if wanted not in ("0", "1"):  # a typo must not silently pick one of two process-wide behaviours
         raise ConfigError(f"FERRY_KEEP_FREED_MEMORY must be 0 (glibc's defaults) or 1 (keep freed memory, the "
                           f"default), got {wanted!r}")

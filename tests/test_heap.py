@@ -57,7 +57,7 @@ def test_the_environment_keeps_glibc_defaults():
     assert min(default["faults"]) > 400, default
 
 
-@pytest.mark.parametrize("value", ["no", "O", "2", ""])
+@pytest.mark.parametrize("value", ["no", "O", "2", "off"])
 def test_a_value_other_than_0_or_1_is_an_error_naming_the_variable(value):
     env = {**os.environ, "FERRY_KEEP_FREED_MEMORY": value}
     out = subprocess.run([sys.executable, "-c", "from ferry.common.heap import keep_freed_memory; keep_freed_memory()"],
@@ -72,3 +72,20 @@ def test_a_producer_started_with_a_bad_value_says_so_and_exits_2(tmp_path):
                           "--dataset", "synthetic"], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
     assert "FERRY_KEEP_FREED_MEMORY must be 0" in out.stderr and "'off'" in out.stderr
+
+
+def test_a_loader_with_local_producers_refuses_a_bad_value_before_forking_any():
+    code = ("import numpy as np\n"
+            "from ferry import RemoteLoader, ConfigError\n"
+            "class D:\n"
+            "    def __len__(self): return 4\n"
+            "    def __getitem__(self, i): return np.zeros(2), i\n"
+            "try:\n"
+            "    RemoteLoader(dataset=D(), local_producers=2, batch_size=2, timeout=30)\n"
+            "except ConfigError as exc:\n"
+            "    print('refused:', exc)\n")
+    env = {**os.environ, "FERRY_KEEP_FREED_MEMORY": "yes"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "refused: FERRY_KEEP_FREED_MEMORY must be 0" in out.stdout
+    assert "Traceback" not in out.stderr, out.stderr  # no producer was started to fail on it
