@@ -25,8 +25,9 @@ from .harness import Figure, Report, Row, alternate, ratio
 from .scenarios import Producers, epoch_rate, free_port, wait_producers
 
 BATCH = 32
-#: Tasks "auto" needs before its first decisions (producer/compressing.py): warm-up epochs cover them.
-WARM_EPOCHS = 2
+#: "auto" (producer/compressing.py) tries a codec from its 12th task on and judges the trial by about the 32nd:
+#: the warm-up epochs (of 8 batches at --quick) cover both, so that the alternating epochs measure the outcome.
+WARM_EPOCHS = 4
 
 
 class Tiles:

@@ -112,6 +112,8 @@ OPTIONAL: dict[str, dict[str, Check]] = {
               "codecs": lambda v: isinstance(v, list) and len(v) <= 8 and all(_str(c) for c in v)},
     TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0,
            "seed": _uint,  # the loader's seed, from which each sample's sample_info().seed is derived
+           # seconds the consumer's training loop has waited for batches so far ("auto" compression's trials)
+           "waited": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e12,
            # a sharded dataset's task: [batch k, batch_size, drop_last, shuffle] of the shard indices[0] names
            "shard": lambda v: isinstance(v, list) and len(v) == 4 and all(_uint(x) for x in v) and v[1] > 0},
     # a sharded dataset's answer: its sample count (0: the shard has no such batch) and whether it is the last

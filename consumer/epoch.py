@@ -82,10 +82,12 @@ class EpochIterator:
             self._started = began
             counters.epoch_wait_s = counters.epoch_active_s = 0.0
             hooks.began()
+        counters.waiting_since = began
         try:
             item = hooks.next_delivery(self.run)
         finally:
             now = time.monotonic()
+            counters.waiting_since = None  # cleared first: a reader may miss this wait a moment, never count it twice
             counters.wait_s += now - began
             counters.epoch_wait_s += now - began
             if self.run == 1 and began == self._started:  # the loader's first batch: start-up, not stall

@@ -43,7 +43,7 @@ from ferry.consumer.io_inbound import Inbound
 from ferry.consumer.peers import BadPeers, Loss, Peers
 from ferry.consumer.results import BatchDecoder
 from ferry.consumer.router import Router
-from ferry.consumer.stats import Counters
+from ferry.consumer.stats import Counters, waited_so_far
 from ferry.consumer.streaming import ShardDispatcher, task_fields
 
 log = logging.getLogger("ferry.consumer")
@@ -311,7 +311,8 @@ class IoThread(Inbound):
                     extra["slot"] = list(slot)
             ok = self._router.send(task.peer, [protocol.pack(
                 protocol.TASK, session=self.session, task=task.task, epoch=self._epoch, seq=task.seq,
-                indices=indices, on_error=self.config.on_error, seed=self.config.seed, **extra,
+                indices=indices, on_error=self.config.on_error, seed=self.config.seed,
+                waited=round(waited_so_far(self.counters, time.monotonic()), 4), **extra,
                 **task_fields(self._plan, task.seq),
             )])
             if not ok:

@@ -32,10 +32,18 @@ class Counters:
     batches: int = 0  # yielded to the training loop
     bytes_yielded: int = 0
     wait_s: float = 0.0  # time __next__ spent waiting for a batch
+    waiting_since: float | None = None  # when the wait in progress began (time.monotonic()), else None
     active_s: float = 0.0  # time from an epoch's first __next__ to its latest return
     epoch_wait_s: float = 0.0
     epoch_active_s: float = 0.0
     created: float = field(default_factory=time.monotonic)
+
+
+def waited_so_far(c: "Counters", now: float) -> float:
+    """Seconds the training loop has waited for batches, the wait in progress included (read from the io
+    thread; the two fields are read apart, so it may miss the last wait for a moment, never count it twice)."""
+    since = c.waiting_since
+    return c.wait_s + (now - since if since is not None and now > since else 0.0)
 
 
 def stall_fraction(wait_s: float, active_s: float) -> float:

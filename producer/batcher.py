@@ -82,6 +82,7 @@ class Outcome:
     failed: bool = False
     buffer: Any = None  # a pooled batch buffer to give back once ZeroMQ has sent it
     buffer_frames: int = 0  # how many frames after the header are views of `buffer`
+    raw_bytes: int = 0  # its frames' bytes before compression (what the link delivers of the batch)
 
 
 #: CPython 3.11's AST constructor keeps a recursion counter that threads compiling at once can upset (gh-106905);
@@ -319,6 +320,7 @@ class Batcher:
         ``untracked`` are views of ``pooled``. Should any step raise, ``pooled`` goes back to the pool first."""
         try:
             spec, frames = encode_tree(tree, chunk_bytes=job.frame_bytes, slot=job.slot)
+            raw = sum(len(f) for f in frames)
             spec, frames, pooled, views = self._compress(job, spec, frames, pooled, len(frames) - untracked)
             header = protocol.pack(protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq,
                                    tree=spec, errors=errors)
@@ -326,7 +328,7 @@ class Batcher:
             if pooled is not None:
                 self.pool.release(pooled)
             raise
-        return Outcome(job, [header, *frames], buffer=pooled, buffer_frames=views)
+        return Outcome(job, [header, *frames], buffer=pooled, buffer_frames=views, raw_bytes=raw)
 
     def _compress(self, job: Job, spec: Any, frames: list[Any], pooled: Any, views: int) -> tuple[Any, list[Any], Any, int]:
         """Probe and compress the batch's frames as the job says (common/compression.py). The first ``views``

@@ -13,31 +13,26 @@ given, overrides the mode. :class:`LinkCompression` turns that into a codec per 
   every ``PROBE_EVERY`` tasks one task also *probes* the codecs on its data (compress and decompress rate,
   ratio; :class:`~ferry.common.compression.Rates`), and every ``EVAL_EVERY`` tasks the codec is chosen again by
   :func:`~ferry.common.compression.choose_codec` from those rates and the link's drain rate, measured by a
-  :class:`LinkMeter`. The decision is logged when it changes, and reported in PING's load.
-
-:class:`LinkMeter` is one thread (``ferry-linkmeter``) per measured link: it waits on each sent message's
-ZeroMQ tracker in send order and takes ``bytes / (t_done - t_prev_done)`` for every message that was sent
-while the previous one was still draining (a backlog: the link, not the producer, set the pace). Messages
-sent to an idle link say nothing about its rate and are not counted. Stopped by ``close()``, bounded waits.
+  :class:`~ferry.producer.linkpace.LinkMeter`. Each change is a trial: it is kept only if the link then
+  delivers more raw bytes per second, measured from the pace of the consumer's tasks
+  (:class:`~ferry.producer.linkpace.Delivered`); else the codec before it comes back for a hold that doubles
+  with each failed trial. The decision is logged when it changes, and reported in PING's load.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
-import zmq
-
 from ferry.common import compression as comp
 from ferry.common.compression import MIN_FRAME_BYTES, codec, compress_frame, decide_shuffle, shuffle
+from ferry.producer.linkpace import SETTLE_TASKS, Delivered, LinkMeter
 
 log = logging.getLogger("ferry.producer")
 
@@ -45,10 +40,14 @@ log = logging.getLogger("ferry.producer")
 PROBE_EVERY = 16
 #: Tasks between two decisions of "auto", and the early ones (a slow link should not wait 16 batches).
 EVAL_EVERY = 16
-FIRST_EVALS = (4, 8)
-#: Backlogged messages the link rate is averaged over.
-METER_WINDOW = 16
-_WAIT_SLICE_S = 0.1
+FIRST_EVALS = (4, 8, 12)
+#: A codec "auto" turns on is kept only if the link then delivers this much more raw data per second than it
+#: did without (producer/linkpace.py: ``Delivered``).
+TRIAL_GAIN = 1.1
+#: After a failed trial "auto" holds the codec it had for this many tasks, doubling up to the maximum.
+TRIAL_HOLD_FIRST, TRIAL_HOLD_MAX = 64, 4096
+#: A trial that has not seen enough of a starved loop after this many tasks fails: the loop is not waiting.
+TRIAL_MAX_TASKS = 64
 
 
 class Rates:
@@ -203,57 +202,13 @@ def frame_itemsizes(spec: Any) -> dict[int, int]:
     return sizes
 
 
-class LinkMeter:
-    """The drain rate of one link, from its messages' trackers (see the module docstring)."""
-
-    def __init__(self, name: str) -> None:
-        self._sent: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._window: deque[tuple[int, float]] = deque(maxlen=METER_WINDOW)  # (bytes, seconds)
-        self._thread = threading.Thread(target=self._run, name=f"ferry-linkmeter-{name}", daemon=True)
-        self._thread.start()
-
-    def sent(self, tracker: zmq.MessageTracker, nbytes: int, at: float) -> None:
-        """A message of ``nbytes`` on the wire went to ZeroMQ at ``at`` (time.perf_counter())."""
-        self._sent.put((tracker, nbytes, at))
-
-    def rate(self) -> float | None:
-        """Wire bytes per second while backlogged, or None before any backlog was seen."""
-        with self._lock:
-            seconds = sum(s for _, s in self._window)
-            return sum(b for b, _ in self._window) / seconds if self._window and seconds > 0 else None
-
-    def _run(self) -> None:
-        previous_done: float | None = None
-        while not self._stop.is_set():
-            try:
-                tracker, nbytes, at = self._sent.get(timeout=_WAIT_SLICE_S)
-            except queue.Empty:
-                continue
-            while not tracker.done:
-                if self._stop.is_set():
-                    return
-                try:
-                    tracker.wait(_WAIT_SLICE_S)
-                except zmq.NotDone:
-                    continue
-            done = time.perf_counter()
-            if previous_done is not None and at < previous_done and done > previous_done:
-                with self._lock:
-                    self._window.append((nbytes, done - previous_done))
-            previous_done = done
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2 * _WAIT_SLICE_S + 1)
-
-
 class LinkCompression:
     """The codec of one consumer connection (see the module docstring)."""
 
-    def __init__(self, endpoint: str, override: str | None, compressor: FrameCompressor) -> None:
+    def __init__(self, endpoint: str, override: str | None, compressor: FrameCompressor, slots: int = 2) -> None:
         self.endpoint = endpoint
+        self.slots = slots  # the producer's tasks in flight: credits of the old codec still come after a change
+        self.clock = time.perf_counter  # when a task comes in (replaceable in tests)
         self.override = override  # the producer's --compression, or None to follow the consumer
         self.compressor = compressor
         self.local = comp.is_local_endpoint(endpoint)
@@ -282,6 +237,11 @@ class LinkCompression:
     def _set_mode(self, mode: str) -> None:
         self.mode = mode
         self._tasks = 0
+        # "auto" starts over: a trial, a hold or a rate measured under the old mode or consumer says nothing now
+        self.delivered = Delivered(settle_after_change=max(SETTLE_TASKS, self.slots + 2))
+        self._trial: tuple[str | None, str | None, float, int] | None = None  # (tried, before, its rate, task)
+        self._hold_until = 0  # no change while the task count is below this (after a failed trial)
+        self._hold = TRIAL_HOLD_FIRST
         usable = self._usable([mode] if mode in comp.CODECS else [])
         self.codec = usable[0] if usable else None
         if mode != "auto" or self.local:
@@ -314,26 +274,73 @@ class LinkCompression:
                             "batches travel uncompressed", name, self.endpoint, ", ".join(self.codecs) or "no codec")
         return tuple(out)
 
-    def task(self) -> tuple[str | None, tuple[str, ...]]:
-        """The codec for the next task, and the codecs it should probe (none most of the time)."""
+    def task(self, waited: float | None = None) -> tuple[str | None, tuple[str, ...]]:
+        """The codec for the next task, and the codecs it should probe (none most of the time). ``waited``: the
+        TASK's figure of how long the consumer's loop has waited for batches (absent from older consumers)."""
         if self.mode != "auto" or self.local or self.meter is None:
             return self.codec, ()
         count, self._tasks = self._tasks, self._tasks + 1
+        self.delivered.arrived(self.codec, self.clock(), waited)
         if count in FIRST_EVALS or (count and count % EVAL_EVERY == 0):
             self._decide()
         probe = self._usable(comp.CODECS) if count % PROBE_EVERY == 0 else ()
         return self.codec, probe
 
     def _decide(self) -> None:
+        """Choose the codec again (``choose_codec``), then check that the choice pays. The rule's figures are
+        estimates: a receiver busy with its own work also backs the link up, and then decompressing costs it
+        more than the wire saves. So a change is a trial: once TRIAL_BATCHES batches went out with the new
+        codec, it is kept only if the link delivered TRIAL_GAIN times the raw bytes per second it did before;
+        else the previous codec comes back and stays for a hold that doubles with each failed trial."""
+        if self._trial is not None:
+            self._judge_trial()
+            return
+        if self._tasks <= self._hold_until:  # _tasks counts this task already: held while its number < hold
+            return
         link = self.meter.rate() if self.meter is not None else None
         rates = {k: v for k, v in self.compressor.rates.snapshot().items() if k in self._usable(comp.CODECS)}
         choice = comp.choose_codec(link, rates, self.compressor.workers)
-        if choice != self.codec:
-            figures = ", ".join(f"{k}: ratio {r:.2f}, {c / 1e6:.0f} MB/s per thread, decompress {d / 1e6:.0f} MB/s"
-                                for k, (c, r, d) in rates.items())
-            log.info("compression towards %s: %s (link %s; %s)", self.endpoint, choice or "off",
-                     f"{link / 1e6:.1f} MB/s" if link else "not backlogged", figures or "no codec measured yet")
+        if choice == self.codec:
+            return
+        figures = ", ".join(f"{k}: ratio {r:.2f}, {c / 1e6:.0f} MB/s per thread, decompress {d / 1e6:.0f} MB/s"
+                            for k, (c, r, d) in rates.items())
+        link_text = f"{link / 1e6:.1f} MB/s" if link else "not backlogged"
+        if not self.delivered.informed:  # a consumer that does not say how long its loop waits: the rule alone
+            log.info("compression towards %s: %s (link %s; %s)", self.endpoint, choice or "off", link_text,
+                     figures or "no codec measured yet")
             self.codec = choice
+            return
+        before = self.delivered.rate(self.codec)
+        if before is None:
+            return  # the loop has not been starved long enough to compare a change with: decide again later
+        log.info("compression towards %s: trying %s (link %s; %s)", self.endpoint, choice or "off", link_text,
+                 figures or "no codec measured yet")
+        self._trial = (choice, self.codec, before, self._tasks)
+        self.codec = choice
+        self.delivered.changed(choice)
+
+    def _judge_trial(self) -> None:
+        tried, previous, before, started = self._trial
+        now = self.delivered.rate(tried)
+        if now is None and self._tasks - started < TRIAL_MAX_TASKS:
+            return  # too few batches yet while the loop waited for data
+        self._trial = None
+        if now is None:  # the loop stopped waiting for data: the loader is not what bounds it, and needs no codec
+            now = 0.0
+        if now >= before * TRIAL_GAIN:
+            log.info("compression towards %s: %s kept: %.0f MB/s of raw data delivered, against %.0f MB/s with %s",
+                     self.endpoint, tried or "off", now / 1e6, before / 1e6, previous or "none")
+            self._hold = TRIAL_HOLD_FIRST
+            return
+        if previous is not None and previous not in self._usable([previous]):
+            previous = None  # no longer one the consumer can decompress
+        log.info("compression towards %s: back to %s: %s delivered %.0f MB/s of raw data, against %.0f MB/s "
+                 "before; no change for %d batches", self.endpoint, previous or "off", tried or "off", now / 1e6,
+                 before / 1e6, self._hold)
+        self.codec = previous
+        self.delivered.changed(previous)
+        self._hold_until = self._tasks + self._hold
+        self._hold = min(2 * self._hold, TRIAL_HOLD_MAX)
 
     def close(self) -> None:
         if self.meter is not None:

@@ -188,7 +188,7 @@ class Producer:
             except ValueError as exc:
                 raise ProtocolError(str(exc)) from None
         link.conn.task_started()
-        codec, probe = link.compression.task()
+        codec, probe = link.compression.task(header.get("waited"))
         self._batcher.submit(
             Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
                 header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"), compress=codec,
@@ -201,7 +201,8 @@ class Producer:
         conn = Connection(endpoint, now=time.monotonic(), heartbeat=cfg.heartbeat, liveness=cfg.liveness,
                           unreachable_warning_s=cfg.unreachable_warning_s, dataset_len=self.dataset_len)
         link = Link(key=next(self._keys), endpoint=endpoint, conn=conn, ctx=self._ctx, poller=self._poller,
-                    compression=LinkCompression(endpoint, cfg.compression, self._compressor), curve=cfg.curve)
+                    compression=LinkCompression(endpoint, cfg.compression, self._compressor, slots=cfg.slots),
+                    curve=cfg.curve)
         link.open()
         return link
 
@@ -290,6 +291,7 @@ class Producer:
                 wire = sum(len(f) for f in outcome.frames[1:])
                 if meter is not None and tracker is not None:
                     meter.sent(tracker, wire, sent_at)
+                    link.compression.delivered.sent(outcome.raw_bytes)
                 self.batches_sent += 1
                 self.bytes_sent += wire
                 if outcome.job.slot is not None and outcome.job.slot.used:

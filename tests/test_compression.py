@@ -4,6 +4,7 @@ producers compressing for a RemoteLoader (loopback, ipc, and a tbf-shaped veth l
 from __future__ import annotations
 
 import sys
+import time
 import tracemalloc
 
 import numpy as np
@@ -463,3 +464,195 @@ def test_bfloat16_leaves_stay_marked_when_compressed():
     leaf = decode_tree(out.spec, out.frames, max_bytes=LIMIT)["x"]
     assert isinstance(leaf, Bfloat16Bits)
     assert torch.equal(torch.from_numpy(leaf).view(torch.bfloat16), tensor)
+
+
+# --- units: "auto" keeps a codec only if the link then delivers more ---------------------------------
+class _Meter:
+    def __init__(self, rate):
+        self.value = rate
+
+    def rate(self):
+        return self.value
+
+    def close(self):
+        pass
+
+
+def auto_link(monkeypatch, link_rate, rates):
+    """A remote link under "auto" whose measured link rate and codec rates are given, on a clock the test moves."""
+    clock = [0.0]
+    link = link_compression("tcp://10.0.0.2:5555")
+    link.clock = lambda: clock[0]
+    link.welcome({"compression": "auto", "codecs": ["lz4", "zstd"]})
+    link.meter.close()
+    link.meter = _Meter(link_rate)
+    link.compressor.rates.snapshot = lambda: rates
+    return link, clock
+
+
+def drive(link, clock, tasks, gap, raw_bytes=1_000_000, waiting=1.0, waited=None):
+    """``tasks`` tasks arriving ``gap`` seconds apart, each answered with a batch of ``raw_bytes``, while the
+    consumer's loop waits ``waiting`` of the time (1: starved, 0: busy or paused; None: an older consumer that
+    does not say). Returns the codecs used."""
+    used = []
+    for _ in range(tasks):
+        clock[0] += gap
+        if waiting is not None:
+            link.waited = getattr(link, "waited", 0.0) + waiting * gap
+        used.append(link.task(None if waiting is None else link.waited)[0])
+        link.delivered.sent(raw_bytes)
+    return used
+
+
+def test_auto_tries_a_codec_and_keeps_it_when_the_link_delivers_more(monkeypatch, caplog):
+    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
+    try:
+        used = drive(link, clock, 13, gap=0.01)  # 100 MB/s uncompressed: the rule picks lz4 at task 12
+        assert used == [None] * 12 + ["lz4"]
+        with caplog.at_level("INFO", logger="ferry.producer"):
+            used = drive(link, clock, 40, gap=0.005)  # twice the raw bytes per second with it: judged, and kept
+        assert used == ["lz4"] * 40 and link.codec == "lz4"
+        assert link._trial is None and "lz4 kept" in caplog.text
+    finally:
+        link.close()
+
+
+def test_a_new_welcome_during_a_trial_starts_auto_over(monkeypatch):
+    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
+    try:
+        assert drive(link, clock, 13, gap=0.01)[-1] == "lz4"  # a trial of lz4 under way
+        link.welcome({"compression": "auto", "codecs": ["lz4"]})  # another consumer on the same endpoint
+        assert link.codec is None and link._trial is None
+        used = drive(link, clock, 13, gap=0.01)  # measured afresh: tried again at its task 12
+        assert used == [None] * 12 + ["lz4"]
+        drive(link, clock, 20, gap=0.005)
+        assert link._trial is None and link.codec == "lz4"  # and judged, not stuck
+    finally:
+        link.close()
+
+
+def test_auto_goes_back_when_a_codec_does_not_pay_and_holds_before_trying_again(monkeypatch, caplog):
+    # the case measured over a veth pair: the receiver, not the wire, was the bound
+    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
+    try:
+        assert drive(link, clock, 13, gap=0.01)[-1] == "lz4"
+        with caplog.at_level("INFO", logger="ferry.producer"):
+            used = drive(link, clock, 20, gap=0.02)  # half the raw bytes per second with it
+        assert used[:-1] == ["lz4"] * 19 and used[-1] is None and "back to off" in caplog.text
+        # held for 64 tasks, although the rule would pick lz4 again at every evaluation
+        assert drive(link, clock, 64, gap=0.01) == [None] * 64
+        assert drive(link, clock, 16, gap=0.01)[-1] == "lz4"  # tried again once the hold is over
+        assert drive(link, clock, 16, gap=0.02)[-1] is None  # and judged again
+        assert drive(link, clock, 128, gap=0.01) == [None] * 128  # the hold doubled
+    finally:
+        link.close()
+
+
+def test_auto_waits_for_a_baseline_before_trying_a_codec(monkeypatch):
+    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
+    try:
+        # every task at the same instant: no rate without compression yet, so nothing to compare a trial with
+        assert drive(link, clock, 16, gap=0.0) == [None] * 16 and link.codec is None
+    finally:
+        link.close()
+
+
+def test_a_pause_of_the_loop_during_a_trial_is_not_taken_for_the_links_pace(monkeypatch):
+    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
+    try:
+        assert drive(link, clock, 13, gap=0.02)[-1] == "lz4"  # 50 MB/s without
+        drive(link, clock, 10, gap=0.01)  # 100 MB/s with it...
+        drive(link, clock, 1, gap=2.0, waiting=0.0)  # ...then 2 s of an evaluation: the loop asked for nothing
+        used = drive(link, clock, 20, gap=0.01)
+        assert used == ["lz4"] * 20 and link.codec == "lz4" and link._trial is None
+    finally:
+        link.close()
+
+
+def test_auto_tries_nothing_while_the_loop_is_not_waiting_for_data(monkeypatch):
+    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
+    try:
+        # the rule would pick lz4, but the loop never waits: the loader is not what bounds it
+        assert drive(link, clock, 64, gap=0.01, waiting=0.1) == [None] * 64
+    finally:
+        link.close()
+
+
+def test_a_trial_during_which_the_loop_stops_waiting_goes_back(monkeypatch):
+    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
+    try:
+        assert drive(link, clock, 13, gap=0.01)[-1] == "lz4"
+        used = drive(link, clock, 70, gap=0.01, waiting=0.0)  # then the loop is busy the whole trial
+        assert link.codec is None and link._trial is None and used[-1] is None
+    finally:
+        link.close()
+
+
+def test_with_a_consumer_that_does_not_say_how_long_its_loop_waits_the_rule_alone_decides(monkeypatch):
+    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
+    try:
+        assert drive(link, clock, 5, gap=0.01, waiting=None) == [None] * 4 + ["lz4"]  # at task 4, no trial
+        assert drive(link, clock, 40, gap=0.05, waiting=None) == ["lz4"] * 40 and link._trial is None
+    finally:
+        link.close()
+
+
+# --- the consumer's side: how long its loop has waited, in every TASK -------------------------------
+def test_tasks_say_how_long_the_loop_has_waited_for_batches(endpoint):
+    import threading
+
+    import zmq
+
+    from ferry.common import protocol
+    from tests.helpers import dealer, hello, wait_for
+
+    ctx = zmq.Context()
+    sock = dealer(ctx, endpoint)
+    tasks = []
+
+    def next_task(timeout=30.0):
+        def arrived():
+            while sock.poll(0):
+                header = protocol.parse_header(sock.recv_multipart()[0])
+                if header["type"] == protocol.TASK:
+                    tasks.append(header)
+                    return True
+            return False
+        wait_for(arrived, timeout, "a TASK")
+        return tasks[-1]
+
+    with RemoteLoader(endpoint=endpoint, batch_size=1, on_error="skip", heartbeat=0.2, timeout=30,
+                      log_every=None) as loader:
+        sock.send(hello("hand", slots=1, length=3, fingerprint="f"))
+        loop = threading.Thread(target=lambda: list(loader), daemon=True)
+        loop.start()  # waits for batches the hand-made producer is slow to send
+        first = next_task()
+        time.sleep(0.3)  # the loop waits for this long, at least, before the task is answered
+        answer = {"index": first["indices"][0], "exc_type": "E", "message": "m", "traceback": ""}
+        sock.send(protocol.pack(protocol.FAIL, session=first["session"], task=first["task"], epoch=first["epoch"],
+                                seq=first["seq"], errors=[answer]))
+        second = next_task()
+        assert isinstance(first["waited"], float) and first["waited"] >= 0
+        assert second["waited"] - first["waited"] >= 0.25, (first["waited"], second["waited"])
+        answer = {"index": second["indices"][0], "exc_type": "E", "message": "m", "traceback": ""}
+        sock.send(protocol.pack(protocol.FAIL, session=second["session"], task=second["task"], epoch=second["epoch"],
+                                seq=second["seq"], errors=[answer]))
+        third = next_task()
+        sock.send(protocol.pack(protocol.FAIL, session=third["session"], task=third["task"], epoch=third["epoch"],
+                                seq=third["seq"], errors=[{"index": third["indices"][0], "exc_type": "E",
+                                                           "message": "m", "traceback": ""}]))
+        loop.join(30)
+        assert not loop.is_alive()
+    sock.close(0)
+    ctx.term()
+
+
+def test_a_tasks_waited_figure_is_checked():
+    from ferry.common import protocol
+    from ferry.common.errors import ProtocolError
+
+    base = dict(session=1, task=1, epoch=0, seq=0, indices=[0], on_error="raise")
+    assert protocol.parse_header(protocol.pack(protocol.TASK, waited=1.5, **base))["waited"] == 1.5
+    for bad in (-1.0, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ProtocolError, match="waited"):
+            protocol.parse_header(protocol.pack(protocol.TASK, waited=bad, **base))
