@@ -42,8 +42,9 @@ class Counters:
 def waited_so_far(c: "Counters", now: float) -> float:
     """Seconds the training loop has waited for batches, the wait in progress included (read from the io
     thread; the two fields are read apart, so it may miss the last wait for a moment, never count it twice)."""
+    total = c.wait_s  # read before the wait in progress: the training thread clears that first, then adds it
     since = c.waiting_since
-    return c.wait_s + (now - since if since is not None and now > since else 0.0)
+    return total + (now - since if since is not None and now > since else 0.0)
 
 
 def stall_fraction(wait_s: float, active_s: float) -> float:

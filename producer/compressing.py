@@ -46,7 +46,8 @@ FIRST_EVALS = (4, 8, 12)
 TRIAL_GAIN = 1.1
 #: After a failed trial "auto" holds the codec it had for this many tasks, doubling up to the maximum.
 TRIAL_HOLD_FIRST, TRIAL_HOLD_MAX = 64, 4096
-#: A trial that has not seen enough of a starved loop after this many tasks fails: the loop is not waiting.
+#: A trial that has not seen enough of a starved loop after this many tasks ends, keeping the rule's choice:
+#: nothing shows that it costs the loop anything.
 TRIAL_MAX_TASKS = 64
 
 
@@ -219,6 +220,7 @@ class LinkCompression:
         self._tasks = 0
         self._warned: set[str] = set()
         self._welcomed = False
+        self._session: Any = None  # the consumer's session: a new one is another loop, measured afresh
         self._set_mode(self.mode)
 
     def welcome(self, header: dict[str, Any]) -> None:
@@ -228,9 +230,10 @@ class LinkCompression:
         # a consumer older than compression says nothing, and can decompress nothing
         codecs = tuple(c for c in codecs if c in comp.CODECS) if isinstance(codecs, list) else ()
         mode = self.override or (wish if wish in comp.MODES else "none")
-        if (mode, codecs) == (self.mode, self.codecs) and self._welcomed:
-            return  # a repeated WELCOME, or the same consumer again: keep what "auto" learned
-        self._welcomed = True
+        session = header.get("session")
+        if (mode, codecs, session) == (self.mode, self.codecs, self._session) and self._welcomed:
+            return  # a repeated WELCOME of the same session: keep what "auto" learned
+        self._welcomed, self._session = True, session
         self.codecs = codecs
         self._set_mode(mode)
 
@@ -238,7 +241,7 @@ class LinkCompression:
         self.mode = mode
         self._tasks = 0
         # "auto" starts over: a trial, a hold or a rate measured under the old mode or consumer says nothing now
-        self.delivered = Delivered(settle_after_change=max(SETTLE_TASKS, self.slots + 2))
+        self.delivered = Delivered(settle_after_change=max(SETTLE_TASKS, self.slots + 2), burst=self.slots)
         self._trial: tuple[str | None, str | None, float, int] | None = None  # (tried, before, its rate, task)
         self._hold_until = 0  # no change while the task count is below this (after a failed trial)
         self._hold = TRIAL_HOLD_FIRST
@@ -274,13 +277,13 @@ class LinkCompression:
                             "batches travel uncompressed", name, self.endpoint, ", ".join(self.codecs) or "no codec")
         return tuple(out)
 
-    def task(self, waited: float | None = None) -> tuple[str | None, tuple[str, ...]]:
+    def task(self, waited: float | None = None, epoch: int = 0) -> tuple[str | None, tuple[str, ...]]:
         """The codec for the next task, and the codecs it should probe (none most of the time). ``waited``: the
         TASK's figure of how long the consumer's loop has waited for batches (absent from older consumers)."""
         if self.mode != "auto" or self.local or self.meter is None:
             return self.codec, ()
         count, self._tasks = self._tasks, self._tasks + 1
-        self.delivered.arrived(self.codec, self.clock(), waited)
+        self.delivered.arrived(self.codec, self.clock(), waited, epoch)
         if count in FIRST_EVALS or (count and count % EVAL_EVERY == 0):
             self._decide()
         probe = self._usable(comp.CODECS) if count % PROBE_EVERY == 0 else ()
@@ -289,8 +292,9 @@ class LinkCompression:
     def _decide(self) -> None:
         """Choose the codec again (``choose_codec``), then check that the choice pays. The rule's figures are
         estimates: a receiver busy with its own work also backs the link up, and then decompressing costs it
-        more than the wire saves. So a change is a trial: once TRIAL_BATCHES batches went out with the new
-        codec, it is kept only if the link delivered TRIAL_GAIN times the raw bytes per second it did before;
+        more than the wire saves. So a change is a trial: once the pipeline has settled and the loop was seen
+        starved for TRIAL_BATCHES gaps between tasks with the new codec, it is kept only if the link delivered
+        TRIAL_GAIN times the raw bytes per second it did before;
         else the previous codec comes back and stays for a hold that doubles with each failed trial."""
         if self._trial is not None:
             self._judge_trial()
@@ -311,7 +315,7 @@ class LinkCompression:
             self.codec = choice
             return
         before = self.delivered.rate(self.codec)
-        if before is None:
+        if before is None:  # (never 0: a rate needs bytes and time)
             return  # the loop has not been starved long enough to compare a change with: decide again later
         log.info("compression towards %s: trying %s (link %s; %s)", self.endpoint, choice or "off", link_text,
                  figures or "no codec measured yet")
@@ -325,8 +329,10 @@ class LinkCompression:
         if now is None and self._tasks - started < TRIAL_MAX_TASKS:
             return  # too few batches yet while the loop waited for data
         self._trial = None
-        if now is None:  # the loop stopped waiting for data: the loader is not what bounds it, and needs no codec
-            now = 0.0
+        if now is None:  # the loop hardly waited for data since: nothing shows the codec costs it; keep the rule's
+            log.info("compression towards %s: %s kept: the loop seldom waited for data during the trial",
+                     self.endpoint, tried or "off")
+            return
         if now >= before * TRIAL_GAIN:
             log.info("compression towards %s: %s kept: %.0f MB/s of raw data delivered, against %.0f MB/s with %s",
                      self.endpoint, tried or "off", now / 1e6, before / 1e6, previous or "none")

@@ -93,25 +93,31 @@ class Delivered:
     pipeline has settled after a change of codec (credits that came from batches sent the old way).
     """
 
-    def __init__(self, settle_after_change: int = SETTLE_TASKS) -> None:
+    def __init__(self, settle_after_change: int = SETTLE_TASKS, burst: int = SETTLE_FIRST) -> None:
         self._settle_after_change = settle_after_change
-        self._arrivals: dict[str | None, deque[tuple[float, float]]] = {}  # (arrived at, consumer's waited)
+        self._burst = burst  # tasks a consumer may hand this producer at once (its slots)
+        self._arrivals: dict[str | None, deque[tuple[float, float, int]]] = {}  # (at, consumer's waited, epoch)
         self._sizes: deque[int] = deque(maxlen=METER_WINDOW)  # raw bytes of recent batches
-        self._settle = SETTLE_FIRST
+        self._settle = max(SETTLE_FIRST, burst)
+        self._epoch: int | None = None
         self.informed = False  # the consumer says how long its loop waited (older consumers do not)
 
     def sent(self, raw_bytes: int) -> None:
         self._sizes.append(raw_bytes)
 
-    def arrived(self, codec: str | None, at: float, waited: float | None) -> None:
-        """A task came in at ``at`` (time.perf_counter()) while ``codec`` was in use; ``waited`` is the TASK's."""
+    def arrived(self, codec: str | None, at: float, waited: float | None, epoch: int = 0) -> None:
+        """A task of ``epoch`` came in at ``at`` (time.perf_counter()) while ``codec`` was in use; ``waited``
+        is the TASK's. A new epoch starts with a burst of credits, one per slot: those are not counted."""
         if waited is None:
             return
         self.informed = True
+        if self._epoch is not None and epoch != self._epoch:
+            self._settle = max(self._settle, self._burst)
+        self._epoch = epoch
         if self._settle > 0:
             self._settle -= 1
             return
-        self._arrivals.setdefault(codec, deque(maxlen=METER_WINDOW)).append((at, waited))
+        self._arrivals.setdefault(codec, deque(maxlen=METER_WINDOW)).append((at, waited, epoch))
 
     def changed(self, codec: str | None) -> None:
         """The link now uses ``codec``: wait for the pipeline to settle, and measure it afresh."""
@@ -123,9 +129,9 @@ class Delivered:
         arrivals = self._arrivals.get(codec)
         if arrivals is None or not self._sizes:
             return None
-        pairs = list(zip(arrivals, list(arrivals)[1:]))
+        pairs = [(a, b) for a, b in zip(arrivals, list(arrivals)[1:]) if a[2] == b[2]]  # not across epochs
         starved = [b[0] - a[0] for a, b in pairs if b[1] - a[1] >= STARVED * (b[0] - a[0])]
-        seconds = sum(starved)
-        if len(starved) < TRIAL_BATCHES or seconds <= 0:
+        seconds, size = sum(starved), statistics.fmean(self._sizes)
+        if len(starved) < TRIAL_BATCHES or seconds <= 0 or size <= 0:
             return None
-        return len(starved) * statistics.fmean(self._sizes) / seconds
+        return len(starved) * size / seconds

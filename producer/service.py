@@ -188,7 +188,7 @@ class Producer:
             except ValueError as exc:
                 raise ProtocolError(str(exc)) from None
         link.conn.task_started()
-        codec, probe = link.compression.task(header.get("waited"))
+        codec, probe = link.compression.task(header.get("waited"), header["epoch"])
         self._batcher.submit(
             Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
                 header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"), compress=codec,
