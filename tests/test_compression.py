@@ -478,7 +478,7 @@ class _Meter:
         pass
 
 
-def auto_link(monkeypatch, link_rate, rates):
+def auto_link(link_rate, rates):
     """A remote link under "auto" whose measured link rate and codec rates are given, on a clock the test moves."""
     clock = [0.0]
     link = link_compression("tcp://10.0.0.2:5555")
@@ -490,7 +490,15 @@ def auto_link(monkeypatch, link_rate, rates):
     return link, clock
 
 
-def drive(link, clock, tasks, gap, raw_bytes=1_000_000, waiting=1.0, waited=None):
+@pytest.fixture
+def auto_lz4():
+    """A remote link under "auto" whose rule picks lz4 (a 100 MB/s link, lz4 2x at 500 MB/s), on a test clock."""
+    link, clock = auto_link(100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
+    yield link, clock
+    link.close()
+
+
+def drive(link, clock, tasks, gap, raw_bytes=1_000_000, waiting=1.0):
     """``tasks`` tasks arriving ``gap`` seconds apart, each answered with a batch of ``raw_bytes``, while the
     consumer's loop waits ``waiting`` of the time (1: starved, 0: busy or paused; None: an older consumer that
     does not say). Returns the codecs used."""
@@ -504,99 +512,75 @@ def drive(link, clock, tasks, gap, raw_bytes=1_000_000, waiting=1.0, waited=None
     return used
 
 
-def test_auto_tries_a_codec_and_keeps_it_when_the_link_delivers_more(monkeypatch, caplog):
-    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
-    try:
-        used = drive(link, clock, 13, gap=0.01)  # 100 MB/s uncompressed: the rule picks lz4 at task 12
-        assert used == [None] * 12 + ["lz4"]
-        with caplog.at_level("INFO", logger="ferry.producer"):
-            used = drive(link, clock, 40, gap=0.005)  # twice the raw bytes per second with it: judged, and kept
-        assert used == ["lz4"] * 40 and link.codec == "lz4"
-        assert link._trial is None and "lz4 kept" in caplog.text
-    finally:
-        link.close()
+def test_auto_tries_a_codec_and_keeps_it_when_the_link_delivers_more(auto_lz4, caplog):
+    link, clock = auto_lz4
+    used = drive(link, clock, 13, gap=0.01)  # 100 MB/s uncompressed: the rule picks lz4 at task 12
+    assert used == [None] * 12 + ["lz4"]
+    with caplog.at_level("INFO", logger="ferry.producer"):
+        used = drive(link, clock, 40, gap=0.005)  # twice the raw bytes per second with it: judged, and kept
+    assert used == ["lz4"] * 40 and link.codec == "lz4"
+    assert link._trial is None and "lz4 kept" in caplog.text
 
 
-def test_a_new_welcome_during_a_trial_starts_auto_over(monkeypatch):
-    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
-    try:
-        assert drive(link, clock, 13, gap=0.01)[-1] == "lz4"  # a trial of lz4 under way
-        link.welcome({"compression": "auto", "codecs": ["lz4"]})  # another consumer on the same endpoint
-        assert link.codec is None and link._trial is None
-        used = drive(link, clock, 13, gap=0.01)  # measured afresh: tried again at its task 12
-        assert used == [None] * 12 + ["lz4"]
-        drive(link, clock, 20, gap=0.005)
-        assert link._trial is None and link.codec == "lz4"  # and judged, not stuck
-    finally:
-        link.close()
+def test_a_new_welcome_during_a_trial_starts_auto_over(auto_lz4):
+    link, clock = auto_lz4
+    assert drive(link, clock, 13, gap=0.01)[-1] == "lz4"  # a trial of lz4 under way
+    link.welcome({"compression": "auto", "codecs": ["lz4"]})  # another consumer on the same endpoint
+    assert link.codec is None and link._trial is None
+    used = drive(link, clock, 13, gap=0.01)  # measured afresh: tried again at its task 12
+    assert used == [None] * 12 + ["lz4"]
+    drive(link, clock, 20, gap=0.005)
+    assert link._trial is None and link.codec == "lz4"  # and judged, not stuck
 
 
-def test_auto_goes_back_when_a_codec_does_not_pay_and_holds_before_trying_again(monkeypatch, caplog):
+def test_auto_goes_back_when_a_codec_does_not_pay_and_holds_before_trying_again(auto_lz4, caplog):
     # the case measured over a veth pair: the receiver, not the wire, was the bound
-    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
-    try:
-        assert drive(link, clock, 13, gap=0.01)[-1] == "lz4"
-        with caplog.at_level("INFO", logger="ferry.producer"):
-            used = drive(link, clock, 20, gap=0.02)  # half the raw bytes per second with it
-        assert used[:-1] == ["lz4"] * 19 and used[-1] is None and "back to off" in caplog.text
-        # held for 64 tasks, although the rule would pick lz4 again at every evaluation
-        assert drive(link, clock, 64, gap=0.01) == [None] * 64
-        assert drive(link, clock, 16, gap=0.01)[-1] == "lz4"  # tried again once the hold is over
-        assert drive(link, clock, 16, gap=0.02)[-1] is None  # and judged again
-        assert drive(link, clock, 128, gap=0.01) == [None] * 128  # the hold doubled
-    finally:
-        link.close()
+    link, clock = auto_lz4
+    assert drive(link, clock, 13, gap=0.01)[-1] == "lz4"
+    with caplog.at_level("INFO", logger="ferry.producer"):
+        used = drive(link, clock, 20, gap=0.02)  # half the raw bytes per second with it
+    assert used[:-1] == ["lz4"] * 19 and used[-1] is None and "back to off" in caplog.text
+    # held for 64 tasks, although the rule would pick lz4 again at every evaluation
+    assert drive(link, clock, 64, gap=0.01) == [None] * 64
+    assert drive(link, clock, 16, gap=0.01)[-1] == "lz4"  # tried again once the hold is over
+    assert drive(link, clock, 16, gap=0.02)[-1] is None  # and judged again
+    assert drive(link, clock, 128, gap=0.01) == [None] * 128  # the hold doubled
 
 
-def test_auto_waits_for_a_baseline_before_trying_a_codec(monkeypatch):
-    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
-    try:
-        # every task at the same instant: no rate without compression yet, so nothing to compare a trial with
-        assert drive(link, clock, 16, gap=0.0) == [None] * 16 and link.codec is None
-    finally:
-        link.close()
+def test_auto_waits_for_a_baseline_before_trying_a_codec(auto_lz4):
+    link, clock = auto_lz4
+    # every task at the same instant: no rate without compression yet, so nothing to compare a trial with
+    assert drive(link, clock, 16, gap=0.0) == [None] * 16 and link.codec is None
 
 
-def test_a_pause_of_the_loop_during_a_trial_is_not_taken_for_the_links_pace(monkeypatch):
-    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
-    try:
-        assert drive(link, clock, 13, gap=0.02)[-1] == "lz4"  # 50 MB/s without
-        drive(link, clock, 10, gap=0.01)  # 100 MB/s with it...
-        drive(link, clock, 1, gap=2.0, waiting=0.0)  # ...then 2 s of an evaluation: the loop asked for nothing
-        used = drive(link, clock, 20, gap=0.01)
-        assert used == ["lz4"] * 20 and link.codec == "lz4" and link._trial is None
-    finally:
-        link.close()
+def test_a_pause_of_the_loop_during_a_trial_is_not_taken_for_the_links_pace(auto_lz4):
+    link, clock = auto_lz4
+    assert drive(link, clock, 13, gap=0.02)[-1] == "lz4"  # 50 MB/s without
+    drive(link, clock, 10, gap=0.01)  # 100 MB/s with it...
+    drive(link, clock, 1, gap=2.0, waiting=0.0)  # ...then 2 s of an evaluation: the loop asked for nothing
+    used = drive(link, clock, 20, gap=0.01)
+    assert used == ["lz4"] * 20 and link.codec == "lz4" and link._trial is None
 
 
-def test_auto_tries_nothing_while_the_loop_is_not_waiting_for_data(monkeypatch):
-    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
-    try:
-        # the rule would pick lz4, but the loop never waits: the loader is not what bounds it
-        assert drive(link, clock, 64, gap=0.01, waiting=0.1) == [None] * 64
-    finally:
-        link.close()
+def test_auto_tries_nothing_while_the_loop_is_not_waiting_for_data(auto_lz4):
+    link, clock = auto_lz4
+    # the rule would pick lz4, but the loop never waits: the loader is not what bounds it
+    assert drive(link, clock, 64, gap=0.01, waiting=0.1) == [None] * 64
 
 
-def test_a_trial_during_which_the_loop_stops_waiting_keeps_the_rules_choice(monkeypatch, caplog):
-    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
-    try:
-        assert drive(link, clock, 13, gap=0.01)[-1] == "lz4"
-        with caplog.at_level("INFO", logger="ferry.producer"):
-            used = drive(link, clock, 70, gap=0.01, waiting=0.0)  # then the loop is busy the whole trial
-        assert used == ["lz4"] * 70 and link.codec == "lz4" and link._trial is None
-        assert "seldom waited" in caplog.text  # ended at its first decision after 64 tasks, not left open
-    finally:
-        link.close()
+def test_a_trial_during_which_the_loop_stops_waiting_keeps_the_rules_choice(auto_lz4, caplog):
+    link, clock = auto_lz4
+    assert drive(link, clock, 13, gap=0.01)[-1] == "lz4"
+    with caplog.at_level("INFO", logger="ferry.producer"):
+        used = drive(link, clock, 70, gap=0.01, waiting=0.0)  # then the loop is busy the whole trial
+    assert used == ["lz4"] * 70 and link.codec == "lz4" and link._trial is None
+    assert "seldom waited" in caplog.text  # ended at its first decision after 64 tasks, not left open
 
 
-def test_with_a_consumer_that_does_not_say_how_long_its_loop_waits_the_rule_alone_decides(monkeypatch):
-    link, clock = auto_link(monkeypatch, 100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
-    try:
-        assert drive(link, clock, 5, gap=0.01, waiting=None) == [None] * 4 + ["lz4"]  # at task 4, no trial
-        assert drive(link, clock, 40, gap=0.05, waiting=None) == ["lz4"] * 40 and link._trial is None
-    finally:
-        link.close()
+def test_with_a_consumer_that_does_not_say_how_long_its_loop_waits_the_rule_alone_decides(auto_lz4):
+    link, clock = auto_lz4
+    assert drive(link, clock, 5, gap=0.01, waiting=None) == [None] * 4 + ["lz4"]  # at task 4, no trial
+    assert drive(link, clock, 40, gap=0.05, waiting=None) == ["lz4"] * 40 and link._trial is None
 
 
 # --- the consumer's side: how long its loop has waited, in every TASK -------------------------------
