@@ -61,15 +61,19 @@ _freeze_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def _frozen_for_fork(forking: bool) -> Iterator[None]:
-    """While local producers are forked: the trainer's objects frozen out of the garbage collector's reach, so
-    that a child's collector skips them. Its first pass otherwise wrote into (copied) each page of them, about
-    100 ms of page copies before a producer's first batch (the advice of the gc module's documentation).
-    Undone after the forks, unless the trainer had frozen objects itself; loaders built on several threads at
-    once take turns."""
-    if not forking:
+def _ready_to_fork(ctx: Any) -> Iterator[None]:
+    """While local producers start in ``ctx``, if it forks: the modules ``serve`` needs already imported
+    (``preload``: no imports before the first batch), and the trainer's objects frozen out of the garbage
+    collector's reach, so that a child's collector skips them. Its first pass otherwise wrote into (copied)
+    each page of them, about 100 ms of page copies before a producer's first batch (the advice of the gc
+    module's documentation). Undone after the forks, unless the trainer had frozen objects itself; loaders
+    built on several threads at once take turns."""
+    if ctx.get_start_method() != "fork":
         yield
         return
+    from ferry.producer import preload
+
+    preload()
     with _freeze_lock:
         ours = gc.get_freeze_count() == 0
         gc.freeze()
@@ -118,7 +122,7 @@ class LocalProducers:
                     self.children.append(self._spawn_cli(index, count, dataset, dataset_args or {}, threads, slots,
                                                          heartbeat, liveness))
             else:
-                from ferry.producer import ProducerConfig, preload
+                from ferry.producer import ProducerConfig
 
                 config = ProducerConfig(
                     endpoints=(self.endpoint,), dataset=type(dataset).__qualname__, threads=threads, slots=slots,
@@ -127,10 +131,7 @@ class LocalProducers:
                     num_workers=count, init=init, collate=collate,
                 )
                 ctx = multiprocessing.get_context(mp_context or ("fork" if sys.platform == "linux" else "spawn"))
-                forking = ctx.get_start_method() == "fork"
-                if forking:
-                    preload()  # forked producers inherit the modules serve needs: no imports before the first batch
-                with _frozen_for_fork(forking):
+                with _ready_to_fork(ctx):
                     for index in range(count):
                         seeded = dataclasses.replace(config, worker_id=index,
                                                      seed=None if base_seed is None else base_seed + index)
