@@ -17,7 +17,7 @@ from ferry.common.errors import ProtocolError
 from ferry import RemoteLoader
 from tests.datasets import DictDataset
 
-from .helpers import LeakCheck, assert_tree_equal, reference_batches, wait_for
+from .helpers import LeakCheck, assert_epoch_matches, assert_tree_equal, reference_batches, wait_for
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="needs memfd_create and /proc")
 
@@ -37,18 +37,12 @@ def test_local_batches_travel_through_shared_memory_and_equal_dataloader(kind):
         source = dict(dataset=dataset)
     with RemoteLoader(**source, local_producers=2, batch_size=4, shuffle=True, seed=3, heartbeat=0.2,
                       timeout=30) as loader:
+        count = 0
         for epoch in (0, 1):
             loader.set_epoch(epoch)
-            expected = reference_batches(dataset, batch_size=4, drop_last=False, world_size=1, rank=0,
-                                         shuffle=True, seed=3, epoch=epoch)
-            count = 0
-            for seq, batch in enumerate(loader):  # holds one batch at a time, as training does
-                assert_tree_equal(batch, expected[seq], f"epoch {epoch} batch {seq}")
-                count += 1
-            del batch
-            assert count == len(expected)
+            count += assert_epoch_matches(loader, dataset, epoch=epoch, batch_size=4, seed=3)
         stats = loader.stats()
-        assert stats["shared_batches"] == stats["received"] == 2 * len(expected), stats
+        assert stats["shared_batches"] == stats["received"] == count, stats
         state = slab_state(loader)
         # every slot is back once the loop has dropped its batches: no reference cycle holds one
         assert state["free"] == state["slots"] and state["lost"] == 0, state

@@ -8,7 +8,7 @@ from ferry import RemoteLoader
 from ferry.common import shm
 from tests.datasets import DictDataset
 
-from .helpers import LeakCheck, assert_tree_equal, reference_batches
+from .helpers import LeakCheck, assert_epoch_matches
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="needs memfd_create and /proc")
 
@@ -63,17 +63,9 @@ def test_batches_over_three_epochs_with_two_producers_are_unchanged_and_every_sl
     dataset = DictDataset(length=40)
     with RemoteLoader(dataset=dataset, local_producers=2, batch_size=4, shuffle=True, seed=5, heartbeat=0.2,
                       buffer_batches=4, timeout=30) as loader:
-        for epoch in range(3):
-            expected = reference_batches(dataset, batch_size=4, drop_last=False, world_size=1, rank=0,
-                                         shuffle=True, seed=5, epoch=epoch)
-            count = 0
-            for seq, batch in enumerate(loader):
-                assert_tree_equal(batch, expected[seq], f"epoch {epoch} batch {seq}")
-                count += 1
-            del batch
-            assert count == len(expected)
+        count = sum(assert_epoch_matches(loader, dataset, epoch=epoch, batch_size=4, seed=5) for epoch in range(3))
         stats = loader.stats()
-        assert stats["shared_batches"] == stats["received"] == 3 * len(expected), stats
+        assert stats["shared_batches"] == stats["received"] == count, stats
         state = stats["shared_memory"]
         assert state["free"] == state["slots"] and state["lost"] == 0, state
     check.assert_clean()
