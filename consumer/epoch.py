@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ferry.consumer.buffer import Delivery
-from ferry.consumer.stats import Counters
+from ferry.consumer.figures.counters import Counters
 
 __all__ = ["EpochHooks", "EpochIterator"]
 

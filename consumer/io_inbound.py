@@ -25,8 +25,8 @@ from ferry.consumer.buffer import Delivery, ReorderBuffer
 from ferry.consumer.dispatcher import Attempt, Poisoned, ProducerInfo, Task
 from ferry.consumer.peers import BadPeers, Loss, Peers
 from ferry.consumer.results import BatchDecoder, check_fail, count_skips, fail_delivery
-from ferry.consumer.router import Router
-from ferry.consumer.stats import Counters
+from ferry.consumer.io.router import Router
+from ferry.consumer.figures.counters import Counters
 from ferry.consumer.streaming import ShardDispatcher, read_answer, task_fields
 
 log = logging.getLogger("ferry.consumer")

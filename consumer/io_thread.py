@@ -1,4 +1,4 @@
-"""The consumer's io thread (docs/ARCHITECTURE.md#io-thread): the only user of the :class:`~ferry.consumer.router.Router` socket.
+"""The consumer's io thread (docs/ARCHITECTURE.md#io-thread): the only user of the :class:`~ferry.consumer.io.router.Router` socket.
 
 It runs one poll loop over the ROUTER and a :class:`~ferry.common.waker.Waker`. Each turn it
 1. runs the commands the training thread queued (start a run, close),
@@ -42,8 +42,8 @@ from ferry.consumer.dispatcher import Poisoned
 from ferry.consumer.io_inbound import Inbound
 from ferry.consumer.peers import BadPeers, Loss, Peers
 from ferry.consumer.results import BatchDecoder
-from ferry.consumer.router import Router
-from ferry.consumer.stats import Counters, waited_so_far
+from ferry.consumer.io.router import Router
+from ferry.consumer.figures.counters import Counters, waited_so_far
 from ferry.consumer.streaming import ShardDispatcher, task_fields
 
 log = logging.getLogger("ferry.consumer")
@@ -103,7 +103,7 @@ class _Died:
 
 
 class IoThread(Inbound):
-    """Owns the :class:`~ferry.consumer.router.Router` and the waker; see the module docstring."""
+    """Owns the :class:`~ferry.consumer.io.router.Router` and the waker; see the module docstring."""
 
     def __init__(self, config: IoConfig, buffer: ReorderBuffer, counters: Counters, waker: Waker) -> None:
         self.config = config

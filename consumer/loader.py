@@ -33,15 +33,15 @@ from ferry.common.shardplan import ShardPlan, decode_seq
 from ferry.consumer.buffer import Delivery, is_eof
 from ferry.consumer.epoch import EpochHooks, EpochIterator
 from ferry.consumer.health import LoaderHealth
-from ferry.consumer.observer import EpochObserver
+from ferry.consumer.figures.observer import EpochObserver
 from ferry.consumer.planning import EpochPlanner
 from ferry.consumer.read_only import ReadOnlyOptions
 from ferry.consumer.resume import RESUME_OPTIONS, ResumePoint, capture_state, restore_state
 from ferry.consumer.io_thread import StartRun
 from ferry.consumer.options import UNSET, check_unknown_keywords, CurveOptions, LocalOptions, TransportOptions, resolve_options
 from ferry.consumer.pipeline import Pipeline, resolve_device
-from ferry.consumer.staging import iter_tensors
-from ferry.consumer.stats import Counters, WeakStats, stats_figures
+from ferry.consumer.staging.stagers import iter_tensors
+from ferry.consumer.figures.counters import Counters, WeakStats, stats_figures
 from ferry.consumer.streaming import ShardRun
 
 __all__ = ["RemoteLoader"]
@@ -96,7 +96,7 @@ class RemoteLoader(ReadOnlyOptions):
         metrics_port: serve ``stats()`` as Prometheus metrics on this port (needs ``ferry[metrics]``).
         log_every: seconds between one-line progress logs (logger ``ferry.consumer``, INFO); None: never.
             Each epoch's diagnosis is logged at INFO; at WARNING only when the stall stays above 10 % for two
-            epochs in a row (see :mod:`ferry.consumer.diagnosis`). [Unit: second]
+            epochs in a row (see :mod:`ferry.consumer.figures.diagnosis`). [Unit: second]
         local: a :class:`LocalOptions`: start producer processes here (local mode). Needs ``dataset``.
             Flat shorthand: ``local_producers`` (the count; 0: none), ``producer_threads``,
             ``producer_slots``, ``mp_context``, ``producer_transform``, ``shared_memory``.
@@ -266,7 +266,7 @@ class RemoteLoader(ReadOnlyOptions):
 
     def diagnosis(self) -> str:
         """What bounds the current (or last) epoch: the producers, the window, or the consumer, and about how
-        many producers would remove the stall. See :mod:`ferry.consumer.diagnosis`."""
+        many producers would remove the stall. See :mod:`ferry.consumer.figures.diagnosis`."""
         return self._observer.diagnosis(self._active)
 
     def _deliver(self, item: Delivery) -> Any:

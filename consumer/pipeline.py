@@ -30,11 +30,11 @@ from ferry.common.shardplan import is_sharded, shard_names
 from ferry.common.waker import Waker
 
 from ferry.consumer.io_thread import IoConfig, IoThread
-from ferry.consumer.local import LocalProducers
+from ferry.consumer.local.producers import LocalProducers
 from ferry.consumer.options import LoaderOptions
-from ferry.consumer.staging import make_stager, staging_loop
+from ferry.consumer.staging.stagers import make_stager, staging_loop
 from ferry.consumer.streaming import ShardBuffer
-from ferry.consumer.stats import STATS, Counters
+from ferry.consumer.figures.counters import STATS, Counters
 
 __all__ = ["Pipeline", "resolve_device"]
 

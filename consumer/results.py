@@ -21,7 +21,7 @@ from ferry.common.shm import SlotLedger
 
 from ferry.consumer.buffer import Delivery
 from ferry.consumer.dispatcher import Task
-from ferry.consumer.stats import Counters
+from ferry.consumer.figures.counters import Counters
 
 log = logging.getLogger("ferry.consumer")
 

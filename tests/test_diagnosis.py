@@ -6,7 +6,7 @@ import time
 import pytest
 
 from ferry import RemoteLoader
-from ferry.consumer.diagnosis import EpochFigures, EpochLog, diagnose, stall_of
+from ferry.consumer.figures.diagnosis import EpochFigures, EpochLog, diagnose, stall_of
 from tests.datasets import PairDataset
 
 

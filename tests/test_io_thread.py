@@ -9,7 +9,7 @@ from ferry.common.errors import FerryThreadError
 from ferry.common.waker import Waker
 from ferry.consumer.buffer import ReorderBuffer
 from ferry.consumer.io_thread import IoConfig, IoThread, StartRun
-from ferry.consumer.stats import Counters
+from ferry.consumer.figures.counters import Counters
 
 from .helpers import dealer, hello, wait_for
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from ferry import ProducerDiedError, ProducerStartupError, RemoteLoader
-from ferry.consumer.local import describe_exit
+from ferry.consumer.local.producers import describe_exit
 from tests.datasets import PairDataset
 
 from .helpers import wait_for

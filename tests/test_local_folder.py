@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from ferry import RemoteLoader
-from ferry.consumer import local_folder
+from ferry.consumer.local import folder as local_folder
 
 from .helpers import REPO, producer_env, wait_for
 

@@ -57,7 +57,7 @@ def test_consumer_and_producer_metrics_are_scraped(endpoint, spawn):
 
 def test_stats_fields_are_declared_once_with_their_type(endpoint):
     from ferry.common.metrics import COUNTER, GAUGE
-    from ferry.consumer.stats import STATS
+    from ferry.consumer.figures.counters import STATS
 
     with RemoteLoader(endpoint=endpoint, batch_size=2, dataset_len=4) as loader:
         stats = loader.stats()

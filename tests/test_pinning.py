@@ -1,4 +1,4 @@
-"""Registering host memory with CUDA (ferry.consumer.pinning) and the CUDA stager's use of it, on the CPU.
+"""Registering host memory with CUDA (ferry.consumer.staging.pinning) and the CUDA stager's use of it, on the CPU.
 
 No GPU here: the CUDA runtime is replaced by a stand-in that keeps the same books CUDA would (it refuses an
 overlapping or unknown range, and notes whether memory was still mapped when it was unregistered), and the
@@ -22,8 +22,8 @@ import torch
 from ferry.common import shm
 from ferry.common.codec import Chunked
 from ferry.consumer.buffer import Delivery, ReorderBuffer
-from ferry.consumer.pinning import HOST_REGISTER_PORTABLE, HostRegistry, page_aligned_buffer, page_span
-from ferry.consumer.staging import CpuStager, CudaStager, HostPool, staging_loop
+from ferry.consumer.staging.pinning import HOST_REGISTER_PORTABLE, HostRegistry, page_aligned_buffer, page_span
+from ferry.consumer.staging.stagers import CpuStager, CudaStager, HostPool, staging_loop
 
 PAGE = mmap.PAGESIZE
 needs_shm = pytest.mark.skipif(not shm.available(), reason="needs memfd_create and /proc")
@@ -181,7 +181,7 @@ def test_a_refused_registration_is_handled_logged_once_and_not_retried(caplog):
 
 
 def test_the_thread_error_clearer_looks_only_at_a_loaded_runtime():
-    from ferry.consumer.pinning import _ThreadLastError
+    from ferry.consumer.staging.pinning import _ThreadLastError
 
     clearer = _ThreadLastError()
     if not torch.cuda.is_available():

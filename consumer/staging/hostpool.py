@@ -11,7 +11,7 @@ import weakref
 import numpy as np
 
 from ferry.common.codec import Chunked
-from ferry.consumer.pinning import HostRegistry, page_aligned_buffer, page_span
+from ferry.consumer.staging.pinning import HostRegistry, page_aligned_buffer, page_span
 
 __all__ = ["HostPool"]
 

@@ -1,6 +1,6 @@
 """Local mode (docs/ARCHITECTURE.md#local-mode): producer processes that a RemoteLoader starts, owns and stops.
 
-They connect over ``ipc://`` to a socket in a private temporary folder (:mod:`ferry.consumer.local_folder`:
+They connect over ``ipc://`` to a socket in a private temporary folder (:mod:`ferry.consumer.local.folder`:
 removed on close, on SIGTERM and SIGINT, and swept after a SIGKILL). Two ways to start one, both through the
 producer's one public entry point:
 
@@ -48,8 +48,8 @@ from ferry.common.constants import JOIN_TIMEOUT_S
 from ferry.common.errors import ConfigError, ProducerDiedError, ProducerStartupError
 from ferry.common.waker import Waker
 
-from ferry.consumer import local_folder
-from ferry.consumer.local_children import Child, describe_exit, open_pidfd, start_with_stderr
+from ferry.consumer.local import folder as local_folder
+from ferry.consumer.local.children import Child, describe_exit, open_pidfd, start_with_stderr
 
 log = logging.getLogger("ferry.consumer")
 

@@ -1,5 +1,5 @@
 """What a loader learns about each epoch, for people: why the loop waited, the periodic progress line, and
-the end-of-epoch diagnosis (:mod:`ferry.consumer.diagnosis`). Everything here runs on the training thread.
+the end-of-epoch diagnosis (:mod:`ferry.consumer.figures.diagnosis`). Everything here runs on the training thread.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import logging
 import time
 from typing import Any, Callable
 
-from ferry.consumer.diagnosis import EpochFigures, EpochLog, diagnose
-from ferry.consumer.stats import Counters
+from ferry.consumer.figures.diagnosis import EpochFigures, EpochLog, diagnose
+from ferry.consumer.figures.counters import Counters
 
 __all__ = ["EpochObserver", "WaitTally"]
 

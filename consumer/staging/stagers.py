@@ -7,7 +7,7 @@
   With ``pin_memory=True`` (and CUDA present) leaves are copied into page-locked memory instead, as
   ``DataLoader(pin_memory=True)`` does.
 * CUDA: each array leaf is copied ``copy_(non_blocking=True)`` to the device on a dedicated side stream,
-  straight from where it lies when that memory is registered with CUDA (:mod:`ferry.consumer.pinning`): a
+  straight from where it lies when that memory is registered with CUDA (:mod:`ferry.consumer.staging.pinning`): a
   shared-memory slot, or a receive-pool buffer a chunked leaf was assembled in. Any other leaf (a frame that
   libzmq owns) is first copied into a *reused* page-locked buffer from :class:`PinnedPool`. An event
   recorded after the copies travels with the batch; the training thread makes its current stream wait on
@@ -37,8 +37,8 @@ from ferry.common.shm import Slab
 from ferry.common.tree import iter_leaves, map_tree
 
 from ferry.consumer.buffer import Delivery, ReorderBuffer, is_eof
-from ferry.consumer.hostpool import HostPool
-from ferry.consumer.pinning import HostRegistry, page_span
+from ferry.consumer.staging.hostpool import HostPool
+from ferry.consumer.staging.pinning import HostRegistry, page_span
 
 
 def is_assembled(leaf: Any) -> bool:
