@@ -103,7 +103,7 @@ cleanup() {
         docker-compose -f compose.yaml down -v --remove-orphans >/dev/null 2>&1
     fi
     if [ -n "$DOCKERD_PID" ]; then
-        kill "$DOCKERD_PID"; for _ in $(seq 100); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 0.2; done
+        kill "$DOCKERD_PID" 2>/dev/null; for _ in $(seq 100); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 0.2; done
         kill -9 "$DOCKERD_PID" 2>/dev/null
         # the containerd that dockerd started as its child stops with it; if dockerd had to be killed, stop it here
         local cpid; cpid=$(cat /var/run/docker/containerd/containerd.pid 2>/dev/null)
