@@ -43,7 +43,7 @@ from ferry import RemoteLoader
 from ferry.common import shm
 from ferry.common.codec import decode_tree, encode_tree
 from ferry.common.constants import FRAME_CHUNK_BYTES
-from ferry.consumer.buffer import Delivery
+from ferry.consumer.core import Delivery
 from ferry.consumer.staging.pinning import HostRegistry
 from ferry.consumer.staging.stagers import CudaStager
 

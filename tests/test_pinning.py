@@ -21,7 +21,7 @@ import torch
 
 from ferry.common import shm
 from ferry.common.codec import Chunked
-from ferry.consumer.buffer import Delivery, ReorderBuffer
+from ferry.consumer.core import Delivery
 from ferry.consumer.staging.pinning import HOST_REGISTER_PORTABLE, HostRegistry, page_aligned_buffer, page_span
 from ferry.consumer.staging.stagers import CpuStager, CudaStager, HostPool, staging_loop
 
@@ -462,8 +462,7 @@ def test_the_staging_loop_reclaims_between_batches():
     import queue
 
     stager = Idle()
-    buffer = ReorderBuffer(in_order=True, on_release=lambda: None)
-    thread = threading.Thread(target=staging_loop, args=(buffer, queue.Queue(), stop, stager, []), daemon=True)
+    thread = threading.Thread(target=staging_loop, args=(queue.Queue(), queue.Queue(), stop, stager, []), daemon=True)
     thread.start()
     thread.join(10)
     assert not thread.is_alive() and stager.reclaims == 2

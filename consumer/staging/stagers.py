@@ -1,4 +1,4 @@
-"""The staging thread (docs/ARCHITECTURE.md#staging): from the reorder buffer to batches the training loop can use.
+"""The staging thread (docs/ARCHITECTURE.md#staging): from the io thread's deliveries to batches the training loop can use.
 
 * CPU (``device=None`` or ``"cpu"``): every array leaf becomes a tensor over the received frame
   (``torch.from_numpy``), no copy. A large leaf that arrived in several frames (see
@@ -36,7 +36,7 @@ from ferry.common.constants import POLL_SLICE_S
 from ferry.common.shm import Slab
 from ferry.common.tree import iter_leaves, map_tree
 
-from ferry.consumer.buffer import Delivery, ReorderBuffer, is_eof
+from ferry.consumer.core import Delivery, is_eof
 from ferry.consumer.staging.hostpool import HostPool
 from ferry.consumer.staging.pinning import HostRegistry, page_span
 
@@ -294,15 +294,16 @@ class _PlainCudaStager(CpuStager):
         delivery.frames = []
 
 
-def staging_loop(buffer: ReorderBuffer, out: "queue.Queue[Any]", stop: threading.Event,
+def staging_loop(handoff: "queue.Queue[Any]", out: "queue.Queue[Any]", stop: threading.Event,
                  stager: CpuStager | CudaStager, failure: list[BaseException]) -> None:
-    """Move items from ``buffer`` to ``out``, staging batches on the way. Bounded waits; stops on ``stop``."""
+    """Move items from ``handoff`` to ``out``, staging batches on the way. Bounded waits; stops on ``stop``."""
     torch.set_num_threads(1)
     try:
         _use_device(getattr(stager, "device", None))
         while not stop.is_set():
-            item = buffer.get(timeout=POLL_SLICE_S)
-            if item is None:
+            try:
+                item = handoff.get(timeout=POLL_SLICE_S)
+            except queue.Empty:
                 stager.reclaim()
                 continue
             if not is_eof(item) and item.error is None:
