@@ -8,7 +8,7 @@ import pytest
 
 from ferry.common import shm
 
-pytestmark = pytest.mark.skipif(not shm.available(), reason="needs memfd_create and /proc")
+pytestmark = pytest.mark.usefixtures("needs_shared_memory")
 
 
 @pytest.fixture
