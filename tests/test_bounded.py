@@ -19,6 +19,7 @@ import urllib.request
 
 from ferry import RemoteLoader
 
+from . import needs
 from .helpers import free_port, wait_for
 
 FIGURE = re.compile(r"^ferry_producer_(batches_sent_total|pending) ([0-9.e+]+)$", re.M)
@@ -32,6 +33,7 @@ def taken_by_producers(port: int) -> int:
 
 
 def test_slow_loop_never_exceeds_capacity(endpoint, spawn):
+    needs.module("prometheus_client", "metrics")  # the producers' metrics port
     ports = [free_port(), free_port()]
     for port in ports:
         spawn(endpoint, "tests.datasets:PairDataset", {"length": 240, "shape": [64, 64]}, threads=2, slots=3,
