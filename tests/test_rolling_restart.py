@@ -25,7 +25,9 @@ def test_a_rolling_restart_with_max_attempts_1_delivers_the_whole_epoch(endpoint
     start = lambda: spawn(endpoint, "tests.datasets:PairDataset", ARGS, threads=1, slots=2)  # noqa: E731
     running = [start(), start()]
     labels: list[int] = []
-    with RemoteLoader(endpoint=endpoint, batch_size=BATCH, max_attempts=1, heartbeat=0.2, timeout=30,
+    # a liveness of 10 s: on a loaded machine a producer slow to ping is not lost (that would cost an attempt);
+    # only the BYEs move tasks here
+    with RemoteLoader(endpoint=endpoint, batch_size=BATCH, max_attempts=1, heartbeat=0.2, liveness=50, timeout=30,
                       log_every=None) as loader:
         wait_for(lambda: loader.stats()["producers"] == 2, 20, "2 producers")
         for i, (_, y) in enumerate(loader):  # a PoisonTaskError here: the BYE cost an attempt
