@@ -26,7 +26,7 @@ from ferry.consumer.staging.pinning import HOST_REGISTER_PORTABLE, HostRegistry,
 from ferry.consumer.staging.stagers import CpuStager, CudaStager, HostPool, staging_loop
 
 PAGE = mmap.PAGESIZE
-needs_shm = pytest.mark.skipif(not shm.available(), reason="needs memfd_create and /proc")
+needs_shm = pytest.mark.usefixtures("needs_shared_memory")
 
 
 def is_mapped(address: int) -> bool:

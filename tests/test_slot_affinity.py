@@ -11,7 +11,7 @@ from tests.datasets import DictDataset
 
 from .helpers import LeakCheck, assert_epoch_matches
 
-pytestmark = pytest.mark.skipif(not shm.available(), reason="needs memfd_create and /proc")
+pytestmark = pytest.mark.usefixtures("needs_shared_memory")
 
 
 @pytest.fixture

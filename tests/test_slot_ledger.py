@@ -9,7 +9,7 @@ import pytest
 from ferry.common import shm
 from ferry.consumer.core.slots import SlotLedger
 
-pytestmark = pytest.mark.skipif(not shm.available(), reason="needs memfd_create and /proc")
+pytestmark = pytest.mark.usefixtures("needs_shared_memory")
 
 
 @pytest.fixture
