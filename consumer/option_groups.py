@@ -148,8 +148,9 @@ class TransportOptions(_Group):
             the task past ``task_timeout``, or its answer was unusable) raises PoisonTaskError in the loop
             instead of being issued again. An orderly leave (BYE) costs no attempt.
         compression: what producers should do with batch frames: ``"auto"`` (compress only where it pays:
-            never on loopback, ipc or shared memory; elsewhere when the measured link is slower than compressing,
-            see docs/tuning.md), ``"lz4"``, ``"zstd"`` or None (off). A producer's ``--compression`` overrides
+            never on loopback, ipc or shared memory; elsewhere a codec this consumer kept after a trial showed
+            more data arriving while the training loop waited, see docs/tuning.md), ``"lz4"``, ``"zstd"`` or
+            None (off). A producer's ``--compression`` overrides
             it. ``"lz4"`` needs ``ferry[lz4]``, ``"zstd"`` ``ferry[zstd]``; ``"auto"`` without either stays off.
     """
 

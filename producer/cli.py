@@ -96,9 +96,9 @@ def build_parser(prog: str = "python -m ferry.producer", env: Mapping[str, Any] 
                                              "[env FERRY_METRICS_PORT]")
     parser.add_argument("--compression", default=env("FERRY_COMPRESSION"), type=str.lower,
                         choices=("auto", "lz4", "zstd", "none"),
-                        help="compress batch frames: overrides what the consumer asks for (RemoteLoader's "
-                             "compression=, default auto: only when the measured link is slower than compressing); "
-                             "lz4 needs ferry[lz4], zstd ferry[zstd] [env FERRY_COMPRESSION]")
+                        help="compress batch frames: none, lz4 or zstd override what the consumer's tasks ask for "
+                             "(RemoteLoader's compression=, default auto: the consumer decides); auto follows the "
+                             "consumer; lz4 needs ferry[lz4], zstd ferry[zstd] [env FERRY_COMPRESSION]")
     parser.add_argument("--log-level", default=env("FERRY_LOG_LEVEL", "INFO"), type=str.upper, choices=LOG_LEVELS,
                         help="log verbosity, in any case (default INFO) [env FERRY_LOG_LEVEL]")
     return parser

@@ -57,8 +57,8 @@ class ProducerConfig:
         collate: the batch's collate function (a callable, or a ``package.module:callable`` spec), run on
             the producer in place of ``default_collate``, like DataLoader's ``collate_fn``. Its output may be
             any tree of dicts, lists and tuples with array, tensor and scalar leaves.
-        compression: ``"auto"``, ``"lz4"``, ``"zstd"`` or ``"none"``: overrides what each consumer asks for in
-            its WELCOME; None (the default) follows the consumer (see producer/compressing.py).
+        compression: ``"lz4"``, ``"zstd"`` or ``"none"``: overrides the codec each consumer's tasks ask for;
+            None (the default) or ``"auto"`` follows the consumer (see producer/compressing.py).
     """
 
     endpoints: tuple[str, ...]

@@ -29,6 +29,7 @@ from ferry.common.errors import PoisonTaskError, ProtocolError, SampleIndexError
 
 from ferry.consumer.core.actions import Action, Deliver, Log, Send
 from ferry.consumer.core.admission import BadPeers, Loss, Peers
+from ferry.consumer.core.compression import AutoCodec, is_local_address
 from ferry.consumer.core.delivery import Delivery
 from ferry.consumer.core.dispatcher import Attempt, Dispatcher, Poisoned, ProducerInfo, Task
 from ferry.consumer.core.results import BatchDecoder, check_fail, sample_error, skip_lines, unretryable
@@ -56,8 +57,8 @@ class CoreConfig:
     dataset_len: int | None = None
     fingerprint: str | None = None
     dataset_spec: str | None = None  # admit only producers announcing this spec
-    compression: str = "none"  # told to producers in WELCOME: auto, lz4, zstd or none
-    codecs: tuple[str, ...] = ()  # the codecs this consumer can decompress, told with it
+    compression: str = "none"  # auto, lz4, zstd or none: each TASK names the codec for its batch
+    codecs: tuple[str, ...] = ()  # the codecs this consumer can decompress (told in WELCOME)
 
 
 class ConsumerCore:
@@ -76,6 +77,9 @@ class ConsumerCore:
         self.sharded = False  # an admitted producer serves a sharded dataset (HELLO dataset.sharded)
         self._bad_peers = BadPeers(self.peers.describe)
         self._decoder = BatchDecoder(config.max_batch_bytes)
+        # "auto": the codec of the remote links, decided from what arrives (core/compression.py)
+        self.auto = AutoCodec(config.codecs) if config.compression == "auto" else None
+        self._asked: dict[int, str] = {}  # task id -> the codec its TASK named, for remote links under "auto"
         self._epoch = 0
         self._out: list[Action] = []
 
@@ -93,6 +97,7 @@ class ConsumerCore:
         """The training loop began an iteration: forget the old run's tasks and items, issue ``sequencer``'s."""
         self._epoch = epoch
         self.dispatcher.start_run(sequencer)
+        self._asked.clear()  # the old run's tasks are forgotten: their late results are duplicates
         self.peers.progressed(now)
         return self._finish(now)
 
@@ -102,17 +107,18 @@ class ConsumerCore:
             self.sequencer.release()
         return self._finish(now)
 
-    def received(self, frames: list[Any], now: float, keep: Any = None) -> list[Action]:
+    def received(self, frames: list[Any], now: float, keep: Any = None, address: str = "") -> list[Action]:
         """A message off the ROUTER: ``frames[0]`` the sender's routing id, ``frames[1]`` the header, then its
-        data frames (buffers). ``keep`` travels with a decoded batch (the frames its views need). An invalid
-        message is counted, logged once per peer, and dropped."""
+        data frames (buffers). ``keep`` travels with a decoded batch (the frames its views need); ``address``
+        is the sender's as ZeroMQ reports it (``Peer-Address``: an IP over tcp), which tells a local link
+        from a remote one. An invalid message is counted, logged once per peer, and dropped."""
         if len(frames) < 2:
             self.counters.invalid_messages += 1
             return self._finish(now)
         peer = bytes(frames[0])
         try:
             header = protocol.parse_header(frames[1])
-            self._handle(peer, header, frames[2:], now, keep)
+            self._handle(peer, header, frames[2:], now, keep, address)
         except VersionMismatch as exc:
             self._invalid(peer, str(exc), now)
             if exc.msg_type == protocol.HELLO:  # tell the producer why it will never be served
@@ -151,12 +157,13 @@ class ConsumerCore:
         self.dispatcher.start_run(None)
 
     # --- receiving ----------------------------------------------------------------------------------------
-    def _handle(self, peer: bytes, header: dict[str, Any], data: list[Any], now: float, keep: Any) -> None:
+    def _handle(self, peer: bytes, header: dict[str, Any], data: list[Any], now: float, keep: Any,
+                address: str) -> None:
         kind = header["type"]
         if kind == protocol.HELLO:
             if data:
                 raise ProtocolError(f"HELLO with {len(data)} extra frames")
-            self._hello(peer, header, now)
+            self._hello(peer, header, now, address)
             return
         info = self.dispatcher.producers.get(peer)
         if info is None:
@@ -193,7 +200,7 @@ class ConsumerCore:
         if kind != protocol.BYE and self._bad_peers.reject_due(peer, now, self.config.heartbeat):
             self._send(peer, protocol.REJECT, reason="unknown producer: say HELLO", permanent=False)
 
-    def _hello(self, peer: bytes, header: dict[str, Any], now: float) -> None:
+    def _hello(self, peer: bytes, header: dict[str, Any], now: float, address: str) -> None:
         admission = self.peers.admit(peer, header, now)
         if admission.reject is not None:
             self._out.append(Log(_WARNING, f"rejected producer {admission.name}: {admission.reject}"))
@@ -207,10 +214,12 @@ class ConsumerCore:
         if admission.joined is not None:
             self._out.append(Log(_INFO, f"producer {admission.name} joined ({admission.joined.slots} slots); "
                                         f"{admission.live} live"))
+        info = self.dispatcher.producers.get(peer)
+        if info is not None:  # admitted (perhaps reconnected from elsewhere): is its link local?
+            info.remote = not info.shared and not is_local_address(address)
         c = self.config
         self._send(peer, protocol.WELCOME, session=self.session, heartbeat=c.heartbeat, nonce=header["nonce"],
-                   compression=c.compression, codecs=list(c.codecs), frame_bytes=DEFAULT_FRAME_BYTES,
-                   max_batch_bytes=c.max_batch_bytes)
+                   codecs=list(c.codecs), frame_bytes=DEFAULT_FRAME_BYTES, max_batch_bytes=c.max_batch_bytes)
 
     def _claim(self, info: ProducerInfo, header: dict[str, Any], now: float) -> Task | None:
         """The task a BATCH or FAIL answers, or None (counted) for another session or a late duplicate."""
@@ -229,6 +238,7 @@ class ConsumerCore:
         task = self._claim(info, header, now)
         if task is None:
             return
+        asked = self._asked.pop(task.task, None)
         sequencer = self.sequencer
         assert sequencer is not None  # a task exists only within a run
         try:
@@ -260,6 +270,10 @@ class ConsumerCore:
         c.bytes += batch.nbytes
         if header["errors"]:
             self._count_skips(header["errors"], info.name)
+        if asked is not None and self.auto is not None:
+            lines = self.auto.arrived(asked, batch.nbytes, sum(len(f) for f in data), batch.decode_s, now,
+                                      waited_so_far(self.counters, now))
+            self._out.extend(Log(_INFO, line) for line in lines)
         sequencer.put(Delivery(run=task.run, seq=task.seq, tree=batch.tree, nbytes=batch.nbytes, frames=keep))
 
     def _fail(self, info: ProducerInfo, header: dict[str, Any], data: list[Any], now: float) -> None:
@@ -267,6 +281,7 @@ class ConsumerCore:
         task = self._claim(info, header, now)
         if task is None:
             return
+        self._asked.pop(task.task, None)
         sequencer = self.sequencer
         assert sequencer is not None
         self.slots.give_back(task.task)
@@ -295,6 +310,8 @@ class ConsumerCore:
     def _settle(self, losses: Iterable[Loss]) -> None:
         for loss in losses:
             self.slots.set_aside(loss.tasks, loss.pid)  # it may still be writing into their slots
+            for task in loss.tasks:
+                self._asked.pop(task, None)
             self._out.append(Log(_WARNING, f"producer {loss.name} lost ({loss.why}); {loss.live} live"))
             self._poison(loss.poisoned)
 
@@ -336,11 +353,24 @@ class ConsumerCore:
                 slot = self.slots.lend(task.task, info.identity)
                 if slot is not None:  # none free (the loop holds many batches): this one goes over the socket
                     extra["slot"] = list(slot)
+            codec = self._codec_for(info, task.task)
+            if codec != "none":
+                extra["compression"] = codec
             self._out.append(Send(task.peer, [protocol.pack(
                 protocol.TASK, session=self.session, task=task.task, epoch=self._epoch, seq=task.seq,
-                indices=indices, on_error=self.config.on_error, seed=self.config.seed,
-                waited=round(waited_so_far(self.counters, now), 4), **extra, **sequencer.task_fields(task.seq),
+                indices=indices, on_error=self.config.on_error, seed=self.config.seed, **extra,
+                **sequencer.task_fields(task.seq),
             )], task=task.task))
+
+    def _codec_for(self, info: ProducerInfo, task: int) -> str:
+        """The codec the TASK ``task`` to ``info`` names: the one asked for, or under "auto" none on a local link
+        and the remote links' current one elsewhere (noted, to tell which codec its batch was sent with)."""
+        if self.auto is None:
+            return self.config.compression
+        if not info.remote:
+            return "none"
+        self._asked[task] = self.auto.codec
+        return self.auto.codec
 
     def _send(self, peer: bytes, kind: str, **fields: Any) -> None:
         self._out.append(Send(peer, [protocol.pack(kind, **fields)]))

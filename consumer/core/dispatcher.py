@@ -39,6 +39,7 @@ class ProducerInfo:
     joined: float
     in_flight: set[int] = field(default_factory=set)  # task ids
     shared: bool = False  # mapped this consumer's shared-memory slab (a local producer)
+    remote: bool = False  # on another machine (neither shared memory, ipc nor loopback): "auto" may compress
     pid: int = 0
     batches: int = 0
     bytes: int = 0
