@@ -30,7 +30,7 @@ import numpy as np
 from ferry import RemoteLoader
 
 from .harness import Figure, Report, Row, ratio
-from .scenarios import Producers, epoch_rate, free_port, wait_producers
+from .scenarios import Producers, free_port, wait_producers
 
 BATCH = 32
 #: Each system's warm-up before the alternating measurements: at least this many epochs, and whole epochs for
@@ -156,27 +156,30 @@ class Systems:
             each.close()
 
 
-def _warm(loader: RemoteLoader, seconds: float) -> float:
-    """Whole epochs, at least WARM_EPOCHS and ``seconds``; samples per second over them (epoch 0 included)."""
-    samples, began, epochs = 0, time.perf_counter(), 0
-    while epochs < WARM_EPOCHS or time.perf_counter() - began < seconds:
+def _rate(loader: RemoteLoader, epochs: int, seconds: float) -> float:
+    """Whole epochs, at least ``epochs`` of them and ``seconds``; samples per second over them."""
+    samples, began, done = 0, time.perf_counter(), 0
+    while done < epochs or time.perf_counter() - began < seconds:
         for batch in loader:
             samples += len(batch[1])
-        epochs += 1
+        done += 1
     return samples / (time.perf_counter() - began)
 
 
 def _side_by_side(build: Callable[[Systems], None], repeats: int,
                   warm_s: float) -> tuple[dict[str, Figure], dict[str, Any], str]:
-    """Loaders "auto" and "none" built by ``build``: warmed (each rate reported as "<name> warm-up"), then
-    alternating epochs. Returns (figures, auto's stats, its decisions)."""
+    """Loaders "auto" and "none" built by ``build``: warmed for ``warm_s`` (each rate reported as "<name>
+    warm-up"; epoch 0 included), then alternating, each measurement whole epochs for at least a quarter of
+    ``warm_s`` (an epoch over loopback lasts 0.1 s: too short to time on a shared machine). Returns
+    (figures, auto's stats, its decisions)."""
     systems = Systems()
     try:
         with Decisions() as decisions:
             build(systems)
             systems.ready()
-            warm = {f"{name} warm-up": Figure([_warm(each, warm_s)]) for name, each in systems.loaders.items()}
-            figures = alternate({name: (lambda l=each: epoch_rate(l, BATCH, epochs=1))
+            warm = {f"{name} warm-up": Figure([_rate(each, WARM_EPOCHS, warm_s)])
+                    for name, each in systems.loaders.items()}
+            figures = alternate({name: (lambda l=each: _rate(l, 1, warm_s / 4))
                                  for name, each in systems.loaders.items()}, repeats)
         return {**figures, **warm}, systems.loaders["auto"].stats(), decisions.summary()
     finally:
