@@ -113,6 +113,12 @@ def test_a_trial_whose_decompression_alone_is_too_slow_fails_after_two_batches()
     assert link.auto.codec == "none"
     assert "the io thread decompresses only 400 MB/s of it, against 500 MB/s delivered before" in link.log()
     assert link.asked.count("lz4") <= DEPTH + 2
+    # not tried again, hold or no hold, while the link delivers more than the io thread could decompress
+    link.run(int(4 * HOLD_FIRST_S * 500 * MB / RAW))
+    assert link.log().count("trying lz4") == 1 and link.asked.count("lz4") <= DEPTH + 2
+    link.rates["none"] = 200 * MB  # the link slowed down: now lz4 might pay
+    link.run(40)
+    assert link.log().count("trying lz4") == 2 and link.auto.codec == "lz4"
 
 
 def test_windows_in_which_the_loop_did_not_wait_are_ignored():

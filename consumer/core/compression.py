@@ -20,9 +20,11 @@ socket; ``now`` and the loop's wait come in as values with each arrival.
   if it delivers ``GAIN`` times the rate before; going down, if it delivers at least that rate (it costs less
   CPU on both sides). Otherwise the codec before comes back and the tried one is held for ``HOLD_FIRST_S``,
   doubling with each failed trial up to ``HOLD_MAX_S``. A trial whose decompression alone (the io thread's
-  own seconds, measured as it decodes) is slower than ``GAIN`` times the rate before fails at once; a trial
-  that sees ``TRIAL_IDLE_WINDOWS`` windows in which the loop did not starve before it has a rate keeps its
-  codec: the loop stopped waiting for data, so the codec costs it nothing.
+  own seconds, measured as it decodes) is slower than ``GAIN`` times the rate before fails at once, and that
+  codec is not tried again while the rate is still above what the io thread decompressed (for up to
+  ``HOLD_MAX_S``): on a fast link the receiver, not the wire, would be the bound. A trial that sees
+  ``TRIAL_IDLE_WINDOWS`` windows in which the loop did not starve before it has a rate keeps its codec: the
+  loop stopped waiting for data, so the codec costs it nothing.
 
 One decision serves all of a consumer's remote links, not one per link: the loop's wait is the consumer's,
 and so are the bottlenecks a codec moves when several producers share them (the trainer's network link,
@@ -109,6 +111,7 @@ class AutoCodec:
         self._recent: dict[str, deque[tuple[int, int, float]]] = {}  # codec -> (raw, wire, seconds) per window
         self._trial: _Trial | None = None
         self._holds: dict[str, tuple[float, float]] = {}  # codec -> (not tried before, the length of that hold)
+        self._decodes: dict[str, tuple[float, float]] = {}  # codec -> (io thread's raw bytes/s, measured when)
 
     def __repr__(self) -> str:
         trial = f", trying {self._trial.codec} against {self._trial.previous}" if self._trial else ""
@@ -161,7 +164,7 @@ class AutoCodec:
         rate = self.rate(self.codec)
         if rate is None:
             return []
-        candidate = self._candidate(now)
+        candidate = self._candidate(now, rate)
         if candidate is None:
             return []
         self._trial = _Trial(candidate, self.codec, rate)
@@ -169,12 +172,17 @@ class AutoCodec:
         return [f"compression: trying {candidate} on the remote links ({self._text(self._trial.previous)} "
                 f"delivered {rate / 1e6:.0f} MB/s of raw data while the training loop waited for it)"]
 
-    def _candidate(self, now: float) -> str | None:
-        """The next codec up the ladder, else the one below, that is not held; None if both are."""
+    def _candidate(self, now: float, rate: float) -> str | None:
+        """The next codec up the ladder, else the one below, that is not held (nor known to decompress slower
+        than ``GAIN`` times ``rate``, the current one's); None if both are."""
         at = self.ladder.index(self.codec)
         for name in (*self.ladder[at + 1 : at + 2], *self.ladder[max(0, at - 1) : at]):
-            if now >= self._holds.get(name, (0.0, 0.0))[0]:
-                return name
+            if now < self._holds.get(name, (0.0, 0.0))[0]:
+                continue
+            decode, when = self._decodes.get(name, (float("inf"), now))
+            if decode < GAIN * rate and now - when < HOLD_MAX_S:
+                continue
+            return name
         return None
 
     def _judge(self, now: float) -> list[str]:
@@ -182,9 +190,12 @@ class AutoCodec:
         assert trial is not None
         up = self.ladder.index(trial.codec) > self.ladder.index(trial.previous)
         need = GAIN * trial.baseline if up else trial.baseline
-        if up and trial.batches >= 2 and trial.decode_s > 0 and trial.raw / trial.decode_s < need:
-            return self._fail(now, f"the io thread decompresses only {trial.raw / trial.decode_s / 1e6:.0f} MB/s "
-                                   f"of it, against {trial.baseline / 1e6:.0f} MB/s delivered before")
+        decode = trial.raw / trial.decode_s if trial.batches >= 2 and trial.decode_s > 0 else None
+        if decode is not None:
+            self._decodes[trial.codec] = (decode, now)
+        if up and decode is not None and decode < need:
+            return self._fail(now, f"the io thread decompresses only {decode / 1e6:.0f} MB/s of it, against "
+                                   f"{trial.baseline / 1e6:.0f} MB/s delivered before")
         rate = self.rate(trial.codec)
         if rate is None:
             if trial.idle < TRIAL_IDLE_WINDOWS:
