@@ -20,7 +20,8 @@ socket; ``now`` and the loop's wait come in as values with each arrival.
   if it delivers ``GAIN`` times the rate before; going down, if it delivers at least that rate (it costs less
   CPU on both sides). Otherwise the codec before comes back and the tried one is held for ``HOLD_FIRST_S``,
   doubling with each failed trial up to ``HOLD_MAX_S``. A trial whose decompression alone (the io thread's
-  own seconds, measured as it decodes) is slower than ``GAIN`` times the rate before fails at once, and that
+  own seconds, measured as it decodes its batches after the first) is slower than ``GAIN`` times the rate
+  before fails at once, and that
   codec is not tried again while the rate is still above what the io thread decompressed (for up to
   ``HOLD_MAX_S``): on a fast link the receiver, not the wire, would be the bound. A trial that sees
   ``TRIAL_IDLE_WINDOWS`` windows in which the loop did not starve before it has a rate keeps its codec: the
@@ -92,7 +93,7 @@ class _Trial:
     baseline: float
     batches: int = 0  # of ``codec``, arrived since the trial began
     idle: int = 0  # its windows in which the loop did not starve
-    raw: int = 0
+    raw: int = 0  # of its batches but the first
     decode_s: float = 0.0  # the io thread's seconds decompressing them
 
 
@@ -138,8 +139,9 @@ class AutoCodec:
         trial = self._trial
         if trial is not None and codec == trial.codec:
             trial.batches += 1
-            trial.raw += raw
-            trial.decode_s += decode_s
+            if trial.batches > 1:  # the first one pays for first use (fresh memory, the library's own setup)
+                trial.raw += raw
+                trial.decode_s += decode_s
         if codec != self.codec:  # asked before the latest change: says nothing of the current codec
             self._window = None
             return []
@@ -190,7 +192,7 @@ class AutoCodec:
         assert trial is not None
         up = self.ladder.index(trial.codec) > self.ladder.index(trial.previous)
         need = GAIN * trial.baseline if up else trial.baseline
-        decode = trial.raw / trial.decode_s if trial.batches >= 2 and trial.decode_s > 0 else None
+        decode = trial.raw / trial.decode_s if trial.batches >= 3 and trial.decode_s > 0 else None
         if decode is not None:
             self._decodes[trial.codec] = (decode, now)
         if up and decode is not None and decode < need:
