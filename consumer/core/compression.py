@@ -21,11 +21,10 @@ socket; ``now`` and the loop's wait come in as values with each arrival.
   CPU on both sides). Otherwise the codec before comes back and the tried one is held for ``HOLD_FIRST_S``,
   doubling with each failed trial up to ``HOLD_MAX_S``. A trial whose decompression alone (the io thread's
   own seconds, measured as it decodes its batches after the first) is slower than ``GAIN`` times the rate
-  before fails at once, and that
-  codec is not tried again while the rate is still above what the io thread decompressed (for up to
-  ``HOLD_MAX_S``): on a fast link the receiver, not the wire, would be the bound. A trial that sees
-  ``TRIAL_IDLE_WINDOWS`` windows in which the loop did not starve before it has a rate keeps its codec: the
-  loop stopped waiting for data, so the codec costs it nothing.
+  before fails at once, and that codec is not tried again while the rate is still above what the io thread
+  decompressed (for up to ``HOLD_MAX_S``): on a fast link the receiver, not the wire, would be the bound. A
+  trial that sees ``TRIAL_IDLE_WINDOWS`` windows in which the loop did not starve before it has a rate keeps
+  its codec: the loop stopped waiting for data, so the codec costs it nothing.
 
 One decision serves all of a consumer's remote links, not one per link: the loop's wait is the consumer's,
 and so are the bottlenecks a codec moves when several producers share them (the trainer's network link,
