@@ -45,7 +45,7 @@ from ferry.common.codec import decode_tree, encode_tree
 from ferry.common.constants import FRAME_CHUNK_BYTES
 from ferry.consumer.core import Delivery
 from ferry.consumer.staging.pinning import HostRegistry
-from ferry.consumer.staging.stagers import CudaStager
+from ferry.consumer.staging.cuda import CudaStager
 
 SLOTS = 4  # slab slots in the check: reuse starts at the fifth batch
 CHECKED = 3 * SLOTS  # batches whose every byte is compared on the device

@@ -21,7 +21,7 @@ from ferry.common.constants import POLL_SLICE_S
 from ferry.consumer.core import Delivery, Sequencer, is_eof
 from ferry.consumer.figures.counters import Counters
 from ferry.consumer.resume import ResumePoint
-from ferry.consumer.staging.stagers import iter_tensors
+from ferry.consumer.staging.tensors import iter_tensors
 
 __all__ = ["EpochParts", "EpochIterator", "RunCounter"]
 
