@@ -1,7 +1,9 @@
 """The consumer's ROUTER socket with its context and CURVE authenticator. Only the io thread uses it.
 
 Sends never block: a peer that is gone (``ROUTER_MANDATORY``) or not reading makes :meth:`Router.send` return
-False. No message is larger than ``max_batch_bytes`` (``MAXMSGSIZE``: libzmq drops the connection instead).
+False. No *frame* is larger than ``max_batch_bytes`` (``MAXMSGSIZE``, which libzmq checks per frame of a
+multipart message, not on the message's total: a peer that sends a bigger frame loses its connection). The
+bound on a whole batch, whatever its frames, is the decoder's (``decode_tree(max_bytes=...)``).
 """
 
 from __future__ import annotations
