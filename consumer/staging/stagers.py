@@ -37,6 +37,7 @@ from ferry.common.shm import Slab
 from ferry.common.tree import iter_leaves, map_tree
 
 from ferry.consumer.buffer import Delivery, ReorderBuffer, is_eof
+from ferry.consumer.staging.cpu_threads import use_one_cpu_thread
 from ferry.consumer.staging.hostpool import HostPool
 from ferry.consumer.staging.pinning import HostRegistry, page_span
 
@@ -297,7 +298,7 @@ class _PlainCudaStager(CpuStager):
 def staging_loop(buffer: ReorderBuffer, out: "queue.Queue[Any]", stop: threading.Event,
                  stager: CpuStager | CudaStager, failure: list[BaseException]) -> None:
     """Move items from ``buffer`` to ``out``, staging batches on the way. Bounded waits; stops on ``stop``."""
-    torch.set_num_threads(1)
+    use_one_cpu_thread()  # its copies on one CPU thread, beside the training thread's team
     try:
         _use_device(getattr(stager, "device", None))
         while not stop.is_set():
