@@ -164,15 +164,17 @@ class LocalProducers:
         from ferry.producer import serve
 
         fifo = os.path.join(self.folder, f"producer-{index}.fifo")
-        os.mkfifo(fifo, 0o600)
-        read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # no writer yet: polls as not readable
         capture = self._capture(index)
+        read_fd = -1
         try:
+            os.mkfifo(fifo, 0o600)
+            read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # no writer yet: polls as not readable
             process = ctx.Process(target=serve, args=(dataclasses.replace(config, stderr_path=fifo),
                                                       DeferredPickle(dataset)), name="ferry-producer", daemon=False)
             process.start()
         except BaseException:
-            os.close(read_fd)
+            if read_fd >= 0:
+                os.close(read_fd)
             capture.close()
             raise
         return Child(index, process, read_fd, process.sentinel, False, capture)
