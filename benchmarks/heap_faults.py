@@ -1,4 +1,5 @@
-"""python -m benchmarks.heap_faults [--runs N] [--mb MB] [--mib 1,4]: what ``ferry.keep_freed_memory()`` saves a trainer.
+"""python -m benchmarks.heap_faults [--runs N] [--mb MB] [--mib 1,4]: what ``ferry.keep_freed_memory()``
+saves a trainer.
 
 For batches of 1 and 4 MiB (by default) over tcp 127.0.0.1, the ingest scenario's two processes (a ``python -m
 ferry.producer`` serving ``benchmarks.datasets:Blank``, and ``benchmarks.ingest_peers ferry-consume``, a

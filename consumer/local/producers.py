@@ -1,8 +1,8 @@
 """Local mode (docs/ARCHITECTURE.md#local-mode): producer processes that a RemoteLoader starts, owns and stops.
 
 They connect over ``ipc://`` to a socket in a private temporary folder (:mod:`ferry.consumer.local.folder`:
-removed on close and at exit, and swept by the next trainer after a death that runs no Python). Two ways to start one, both through the
-producer's one public entry point:
+removed on close and at exit, and swept by the next trainer after a death that runs no Python). Two ways to
+start one, both through the producer's one public entry point:
 
 * a dataset *spec* (a string): ``python -m ferry.producer …`` as a subprocess. Nothing of the training
   script is re-imported or pickled.
@@ -12,8 +12,9 @@ producer's one public entry point:
 
 Each producer dies with its parent (``PR_SET_PDEATHSIG``). Its stderr is a pipe to this process: for a
 subprocess, ``stderr=PIPE``; for a ``multiprocessing`` process, a FIFO in the folder that ``serve`` makes its
-fd 2 as it starts (nothing in the trainer is redirected while a child starts). One thread, ``ferry-local-watch``, waits on every pipe and every process sentinel (``Process.sentinel``, or a
-``pidfd`` for a subprocess) at once: it copies what a producer writes both to this process's stderr (shown
+fd 2 as it starts (nothing in the trainer is redirected while a child starts). One thread,
+``ferry-local-watch``, waits on every pipe and every process sentinel (``Process.sentinel``, or a ``pidfd``
+for a subprocess) at once: it copies what a producer writes both to this process's stderr (shown
 live, as before) and to ``producer-N.stderr`` in the folder, and it sees a death the moment it happens. A
 death is logged at WARNING with the exit code or signal and the tail of that output; the io thread
 re-issues the dead producer's tasks to the others. When every local producer is dead, :meth:`check` raises
