@@ -27,7 +27,7 @@ from ferry.common import compression as comp
 from ferry.common.constants import JOIN_TIMEOUT_S, STAGED_BATCHES
 from ferry.common.datasets import dataset_fingerprint, transformed_fingerprint
 from ferry.common.errors import ConfigError
-from ferry.common.heap import keep_freed_memory
+from ferry.common.heap import wanted_by_environment
 from ferry.common.shardplan import is_sharded, shard_names
 
 from ferry.consumer.core import CoreConfig
@@ -113,10 +113,10 @@ class Pipeline:
             curve = CurveServer.load(opts.curve.secret_key, opts.curve.authorized_keys)
         transport, local, endpoints = opts.transport, opts.local, list(opts.endpoints)
         window = Window.of(opts.buffer_batches)  # every size derived from buffer_batches (consumer/window.py)
-        # the trainer's heap settings (common/heap.py), before any producer is forked: a bad
-        # FERRY_KEEP_FREED_MEMORY is one clean ConfigError here, and forked producers inherit the settings
-        keep_freed_memory()
         if local is not None:
+            # its producers read FERRY_KEEP_FREED_MEMORY (common/heap.py): a bad value is one ConfigError here,
+            # before any starts. Only read: the trainer's own heap settings are its script's choice
+            wanted_by_environment()
             self.local = LocalProducers(
                 local.count, dataset, dataset_args=opts.dataset_args, threads=local.threads, slots=local.slots,
                 heartbeat=transport.heartbeat, liveness=transport.liveness, mp_context=local.mp_context,

@@ -59,6 +59,12 @@ class ProducerConfig:
             any tree of dicts, lists and tuples with array, tensor and scalar leaves.
         compression: ``"auto"``, ``"lz4"``, ``"zstd"`` or ``"none"``: overrides what each consumer asks for in
             its WELCOME; None (the default) follows the consumer (see producer/compressing.py).
+        stderr_path: a FIFO that :func:`ferry.producer.serve` makes this process's stderr (fd 2) before it does
+            anything else but ``freeze_inherited``: set by the consumer's local mode, which reads the other end.
+            None keeps the stderr the process has.
+        freeze_inherited: move every object this process inherited into the garbage collector's permanent
+            generation (``gc.freeze()``) as the very first thing ``serve`` does, so that no collection walks
+            (and so copies) the parent's pages: set by local mode for a producer forked from the trainer.
     """
 
     endpoints: tuple[str, ...]
@@ -81,6 +87,8 @@ class ProducerConfig:
     init: Any = None
     collate: Any = None
     compression: str | None = None
+    stderr_path: str | None = None
+    freeze_inherited: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoints", expand_endpoints(list(self.endpoints)))

@@ -14,7 +14,6 @@ import zmq
 
 from ferry.common import protocol
 from ferry.common.constants import SOCKET_HWM
-from ferry.common.heap import keep_freed_memory
 from ferry.common.errors import ConfigError
 
 BYE_LINGER_MS = 200  # how long close() lets the BYEs leave
@@ -22,9 +21,8 @@ BYE_LINGER_MS = 200  # how long close() lets the BYEs leave
 
 class Router:
     def __init__(self, endpoints: Iterable[str], *, max_batch_bytes: int, curve: Any = None) -> None:
-        # libzmq mallocs every received frame: keep freed frames for reuse rather than a fresh mmap (a fault
-        # per page) each time. Frames stay below the mmap threshold by DEFAULT_FRAME_BYTES (common/constants.py)
-        keep_freed_memory()
+        # libzmq mallocs every received frame; ferry.keep_freed_memory(), the script's choice, keeps freed frames
+        # for reuse rather than a fresh mmap (a fault per page) each time (docs/tuning.md#frame-size)
         ctx = zmq.Context()
         auth = sock = None
         try:

@@ -19,6 +19,7 @@ from ferry.common.constants import POLL_SLICE_S
 from ferry.common.shm import Slab
 
 from ferry.consumer.core import is_eof
+from ferry.consumer.staging.cpu_threads import use_one_cpu_thread
 from ferry.consumer.staging.cuda import CudaStager, PlainCudaStager, use_device
 from ferry.consumer.staging.tensors import CpuStager
 
@@ -39,7 +40,7 @@ def make_stager(device: torch.device | None, pin_memory: bool, pool_limit: int,
 def staging_loop(handoff: "queue.Queue[Any]", out: "queue.Queue[Any]", stop: threading.Event,
                  stager: CpuStager | CudaStager, failure: list[BaseException]) -> None:
     """Move items from ``handoff`` to ``out``, staging batches on the way. Bounded waits; stops on ``stop``."""
-    torch.set_num_threads(1)
+    use_one_cpu_thread()  # its copies on one CPU thread, beside the training thread's team
     try:
         use_device(getattr(stager, "device", None))
         while not stop.is_set():
