@@ -103,6 +103,10 @@ MAX_TASK_INDICES = 1 << 16
 MAX_DATASET_LEN = 1 << 48
 #: Longest free-text field (reasons, tracebacks) we keep from a peer.
 MAX_TEXT = 64 * 1024
+#: A sample error's ``exc_classes`` (its exception's class and bases, ``module:qualname``): at most this many
+#: names (a chain to Exception is rarely longer than 4), each at most MAX_CLASS_PATH characters.
+MAX_EXC_CLASSES = 16
+MAX_CLASS_PATH = 512
 
 # --- consumer waits -----------------------------------------------------------------------------------
 #: Seconds without any live producer before __next__ raises NoProducersError.

@@ -14,7 +14,9 @@ HELLO carries ``nonce``, which changes whenever the producer drops its state for
 Optional: WELCOME ``frame_bytes`` (leaves up to that many bytes travel as one frame; without it, the
 producer splits leaves over FRAME_CHUNK_BYTES), HELLO ``shm`` (the token of the consumer's shared-memory
 slab the producer mapped) and TASK
-``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written; see :mod:`ferry.common.shm`).
+``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written; see :mod:`ferry.common.shm`). A
+sample error of a BATCH or FAIL may name its exception's classes (``exc_classes``, a list of
+``module:qualname``): names only, from which the consumer rebuilds the type (:mod:`ferry.common.remote_errors`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import Any, Callable
 
 import msgpack
 
-from ferry.common.constants import MAX_DATASET_LEN, MAX_HEADER_BYTES, MAX_SLOTS, MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION
+from ferry.common.constants import (MAX_CLASS_PATH, MAX_DATASET_LEN, MAX_EXC_CLASSES, MAX_HEADER_BYTES, MAX_SLOTS,
+                                    MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION)
 from ferry.common.errors import ProtocolError, VersionMismatch
 
 __all__ = [
@@ -81,7 +84,15 @@ def _sample_error(v: Any) -> bool:
         and _str(v.get("exc_type"))
         and _str(v.get("message"))
         and _str(v.get("traceback"))
+        and ("exc_classes" not in v or _class_names(v["exc_classes"]))
     )
+
+
+def _class_names(v: Any) -> bool:
+    """A sample error's optional ``exc_classes``: its exception's class and bases as ``module:qualname``, most
+    derived first (see :mod:`ferry.common.remote_errors`, which decides what may be rebuilt from them)."""
+    return isinstance(v, list) and len(v) <= MAX_EXC_CLASSES and all(
+        isinstance(c, str) and 0 < len(c) <= MAX_CLASS_PATH for c in v)
 
 
 Check = Callable[[Any], bool]
