@@ -115,6 +115,13 @@ DEFAULT_TIMEOUT_S = 60.0
 POLL_SLICE_S = 0.05
 #: How long close() waits for each thread or process before escalating.
 JOIN_TIMEOUT_S = 5.0
+#: A local producer that dies is replaced (consumer/local/respawn.py): after RESPAWN_FIRST_DELAY_S, each further
+#: time within RESPAWN_WINDOW_S after twice the delay before (at most RESPAWN_MAX_DELAY_S), and at most
+#: RESPAWNS_PER_WINDOW times within RESPAWN_WINDOW_S: one that keeps crashing is then left dead. [Unit: second]
+RESPAWN_FIRST_DELAY_S = 0.1
+RESPAWN_MAX_DELAY_S = 5.0
+RESPAWN_WINDOW_S = 60.0
+RESPAWNS_PER_WINDOW = 5
 #: Batches the staging thread may hold ready for the training loop (part of C, not extra).
 STAGED_BATCHES = 2
 #: Peers (or CURVE keys) whose first invalid message or denied handshake we remember, to log once per peer;

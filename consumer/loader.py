@@ -7,19 +7,24 @@ Lifecycle::
     for batch in loader:       __iter__ plans a *run* (one epoch, from where it resumes), hands its sequencer
                                (consumer/core/sequencers.py) to the io thread and returns an EpochIterator
                                (consumer/epoch.py): staged batches, bounded waits, remote errors
-    loader.close()             (also `with`, and a weakref.finalize fallback)
+    loader.close()             (also `with`; else when the loader and all its iterators are dropped, or at exit)
 
 Threads and queues::
 
     io thread (ferry-io: the core, in order) --handoff--> staging thread (ferry-staging) --Queue(2)--> training thread
 
 The threads, the local producers and their start and shutdown order live in consumer/pipeline.py;
-``close`` (idempotent) runs the pipeline's shutdown.
+``close`` (idempotent) runs the pipeline's shutdown. So does dropping the last reference to the loader and its
+iterators, as DataLoader's iterator stops its workers when it is dropped: both hold a :class:`_Lease`, a
+``weakref.finalize`` on which runs the shutdown (by reference counting: nothing holds the loader in a cycle),
+and so does the interpreter's exit, in a ``multiprocessing`` child too (``multiprocessing.util.Finalize``,
+which runs before ``multiprocessing`` stops the daemonic children and joins the others).
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing.util
 import weakref
 from typing import Any, Callable
 
@@ -43,6 +48,14 @@ from ferry.consumer.figures.counters import Counters, WeakStats, stats_figures
 __all__ = ["RemoteLoader"]
 
 log = logging.getLogger("ferry.consumer")
+
+#: multiprocessing runs its exit finalizers of priority >= 0 before it stops daemonic children (local producers)
+#: and joins the others: a loader's shutdown is one of them.
+FINALIZE_PRIORITY = 10
+
+
+class _Lease:
+    """Held by a loader and by each of its iterators: the pipeline runs while any of them is referenced."""
 
 
 class RemoteLoader(ReadOnlyOptions):
@@ -162,6 +175,7 @@ class RemoteLoader(ReadOnlyOptions):
         self._runs = RunCounter()
         self._active: EpochIterator | None = None  # the newest iteration
         self._pending: ResumePoint | None = None  # where set_epoch or load_state_dict said the next one starts
+        lease = _Lease()
         # starts local producers, the io and staging threads; nothing it holds references `self`
         pipeline = Pipeline(opts, self._counters, device=self.device, pin_memory=self.pin_memory,
                             figures=WeakStats(self))
@@ -179,9 +193,13 @@ class RemoteLoader(ReadOnlyOptions):
             staged=pipeline.staged, release=self._io.release, check_health=self._health.check,
             observer=self._observer, counters=self._counters, runs=self._runs,
             stream_for=lambda: torch.cuda.current_stream(device), device_transform=self.device_transform,
+            lease=lease,
         )
         self._closed = False
-        self._finalizer = weakref.finalize(self, pipeline.shutdown)
+        # run once, by close(), or when the last of the loader and its iterators is dropped, or at exit (atexit;
+        # in a multiprocessing child, which never runs atexit, by multiprocessing's own exit hook)
+        self._finalizer = weakref.finalize(lease, pipeline.shutdown)
+        multiprocessing.util.Finalize(lease, self._finalizer, exitpriority=FINALIZE_PRIORITY)
         self._freeze()  # from here on the options are read-only (consumer/read_only.py)
 
     # --- iteration ----------------------------------------------------------------------------------

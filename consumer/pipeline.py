@@ -145,6 +145,8 @@ class Pipeline:
         self.io.start()
         if self.local is not None:  # a local producer's death, seen through its sentinel, loses it at once
             self.local.on_death = self.io.producer_died
+            io = self.io  # a replacement only once some producer has served (else a start-up failure repeats)
+            self.local.served = lambda: io.health().producers_seen > 0
         self.stager = make_stager(device, pin_memory, window.pool_buffers,
                                   slab=self.local.slab if self.local is not None else None)
         self.staging = threading.Thread(
@@ -167,6 +169,7 @@ class Pipeline:
             self.staging.join(JOIN_TIMEOUT_S)
         if self.local is not None:
             self.local.on_death = None  # deaths from here on are the shutdown's own
+            self.local.served = lambda: False
         if self.io is not None:
             self.io.close(JOIN_TIMEOUT_S)
         # batches handed on or staged and never yielded: a closed loader must not keep them (nor their slots)

@@ -34,8 +34,9 @@ class Child:
     """One producer process, behind one interface whatever started it, with its stderr pipe and capture."""
 
     def __init__(self, index: int, handle: Any, stderr_fd: int, sentinel: int | None, own_sentinel: bool,
-                 capture: Any) -> None:
+                 capture: Any, generation: int = 0) -> None:
         self.index = index
+        self.generation = generation  # 0: the first start of producer `index`; n: its n-th replacement
         self.handle = handle
         self.stderr_fd = stderr_fd  # the read end of its stderr pipe (or FIFO), non-blocking
         self.sentinel = sentinel  # readable once it has exited; None: poll its exit code
@@ -99,10 +100,12 @@ class Child:
         return "\n".join("    " + line for line in text.splitlines())
 
     def report(self) -> str:
-        return f"producer {self.index} (pid {self.pid}): {describe_exit(self.exit_code or 0)}; its last error " \
-               f"output:\n{self.tail()}"
+        restart = f", restart {self.generation}" if self.generation else ""
+        return f"producer {self.index} (pid {self.pid}{restart}): {describe_exit(self.exit_code or 0)}; its last " \
+               f"error output:\n{self.tail()}"
 
     def release(self) -> None:
+        """Close its pipe, capture file and sentinel (it has exited)."""
         for close in (lambda: os.close(self.stderr_fd), self.capture.close):
             try:
                 close()
