@@ -138,6 +138,7 @@ class Pipeline:
                        seed=opts.seed % (1 << 63), max_attempts=transport.max_attempts,
                        # dataset= a spec, no local producers: remote producers must serve that spec
                        dataset_spec=dataset if isinstance(dataset, str) and local is None else None,
+                       local_producers=local.count if local is not None else 0,
                        **compression_welcome(transport.compression)),
             endpoints=self.endpoints, handoff=self.handoff, counters=counters, curve=curve,
             slab=self.local.slab if self.local is not None else None,

@@ -294,3 +294,25 @@ def test_task_ids_are_never_reused_across_runs():
     new = {t.task for t in d.assign(held=0, now=0.0)}
     assert len(new) == 4 and not old & new
     assert all(d.complete(task, b"a") is None for task in old)
+
+
+def test_the_first_tasks_are_dealt_one_per_producer_until_every_local_producer_is_live():
+    """As DataLoader hands its first tasks to every worker in turn: the first producer up takes one task, not
+    all of them, while the others start (issue 18: every producer's seed is seen)."""
+    d = Dispatcher(capacity=8, max_attempts=DEFAULT_MAX_ATTEMPTS, deal_to=3, deal_until=30.0)
+    d.add(producer(b"a", slots=4))
+    d.start_run(seqs(1, range(20)))
+    assert [t.peer for t in d.assign(held=0, now=0.0)] == [b"a"]
+    d.add(producer(b"b", slots=4))
+    assert [t.peer for t in d.assign(held=0, now=0.1)] == [b"b"]
+    d.add(producer(b"c", slots=4))  # all three live: dealing is over, the slots are the bound again
+    assert len(d.assign(held=0, now=0.2)) == 8 - 2
+    assert max(len(p.in_flight) for p in d.producers.values()) > 1
+
+
+def test_dealing_ends_at_its_deadline_even_if_a_producer_never_comes():
+    d = Dispatcher(capacity=8, max_attempts=DEFAULT_MAX_ATTEMPTS, deal_to=2, deal_until=30.0)
+    d.add(producer(b"a", slots=4))
+    d.start_run(seqs(1, range(20)))
+    assert len(d.assign(held=0, now=1.0)) == 1
+    assert len(d.assign(held=0, now=30.0)) == 3

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from ferry.common import protocol
-from ferry.common.constants import DEFAULT_FRAME_BYTES
+from ferry.common.constants import DEAL_FIRST_TASKS_S, DEFAULT_FRAME_BYTES
 from ferry.common.errors import PoisonTaskError, ProtocolError, SampleIndexError, VersionMismatch
 
 from ferry.consumer.core.actions import Action, Deliver, Log, Send
@@ -58,6 +58,7 @@ class CoreConfig:
     dataset_spec: str | None = None  # admit only producers announcing this spec
     compression: str = "none"  # told to producers in WELCOME: auto, lz4, zstd or none
     codecs: tuple[str, ...] = ()  # the codecs this consumer can decompress, told with it
+    local_producers: int = 0  # started with this loader: its first tasks are dealt one per producer until all are live
 
 
 class ConsumerCore:
@@ -68,7 +69,8 @@ class ConsumerCore:
         self.session = session
         self.counters = counters
         self.slab = slab
-        self.dispatcher = Dispatcher(config.capacity, config.max_attempts)
+        self.dispatcher = Dispatcher(config.capacity, config.max_attempts, deal_to=config.local_producers,
+                                     deal_until=now + DEAL_FIRST_TASKS_S)
         self.peers = Peers(self.dispatcher, dataset_len=config.dataset_len, fingerprint=config.fingerprint,
                            shm_token=slab.token if slab is not None else None, now=now,
                            dataset_spec=config.dataset_spec)

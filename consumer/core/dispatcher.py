@@ -10,6 +10,10 @@
   producer go back to the *front* of a re-issue queue, which goes first.
 * Credits: :meth:`assign` never lets ``in flight + held`` exceed the capacity, and never gives a producer
   more than its ``slots``. A new task goes to the live producer with the most free slots.
+* Dealing: a loader that started N local producers deals its first tasks one per producer until N producers
+  are live (or a deadline passes), as DataLoader hands its first tasks to every worker in turn: the first
+  producer to start does not take every task before the others have started, so each of them serves (and its
+  seed is seen, ``tests/test_producer_seeds.py``).
 * Attempts: each loss of a seq's task that may be the task's fault (its producer died or fell silent, it
   timed out, its answer was unusable) is an :class:`Attempt`, kept per seq for the run, across re-issues.
   A seq lost ``max_attempts`` times is *poisoned*: not queued again, but returned by :meth:`take_poisoned`
@@ -80,9 +84,13 @@ class Task:
 
 
 class Dispatcher:
-    def __init__(self, capacity: int, max_attempts: int) -> None:
+    """Args: ``capacity`` (credits), ``max_attempts``, and ``deal_to``: deal tasks one per producer until that many
+    producers are live or the time ``deal_until`` (0: no dealing) has passed."""
+
+    def __init__(self, capacity: int, max_attempts: int, *, deal_to: int = 0, deal_until: float = 0.0) -> None:
         self.capacity = capacity
         self.max_attempts = max_attempts
+        self._deal_to, self._deal_until = deal_to, deal_until
         self.producers: dict[bytes, ProducerInfo] = {}
         self.tasks: dict[int, Task] = {}  # in flight, by task id
         self._ids = itertools.count(1)  # never restarted: a late answer of an older run is never a current task
@@ -195,10 +203,11 @@ class Dispatcher:
         out: list[Task] = []
         if sequencer is None:
             return out
+        cap = self._dealing(now)
         while self.in_flight + held < self.capacity:
             speculate = self.in_flight + held < self.capacity - 1
-            for producer in sorted(self.producers.values(), key=lambda p: -p.free_slots):
-                if producer.free_slots <= 0:
+            for producer in sorted(self.producers.values(), key=lambda p: -_room(p, cap)):
+                if _room(producer, cap) <= 0:
                     return out
                 seq = self._next_for(producer.peer, speculate)
                 if seq is not None:
@@ -211,6 +220,12 @@ class Dispatcher:
             sequencer.issued(producer.peer, seq)
             out.append(task)
         return out
+
+    def _dealing(self, now: float) -> int | None:
+        """1 while the first tasks are dealt one per producer, else None (no cap); once over, over for good."""
+        if self._deal_to and (len(self.producers) >= self._deal_to or now >= self._deal_until):
+            self._deal_to = 0
+        return 1 if self._deal_to else None
 
     def _next_for(self, peer: bytes, speculate: bool) -> int | None:
         """A re-issue first (those that became stale are dropped), then a new seq from the sequencer."""
@@ -238,3 +253,8 @@ class Dispatcher:
             return
         self._requeued.appendleft(task.seq)
         self.reissued += 1
+
+
+def _room(producer: ProducerInfo, cap: int | None) -> int:
+    """Tasks ``producer`` may take now: its free slots, within ``cap`` tasks in flight while dealing."""
+    return producer.free_slots if cap is None else min(producer.slots, cap) - len(producer.in_flight)
