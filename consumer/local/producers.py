@@ -174,7 +174,9 @@ class LocalProducers:
                     continue
                 child, what = key.data
                 if what == "exit":
-                    selector.unregister(key.fd)  # readable for good; the exit code is read below
+                    selector.unregister(key.fd)  # readable for good; the exit code is read below, once
+                    # reaped: a process's sentinel pipe closes as it exits, a moment before it can be waited for
+                    child.wait(JOIN_TIMEOUT_S)
                 elif not child.pump():
                     selector.unregister(key.fd)
             self._note_deaths(replace=True)
