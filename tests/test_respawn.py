@@ -14,7 +14,7 @@ import torch
 
 from ferry import PoisonTaskError, ProducerDiedError, RemoteLoader
 from ferry.consumer.local import producers as local_producers
-from ferry.consumer.local.respawn import RespawnBudget
+from ferry.consumer.local.respawn import Replacements, RespawnBudget
 
 from tests.lifecycle_datasets import SeedDataset, SegfaultAt
 
@@ -121,3 +121,21 @@ def test_the_budget_backs_off_per_producer_and_bounds_restarts_in_a_window():
     assert budget.restarts(0, now=3.0) == 3
     assert budget.next_delay(0, now=61.5) == 0.2  # two have left the window: one restart in it, backing off
     assert budget.next_delay(0, now=200.0) == 0.1  # a quiet minute: starts afresh
+
+
+def test_only_a_producer_that_died_mid_run_without_being_asked_to_is_replaced():
+    plans = Replacements(RespawnBudget(limit=1, window=60.0, first_delay=0.1, max_delay=1.0))
+    kill, term = -signal.SIGKILL, -signal.SIGTERM
+    assert "no producer has served yet" in plans.plan(0, kill, served=False, now=0.0)[0]
+    assert "asked to stop" in plans.plan(0, 0, served=True, now=0.0)[0]
+    assert "asked to stop" in plans.plan(0, term, served=True, now=0.0)[0]
+    assert not plans.pending
+    text, level = plans.plan(0, kill, served=True, now=0.0)
+    assert text == "respawning it in 0.10 s" and level == logging.WARNING and plans.pending
+    assert plans.take_ready(now=0.05) == [] and plans.take_ready(now=0.1) == [0]
+    assert plans.pending, "a replacement being started is still pending"
+    plans.done(0)
+    assert not plans.pending
+    text, level = plans.plan(0, -signal.SIGSEGV, served=True, now=1.0)
+    assert "not respawned: it was restarted 1 times in the last 60 s" in text and level == logging.ERROR
+    assert plans.bound_note() == "; producer 0 was respawned 1 times in the last 60 s, the bound"

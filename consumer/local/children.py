@@ -61,6 +61,13 @@ class Child:
         if self.exitcode() is None:
             self.handle.kill()
 
+    def stop(self, timeout: float) -> None:
+        """SIGTERM (it says BYE and exits 0), then SIGKILL after ``timeout`` seconds; reaped either way."""
+        self.signal_stop()
+        if not self.wait(timeout):
+            self.kill()
+            self.wait(timeout)
+
     def wait(self, timeout: float) -> bool:
         if isinstance(self.handle, subprocess.Popen):
             try:

@@ -35,9 +35,7 @@ producers write batches into (see :mod:`ferry.common.shm`), and closes it last.
 from __future__ import annotations
 
 import logging
-import math
 import selectors
-import signal
 import threading
 import time
 from typing import Any, Callable
@@ -51,14 +49,12 @@ from ferry.common.waker import Waker
 from ferry.consumer.local import folder as local_folder
 from ferry.consumer.local.children import Child, describe_exit
 from ferry.consumer.local.launchers import ObjectLauncher, SpecLauncher
-from ferry.consumer.local.respawn import RespawnBudget
+from ferry.consumer.local.respawn import Replacements, RespawnBudget
 
 log = logging.getLogger("ferry.consumer")
 
 #: How often the watch thread polls exit codes where the platform gives no sentinel (no pidfd). [Unit: second]
 EXIT_POLL_S = 0.1
-#: Exits that mean someone asked the producer to stop: it is not replaced.
-_STOPPED = (0, -signal.SIGTERM, -signal.SIGINT)
 
 
 class LocalProducers:
@@ -75,10 +71,9 @@ class LocalProducers:
         self.slab: shm.Slab | None = None
         self._lock = threading.Lock()  # guards children, exit codes, _closing and the replacement plans
         self._closing = False
-        self._budget = RespawnBudget(limit=RESPAWNS_PER_WINDOW, window=RESPAWN_WINDOW_S,
-                                     first_delay=RESPAWN_FIRST_DELAY_S, max_delay=RESPAWN_MAX_DELAY_S)
-        self._due: dict[int, float] = {}  # producer index -> time.monotonic() when its replacement starts
-        self._gave_up: dict[int, int] = {}  # producer index -> its restarts in the window when the bound stopped it
+        self._replacements = Replacements(RespawnBudget(limit=RESPAWNS_PER_WINDOW, window=RESPAWN_WINDOW_S,
+                                                        first_delay=RESPAWN_FIRST_DELAY_S,
+                                                        max_delay=RESPAWN_MAX_DELAY_S))
         self._stop = threading.Event()
         self._waker = Waker()
         self._started = threading.Event()
@@ -185,7 +180,7 @@ class LocalProducers:
     def _select_timeout(self) -> float:
         with self._lock:
             polling = any(child.sentinel is None for child in self.children)
-            first_due = min(self._due.values(), default=None)
+            first_due = self._replacements.next_due()
         timeout = EXIT_POLL_S if polling else 1.0
         return timeout if first_due is None else max(0.0, min(timeout, first_due - time.monotonic()))
 
@@ -231,38 +226,26 @@ class LocalProducers:
         """Whether and when ``child`` is replaced, in words, and the log level of its death. Under the lock."""
         if self._closing:
             return "the loader is closing", logging.WARNING
-        if not served:
-            return "no producer has served yet, so it is not respawned", logging.WARNING
-        if child.exit_code in _STOPPED:
-            return "it was asked to stop, so it is not respawned", logging.WARNING
-        delay = self._budget.next_delay(child.index, now)
-        if delay is None:
-            self._gave_up[child.index] = self._budget.restarts(child.index, now)
-            return (f"not respawned: it was restarted {self._gave_up[child.index]} times in the last "
-                    f"{RESPAWN_WINDOW_S:g} s, the bound"), logging.ERROR
-        self._due[child.index] = now + delay
-        return f"respawning it in {delay:.2f} s", logging.WARNING
+        return self._replacements.plan(child.index, child.exit_code, served=served, now=now)
 
     def _replace_due(self, selector: selectors.BaseSelector) -> None:
         """Start the replacements whose back-off has passed, each in its producer's place."""
         now = time.monotonic()
-        with self._lock:
-            ready = [] if self._closing else sorted(i for i, when in self._due.items() if when <= now)
-            for index in ready:
-                self._due[index] = math.inf  # starting: until it has, check() must not take the producer for lost
+        with self._lock:  # starting ones stay pending: until they have, check() must not take them for lost
+            ready = [] if self._closing else self._replacements.take_ready(now)
         for index in ready:
             old = self.children[index]
             try:
                 child = self._launcher.launch(index, old.generation + 1)
             except Exception as exc:  # out of memory, out of pids: try again later, within the same bound
                 with self._lock:
-                    self._due.pop(index, None)
+                    self._replacements.done(index)
                     plan, _ = self._plan(old, True, time.monotonic())
                 log.error("ferry: local producer %d could not be restarted (%s: %s); %s", index,
                           type(exc).__name__, exc, plan)
                 continue
             with self._lock:
-                self._due.pop(index, None)
+                self._replacements.done(index)
                 closing = self._closing
                 if not closing:  # swapped only under the lock: close() never sees a released child
                     for fd in (old.stderr_fd, old.sentinel):
@@ -271,8 +254,10 @@ class LocalProducers:
                     old.pump()
                     old.release()
                     self.children[index] = child
-            if closing:
-                _stop_and_release(child)
+            if closing:  # it started while the loader closed: stopped here, as close() stops the others
+                child.stop(JOIN_TIMEOUT_S)
+                child.pump()
+                child.release()
                 return
             self._register(selector, child)
             log.info("ferry: local producer %d restarted (pid %d, restart %d)", index, child.pid, child.generation)
@@ -291,25 +276,23 @@ class LocalProducers:
         if not self._watch.is_alive():  # not started, or failed: read the exit codes here; nothing replaces them
             self._note_deaths(replace=False)
             with self._lock:
-                self._due.clear()
+                self._replacements.clear()
         with self._lock:
-            if (not self.children or self._closing or self._due
+            if (not self.children or self._closing or self._replacements.pending
                     or any(c.exit_code is None for c in self.children)):
                 return
             reports = "\n".join(child.report() for child in self.children)
-            gave_up = dict(self._gave_up)
+            bound = self._replacements.bound_note()
         n = len(self.children)
         who = "the local producer" if n == 1 else f"all {n} local producers"
         if served:
-            bound = "".join(f"; producer {i} was respawned {k} times in the last {RESPAWN_WINDOW_S:g} s, the bound"
-                            for i, k in sorted(gave_up.items()))
             raise ProducerDiedError(f"{who} died mid-run{bound}:\n{reports}")
         raise ProducerStartupError(f"{who} exited before serving:\n{reports}")
 
     def close(self) -> None:
         with self._lock:
             self._closing = True
-            self._due.clear()
+            self._replacements.clear()
         self._stop.set()
         self._waker.wake()
         if self._watch.is_alive():
@@ -332,12 +315,3 @@ class LocalProducers:
         if self.slab is not None:
             self.slab.close()
 
-
-def _stop_and_release(child: Child) -> None:
-    """A replacement that started while the loader closed: stop it here, as close() stops the others."""
-    child.signal_stop()
-    if not child.wait(JOIN_TIMEOUT_S):
-        child.kill()
-        child.wait(JOIN_TIMEOUT_S)
-    child.pump()
-    child.release()
