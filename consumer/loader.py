@@ -171,7 +171,7 @@ class RemoteLoader(ReadOnlyOptions):
         self._planner = EpochPlanner(opts, self._io)
         self._health = LoaderHealth(self._io, self._local, pipeline.staging_failure, self.endpoints, self.timeout,
                                     pipeline.stop)
-        self._observer = EpochObserver(self._counters, self._io.snapshot, WeakStats(self),
+        self._observer = EpochObserver(self._counters, self._io.snapshot,
                                        capacity=self.buffer_batches, log_every=self.log_every,
                                        threads=(self._io.thread, self._staging))
         device = self.device

@@ -9,7 +9,7 @@ import time
 from typing import Any, Callable
 
 from ferry.consumer.figures.diagnosis import EpochFigures, EpochLog, diagnose
-from ferry.consumer.figures.counters import Counters
+from ferry.consumer.figures.counters import Counters, stats_figures
 
 __all__ = ["EpochObserver", "WaitTally"]
 
@@ -22,16 +22,15 @@ class EpochObserver:
     Args:
         counters: the loader's counters (time spent waiting and working in this epoch).
         snapshot: the io thread's snapshot (buffered, in flight, per-producer figures).
-        stats: the loader's ``stats()`` for the progress line (a weak view: no reference cycle).
         capacity: ``buffer_batches``.
         log_every: seconds between progress lines; None: never. [Unit: second]
         threads: the consumer's own threads, whose CPU time is the consumer's load.
     """
 
     def __init__(self, counters: Counters, snapshot: Callable[[], dict[str, Any]],
-                 stats: Callable[[], dict[str, Any]], *, capacity: int, log_every: float | None,
+                 *, capacity: int, log_every: float | None,
                  threads: tuple[Any, ...]) -> None:
-        self._counters, self._snapshot, self._stats = counters, snapshot, stats
+        self._counters, self._snapshot = counters, snapshot
         self._capacity, self._log_every = capacity, log_every
         self._waits = WaitTally({"per_producer": {}})
         self._epoch_log = EpochLog(threads)
@@ -72,9 +71,7 @@ class EpochObserver:
         if self._log_every is None or now - self._last_log < self._log_every:
             return
         self._last_log = now
-        s = self._stats()
-        if not s:
-            return
+        s = stats_figures(self._counters, self._snapshot(), capacity=self._capacity, epoch=epoch)
         log.info("ferry: epoch %d batch %d/%d | %.0f MB/s | stall %.1f %% | producers %d | buffered %d + in flight "
                  "%d of %d | re-issued %d, duplicates %d, invalid %d", epoch, done, total, s["mb_per_s"],
                  100 * s["epoch_stall_fraction"], s["producers"], s["buffered"], s["in_flight"], self._capacity,
