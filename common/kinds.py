@@ -21,7 +21,8 @@ class Kind:
 
     #: What a flag's or a variable's text must be, said in its error.
     expected = "a value"
-    #: A flag that may repeat (argparse's ``append``), each occurrence one item: see :meth:`combine`.
+    #: A flag that may repeat (argparse's ``append``), each occurrence one item: see :meth:`combine` and
+    #: :meth:`items`, which a repeated kind implements.
     repeated = False
 
     def check(self, name: str, value: Any) -> Any:
@@ -39,6 +40,14 @@ class Kind:
     def argparse(self) -> dict[str, Any]:
         """The ``add_argument`` keywords that read one flag's text."""
         return {}
+
+    def combine(self, variable: Any, flags: list[str]) -> Any:
+        """A repeated kind's value: its variable's (parsed, or None) and the texts of its flags."""
+        raise NotImplementedError
+
+    def items(self, value: Any) -> list[str]:
+        """A repeated kind's flag texts that :meth:`combine` reads back as ``value``."""
+        raise NotImplementedError
 
 
 class Int(Kind):

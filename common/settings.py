@@ -41,6 +41,7 @@ __all__ = [
     "THREADS", "SLOTS", "HEARTBEAT", "LIVENESS", "TRANSFORM", "COLLATE", "INIT", "METRICS_PORT",
 ]
 
+
 class _Required:
     def __repr__(self) -> str:
         return "<required>"
@@ -147,8 +148,8 @@ def documented(cls: type) -> type:
 def shared_values(target: type, *sources: Any) -> dict[str, Any]:
     """The fields of ``target`` that a field of one of ``sources`` (dataclass instances) declares with the same
     setting, with that field's value: what a parent passes on to the child it configures."""
-    by_setting = {id(setting_of(f)): getattr(source, f.name) for source in sources for f in dataclasses.fields(source)}
-    return {f.name: by_setting[id(setting_of(f))] for f in dataclasses.fields(target) if id(setting_of(f)) in by_setting}
+    by_setting = {setting_of(f): getattr(source, f.name) for source in sources for f in dataclasses.fields(source)}
+    return {f.name: by_setting[setting_of(f)] for f in dataclasses.fields(target) if setting_of(f) in by_setting}
 
 
 # --- the options both sides take ----------------------------------------------------------------------

@@ -70,7 +70,11 @@ class _DatasetArgs(s.Kind):
         return {**(variable or {}), **parse_dataset_args(flags)}
 
     def items(self, value: Any) -> list[str]:
-        return [f"{key}={json.dumps(item)}" for key, item in value.items()]
+        try:
+            return [f"{key}={json.dumps(item)}" for key, item in value.items()]
+        except (TypeError, ValueError) as exc:
+            raise ConfigTypeError(f"dataset arguments on a command line must be JSON values ({exc}); a dataset "
+                                  "spec's dataset_args travel to its producers that way") from None
 
 
 class _TokenPath(s.Kind):

@@ -149,6 +149,8 @@ def test_only_what_differs_from_the_default_is_written():
 def test_what_no_command_line_can_say_is_an_error():
     with pytest.raises(ConfigError, match="callable"):
         command_line(ProducerConfig(endpoints=("tcp://h:1",), dataset="synthetic", transform=math.sqrt))
+    with pytest.raises(ConfigError, match="must be JSON values"):
+        command_line(ProducerConfig(endpoints=("tcp://h:1",), dataset="synthetic", dataset_args={"root": object()}))
     with pytest.raises(ConfigError, match="--curve-key"):
         command_line(ProducerConfig(endpoints=("tcp://h:1",), dataset="synthetic", curve=object()))
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ferry.common import settings as s
-from ferry.common.constants import DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BATCH_BYTES, DEFAULT_TASK_TIMEOUT_S
-from ferry.common.constants import MAX_BATCH_BYTES_LIMIT
+from ferry.common.constants import (
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BATCH_BYTES, DEFAULT_TASK_TIMEOUT_S, MAX_BATCH_BYTES_LIMIT,
+)
 from ferry.common.errors import ConfigError, ConfigTypeError
 from ferry.common.settings import Setting, option, setting_of
 

@@ -9,6 +9,7 @@ never imports torch.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import textwrap
 from collections.abc import Iterable, Mapping
@@ -109,8 +110,8 @@ KEYWORDS: dict[str, Setting] = {
     "buffer_batches": Setting(s.Int(1), "capacity C. Batches buffered + tasks in flight never exceed it."),
     "in_order": Setting(s.Bool(), "True: yield in plan order; False: as batches arrive."),
     "no_producer_timeout": _NO_PRODUCER_TIMEOUT,
-    "timeout": Setting(_NO_PRODUCER_TIMEOUT.kind, "``no_producer_timeout`` under its old name; give one of the two.",
-                       DEFAULT_TIMEOUT_S, unit="second", optional=True),
+    "timeout": dataclasses.replace(_NO_PRODUCER_TIMEOUT, doc="``no_producer_timeout`` under its old name; give one "
+                                   "of the two."),
     "dataset": Setting(_Dataset(), "a dataset object or a spec string (see ``ferry.common.datasets``), served by "
                        "local producers. Without them it says what remote producers must serve: an object gives the "
                        "dataset length and its fingerprint, a spec admits only producers announcing that spec (the "

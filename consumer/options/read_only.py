@@ -24,6 +24,7 @@ class Option:
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
+        self.__doc__ = f"``{name}`` as resolved when the loader was built (read-only; see the class docstring)."
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
