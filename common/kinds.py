@@ -124,11 +124,11 @@ class Choice(Kind):
 
 
 class Text(Kind):
-    def __init__(self, expected: str = "a string") -> None:
-        self.expected = expected
+    def __init__(self, expected: str = "a string", *, nonempty: bool = True) -> None:
+        self.expected, self.nonempty = expected, nonempty
 
     def check(self, name: str, value: Any) -> str:
-        return check.text(name, value)
+        return check.text(name, value, nonempty=self.nonempty)
 
 
 class Path(Kind):

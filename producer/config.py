@@ -126,7 +126,7 @@ class ProducerConfig:
         _Endpoints(), "consumer endpoints, tcp://HOST:PORT, tcp://HOST:PORT-PORT (a range of ranks) or ipc://PATH; "
         "repeat the flag for several consumers.", flag="--connect", metavar="ENDPOINT"))
     dataset: str = option(Setting(
-        s.Text("a dataset spec"), "a built-in dataset (synthetic, npy-folder, image-folder, packed, tar-shards) or "
+        s.Text("a dataset spec", nonempty=False), "a built-in dataset (synthetic, npy-folder, image-folder, packed, tar-shards) or "
         "package.module:callable that returns a dataset; only a label when serve() is given a dataset object.",
         flag="--dataset", metavar="SPEC"))
     dataset_args: dict[str, Any] = option(Setting(
