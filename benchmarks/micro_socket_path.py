@@ -20,7 +20,7 @@ from ferry.common.constants import DEFAULT_FRAME_BYTES
 
 
 def pieces(mib: float) -> dict[str, callable]:
-    from ferry.consumer.buffer import Delivery
+    from ferry.consumer.core import Delivery
     from ferry.producer.buffers import tracked
 
     array = np.zeros((1, int(mib * (1 << 20))), np.uint8)

@@ -14,7 +14,7 @@ the consumer maps too: one copy in all, and the training loop's tensors are view
 * The consumer decodes the leaves as views of the slot. The slot stays taken until every one of those
   views is garbage-collected (the training loop dropped the batch): the views' base is a per-batch
   :class:`_Lease` object whose finalizer gives the slot back. Until then a TASK simply carries no slot.
-* The consumer's :class:`SlotLedger` knows which task holds which slot. A slot given to a producer that is
+* The consumer's slot ledger (:mod:`ferry.consumer.core.slots`) knows which task holds which slot. A slot given to a producer that is
   lost before answering is not reused while that process exists (it may still be writing into it); once it
   has exited, the slot is free again. Until then tasks just go without a slot if none is left.
 
@@ -31,7 +31,7 @@ import os
 import secrets
 import threading
 import weakref
-from typing import Any, Callable, Iterable
+from typing import Callable
 
 import numpy as np
 
@@ -223,93 +223,6 @@ def process_exists(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in (b"Z", b"X")
-
-
-class SlotLedger:
-    """The consumer's record of which task holds which slot of a :class:`Slab`, and of the slots held by lost
-    producers, which come back only once their process has exited.
-
-    Changed by the io thread only; ``lost`` may be read from any thread. Without a slab it lends nothing,
-    and every other call is a no-op. ``process_exists`` is the liveness check (replaceable in tests)."""
-
-    def __init__(self, slab: Slab | None, process_exists: Callable[[int], bool] = process_exists) -> None:
-        self.slab = slab
-        self._process_exists = process_exists
-        self._lock = threading.Lock()  # for readers of `lost` on other threads
-        self._held: dict[int, tuple[Slot, Any]] = {}  # task id -> (slot, the identity of the producer it went to)
-        self._lost: list[tuple[Slot, int]] = []  # (slot, pid) given up with a lost producer
-        self._last_holder: dict[int, Any] = {}  # slot offset -> the producer it was last lent to (one per slot)
-
-    def lend(self, task_id: int, holder: Any) -> Slot | None:
-        """A free slot for ``task_id``, sent to ``holder``; None when the slab has none free (or there is no slab).
-
-        Slot affinity: ``holder`` gets back a slot it was lent last, when one is free. A producer's first
-        write into a slot costs it a page fault per 4 KiB even where another producer's write already made the
-        pages (its own mapping has none of them yet): about 20-60 ms for a 150 MB batch. Without affinity every
-        (producer, slot) pair paid that once, through the first three epochs; with it, each slot settles with
-        one producer in epoch 0. Otherwise the most recently freed slot, which has pages already."""
-        if self.slab is None:
-            return None
-        slot_bytes, last = self.slab.slot_bytes, self._last_holder
-        slot = self.slab.take_preferring(lambda index: last.get(index * slot_bytes) == holder)
-        if slot is not None:
-            with self._lock:
-                self._held[task_id] = (slot, holder)
-            last[slot[0]] = holder
-        return slot
-
-    def take_region(self, task_id: int) -> np.ndarray | None:
-        """``task_id`` answered with a batch: the region of its slot (None if it had none), no longer tracked.
-        The slot is free again once that region and every view of it are gone."""
-        slot = self._pop(task_id)
-        return None if slot is None else self.slab.region(slot)
-
-    def give_back(self, task_id: int, holder: Any = None) -> None:
-        """The slot of ``task_id`` (if it has one, and ``holder`` holds it when given) is not in use: free it now."""
-        with self._lock:
-            held = self._held.get(task_id)
-            if held is None or (holder is not None and held[1] != holder):
-                return
-            del self._held[task_id]
-        self.slab.give_back(held[0])
-
-    def set_aside(self, task_ids: Iterable[int], pid: int) -> None:
-        """The producer process ``pid`` was lost holding ``task_ids``: it may still be writing into their
-        slots, so they are reused only once it has exited (:meth:`reclaim`)."""
-        with self._lock:
-            for task_id in task_ids:
-                held = self._held.pop(task_id, None)
-                if held is not None:
-                    self._lost.append((held[0], pid))
-
-    def reclaim(self) -> None:
-        """Free the set-aside slots whose process has exited."""
-        with self._lock:
-            lost = list(self._lost)
-        gone = [entry for entry in lost if not self._process_exists(entry[1])]
-        if not gone:
-            return
-        with self._lock:
-            self._lost = [entry for entry in self._lost if entry not in gone]
-        for slot, _ in gone:
-            self.slab.give_back(slot)
-
-    @property
-    def lost(self) -> int:
-        """Slots set aside with lost producers that are still running."""
-        with self._lock:
-            return len(self._lost)
-
-    @property
-    def held(self) -> int:
-        """Slots lent to tasks not yet answered."""
-        with self._lock:
-            return len(self._held)
-
-    def _pop(self, task_id: int) -> Slot | None:
-        with self._lock:
-            held = self._held.pop(task_id, None)
-        return None if held is None else held[0]
 
 
 class SlabMapping:

@@ -1,66 +1,83 @@
-"""One pass over one epoch's plan (what ``iter(loader)`` returns), and the tally of why it waited.
+"""One pass over one epoch's plan: what ``iter(loader)`` returns.
 
-The iterator owns its position (``yielded`` of ``total``, from ``first_seq``) and the time accounting of the
-training thread (wait versus active time, lifetime and per epoch). Everything else it needs from the loader
-comes through :class:`EpochHooks`, a handful of callables the loader hands over: the iterator never reads
-the loader's members.
+The iterator owns its position (``yielded`` of ``total``, from ``first_seq``; within a shard for a sharded run),
+which is what ``state_dict()`` saves while it runs, and the time accounting of the training thread (wait versus
+active time, lifetime and per epoch). It takes staged batches from the staging thread's queue with bounded
+waits, gives each batch's credit back to the io thread, makes the current CUDA stream wait for the batch's copy,
+applies ``device_transform`` and raises a failed batch's error at its position. It uses the loader's parts
+(:class:`EpochParts`), never the loader: the loader's ``weakref.finalize`` must be able to run while an
+iterator is alive.
 """
 
 from __future__ import annotations
 
+import queue
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ferry.consumer.buffer import Delivery
-from ferry.consumer.figures.counters import Counters
+from ferry.common.constants import POLL_SLICE_S
 
-__all__ = ["EpochHooks", "EpochIterator"]
+from ferry.consumer.core import Delivery, Sequencer, is_eof
+from ferry.consumer.figures.counters import Counters
+from ferry.consumer.resume import ResumePoint
+from ferry.consumer.staging.tensors import iter_tensors
+
+__all__ = ["EpochParts", "EpochIterator", "RunCounter"]
+
+
+class RunCounter:
+    """Which run (iteration of a loader) is the newest: only its iterator may advance."""
+
+    def __init__(self) -> None:
+        self.current = 0
 
 
 @dataclass(frozen=True)
-class EpochHooks:
-    """What an epoch iterator may ask of its loader.
+class EpochParts:
+    """What an epoch iterator uses of its loader.
 
     Attributes:
-        counters: the figures it accounts time into (the training thread is their one writer).
-        is_current: whether the iterator of ``run`` is still the loader's newest.
-        next_delivery: the next item of ``run``, or None at its end; bounded waits; raises when the loader
-            is unhealthy (no producers, a thread failed, closed).
-        deliver: the batch of an item, on its device, transformed; raises a failed batch's error.
-        began: the first ``__next__`` of an epoch (the per-epoch figures restart).
-        ended: the epoch ran out (``epoch`` is done: the next iteration runs ``epoch + 1``).
-        progress: called after each batch with ``(now, epoch, done, total)``, for periodic logs.
-        first_wait: the seconds the loader's very first batch took to come: start-up, not stall.
+        staged: staged batches, in order (the staging thread's output).
+        release: gives one credit of a run back (the io thread's ``release``).
+        check_health: raises when the loader is closed or cannot deliver any more (no producers, a thread failed).
+        observer: the per-epoch figures: waits, progress lines, the diagnosis at the end.
+        counters: the figures this thread writes (batches yielded, time waited and active).
+        runs: which run is the newest.
+        stream_for: the current CUDA stream of the loader's device (None on the CPU).
+        device_transform: applied to each batch on its device, or None.
     """
 
+    staged: "queue.Queue[Any]"
+    release: Callable[[int], None]
+    check_health: Callable[[], None]
+    observer: Any
     counters: Counters
-    is_current: Callable[[int], bool]
-    next_delivery: Callable[[int], Delivery | None]
-    deliver: Callable[[Delivery], Any]
-    began: Callable[[], None]
-    ended: Callable[[int], None]
-    progress: Callable[[float, int, int, int], None]
-    first_wait: Callable[[float], None]
+    runs: RunCounter
+    stream_for: Callable[[], Any]
+    device_transform: Callable[[Any], Any] | None
 
 
 class EpochIterator:
-    """One pass over one epoch's plan. Only the newest iterator of a loader may advance.
+    """One pass over one epoch's plan, planned by ``sequencer`` (which the io thread then owns) from ``start``."""
 
-    ``first_seq`` is the plan position of its first batch (more than 0 after a resume); ``total`` the batches
-    of this pass (None when not known in advance: a sharded dataset without shard lengths); ``yielded`` how many positions were consumed (a failed batch consumes its position too).
-    """
-
-    def __init__(self, hooks: EpochHooks, run: int, epoch: int, first_seq: int, total: int | None) -> None:
-        self._hooks = hooks
-        self.run = run
-        self.epoch = epoch
-        self.first_seq = first_seq
-        self.total = total
-        self.yielded = 0
+    def __init__(self, parts: EpochParts, sequencer: Sequencer, start: ResumePoint) -> None:
+        self._parts = parts
+        self.run = sequencer.run
+        self.epoch = start.epoch
+        self.first_seq = sequencer.first_seq  # plan position of the first batch (past 0 after a resume)
+        self.total = sequencer.total  # batches of this pass; None when not known in advance
+        self._shard_after = sequencer.shard_after  # a pure function: no reference to the sequencer's state
+        self._shard = start.shard
+        self.yielded = 0  # positions consumed (a failed batch consumes its position too)
         self.finished = False
         self._started: float | None = None
         self._last: float | None = None
+
+    @property
+    def position(self) -> ResumePoint:
+        """Where a resume goes on from: after the last batch this pass yielded."""
+        return ResumePoint(self.epoch, self.first_seq + self.yielded, self._shard)
 
     def __iter__(self) -> "EpochIterator":
         return self
@@ -71,43 +88,81 @@ class EpochIterator:
         return self.total - self.yielded
 
     def __next__(self) -> Any:
-        hooks = self._hooks
+        parts = self._parts
         if self.finished:
             raise StopIteration
-        if not hooks.is_current(self.run):
+        if parts.runs.current != self.run:
             raise RuntimeError("a newer iteration of this RemoteLoader has started; this one is abandoned")
-        counters = hooks.counters
+        counters = parts.counters
         began = time.monotonic()
         if self._started is None:
             self._started = began
             counters.epoch_wait_s = counters.epoch_active_s = 0.0
-            hooks.began()
+            parts.observer.started()
         counters.waiting_since = began
         try:
-            item = hooks.next_delivery(self.run)
+            item = self._next_item()
         finally:
             now = time.monotonic()
             counters.waiting_since = None  # cleared first: a reader may miss this wait a moment, never count it twice
             counters.wait_s += now - began
             counters.epoch_wait_s += now - began
             if self.run == 1 and began == self._started:  # the loader's first batch: start-up, not stall
-                hooks.first_wait(now - began)
+                parts.observer.first_wait(now - began)
         if item is None:
             self.finished = True
             self._account(now)
-            hooks.ended(self.epoch)
+            parts.observer.ended(self.epoch, self)
             raise StopIteration
-        self.yielded += 1  # this position is consumed, even when it raises
+        self.yielded += 1
         try:
-            return hooks.deliver(item)  # raises RemoteSampleError in place of a failed batch
+            return self._deliver(item)  # raises RemoteSampleError in place of a failed batch
         finally:
             done = time.monotonic()
             self._account(done)
             total = -1 if self.total is None else self.first_seq + self.total  # -1: not known
-            hooks.progress(done, self.epoch, self.first_seq + self.yielded, total)
+            parts.observer.progress(done, self.epoch, self.first_seq + self.yielded, total)
+
+    def _next_item(self) -> Delivery | None:
+        """The next item of this run; None at its end. Every wait is bounded, and checks the loader's health."""
+        staged, waited = self._parts.staged, False
+        while True:
+            try:
+                item = staged.get(timeout=POLL_SLICE_S) if waited else staged.get_nowait()
+            except queue.Empty:
+                if not waited:
+                    waited = True
+                    self._parts.observer.note_wait()
+                    continue
+                self._parts.check_health()
+                continue
+            if is_eof(item):
+                if item.run == self.run:
+                    return None
+                continue
+            if item.run == self.run:
+                return item  # else left over from an abandoned iteration
+
+    def _deliver(self, item: Delivery) -> Any:
+        parts = self._parts
+        parts.release(item.run)
+        self._shard = self._shard_after(item.seq)
+        if item.error is not None:
+            raise item.error
+        tree = item.tree
+        if item.event is not None:
+            stream = parts.stream_for()
+            stream.wait_event(item.event)
+            for tensor in iter_tensors(tree):
+                tensor.record_stream(stream)
+        if parts.device_transform is not None:
+            tree = parts.device_transform(tree)
+        parts.counters.batches += 1
+        parts.counters.bytes_yielded += item.nbytes
+        return tree
 
     def _account(self, now: float) -> None:
-        counters = self._hooks.counters
+        counters = self._parts.counters
         span = now - (self._last or self._started)
         counters.active_s += span
         counters.epoch_active_s += span

@@ -1,13 +1,14 @@
 """Whether a loader's parts can still deliver: the checks that end a training-thread wait with an error.
 
-:class:`LoaderHealth` reads the io thread's :class:`~ferry.consumer.io_thread.IoHealth`, the staging thread's
+:class:`LoaderHealth` reads the io thread's :class:`~ferry.consumer.io.thread.IoHealth`, the staging thread's
 failure and the local producers (:meth:`ferry.consumer.local.LocalProducers.check`), and raises the error
-that says why the next batch will not come: :class:`~ferry.common.errors.FerryThreadError` for a thread
+that says why the next batch will not come: :class:`~ferry.common.errors.LoaderClosedError` once the loader
+is closed, :class:`~ferry.common.errors.FerryThreadError` for a thread
 that failed, :class:`~ferry.common.errors.NoProducersError` after ``timeout`` seconds with no producer (or
 with producers joining and leaving and no batch), or what the local producers' deaths raise.
 
 It holds the loader's parts, never the loader (the loader's ``weakref.finalize`` must run when it is
-dropped); whether the loader is closed is checked by the loader itself.
+dropped): the loader is closed once its pipeline's ``stop`` event is set.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from ferry.common.errors import FerryThreadError, NoProducersError
+from ferry.common.errors import FerryThreadError, LoaderClosedError, NoProducersError
 
 
 class LoaderHealth:
     """The health checks of one loader's io thread, staging thread and local producers."""
 
     def __init__(self, io: Any, local: Any, staging_failure: list[BaseException], endpoints: tuple[str, ...],
-                 timeout: float) -> None:
+                 timeout: float, stop: Any) -> None:
+        self._stop = stop  # a threading.Event, set when the loader closes
         self._io = io  # IoThread
         self._local = local  # LocalProducers, or None
         self._staging_failure = staging_failure  # the staging thread appends what ended it
@@ -30,7 +32,9 @@ class LoaderHealth:
         self._timeout = timeout  # no_producer_timeout; math.inf: wait forever
 
     def check(self) -> None:
-        """Raise if a part failed, or no producer has served for longer than ``timeout``."""
+        """Raise if the loader is closed, a part failed, or no producer has served for longer than ``timeout``."""
+        if self._stop.is_set():
+            raise LoaderClosedError("this RemoteLoader is closed")
         io = self._io.health()
         if io.failure is not None:
             raise FerryThreadError("ferry's io thread failed") from io.failure
@@ -50,14 +54,13 @@ class LoaderHealth:
                 f"no batch arrived for {time.monotonic() - io.progress_at:.1f} s (timeout={self._timeout:g} s) while "
                 f"producers kept joining and leaving: {io.churn} lost in that time, the latest: {io.last_loss}")
 
-    def until_timeout(self, check: Callable[[], None]) -> Callable[[], None]:
-        """A check for a wait that needs a producer: ``check`` (the loader's health), and at most ``timeout``
-        seconds from now."""
+    def until_timeout(self) -> Callable[[], None]:
+        """A check for a wait that needs a producer: :meth:`check`, and at most ``timeout`` seconds from now."""
         deadline = time.monotonic() + self._timeout
         timeout = self._timeout
 
         def bounded() -> None:
-            check()
+            self.check()
             if time.monotonic() > deadline:
                 raise self.no_producers_error(waited=timeout)
 

@@ -4,13 +4,14 @@ Lifecycle::
 
     RemoteLoader(...)          check every option (consumer/options/); start local producers (if any);
                                bind the ROUTER; start the io thread and the staging thread
-    for batch in loader:       __iter__ starts a *run* (one epoch's plan) on the io thread and returns an
-                               EpochIterator (consumer/epoch.py): staged batches, bounded waits, remote errors
+    for batch in loader:       __iter__ plans a *run* (one epoch, from where it resumes), hands its sequencer
+                               (consumer/core/sequencers.py) to the io thread and returns an EpochIterator
+                               (consumer/epoch.py): staged batches, bounded waits, remote errors
     loader.close()             (also `with`, and a weakref.finalize fallback)
 
 Threads and queues::
 
-    io thread (ferry-io) --ReorderBuffer--> staging thread (ferry-staging) --Queue(2)--> training thread
+    io thread (ferry-io: the core, in order) --handoff--> staging thread (ferry-staging) --Queue(2)--> training thread
 
 The threads, the local producers and their start and shutdown order live in consumer/pipeline.py;
 ``close`` (idempotent) runs the pipeline's shutdown.
@@ -20,32 +21,27 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import queue
 import weakref
 from typing import Any, Callable
 
 import torch
 
 from ferry.common import validate as check
-from ferry.common.constants import DEFAULT_BUFFER_BATCHES, DEFAULT_LOG_EVERY_S, POLL_SLICE_S
+from ferry.common.constants import DEFAULT_BUFFER_BATCHES, DEFAULT_LOG_EVERY_S
 from ferry.common.errors import LoaderClosedError
-from ferry.common.shardplan import ShardPlan, decode_seq
 
-from ferry.consumer.buffer import Delivery, is_eof
-from ferry.consumer.epoch import EpochHooks, EpochIterator
+from ferry.consumer.core import sequencer_for
+from ferry.consumer.epoch import EpochIterator, EpochParts, RunCounter
 from ferry.consumer.health import LoaderHealth
 from ferry.consumer.figures.observer import EpochObserver
 from ferry.consumer.planning import EpochPlanner
 from ferry.consumer.resume import RESUME_OPTIONS, ResumePoint, capture_state, restore_state
-from ferry.consumer.io_thread import StartRun
 from ferry.consumer.options import (
     UNSET, CurveOptions, LocalOptions, Option, TransportOptions, check_unknown_keywords, document_keywords,
     resolve_options,
 )
 from ferry.consumer.pipeline import Pipeline, resolve_device
-from ferry.consumer.staging.stagers import iter_tensors
 from ferry.consumer.figures.counters import Counters, WeakStats, stats_figures
-from ferry.consumer.streaming import ShardRun
 
 __all__ = ["RemoteLoader"]
 
@@ -106,144 +102,81 @@ class RemoteLoader:
         self._options = opts = dataclasses.replace(opts, device=device, pin_memory=bool(pin_memory))
 
         self._counters = Counters()
-        self._epoch = 0  # the epoch the next iteration runs
-        self._resume_from = 0  # seqs of that epoch already delivered (from load_state_dict)
-        # a sharded dataset (common/shardplan.py): where the next run starts, and where the loop is now
-        self._resume_shard = (0, 0)  # (shard position, batch k)
-        self._shard_next = (0, 0)  # after the last batch the training loop got
-        self._sharded_run = False  # the current run is over shards
-        self._run = 0
-        self._active: EpochIterator | None = None
+        self._runs = RunCounter()
+        self._active: EpochIterator | None = None  # the newest iteration
+        self._pending: ResumePoint | None = None  # where set_epoch or load_state_dict said the next one starts
         # starts local producers, the io and staging threads; nothing it holds references `self`
         pipeline = Pipeline(opts, self._counters, device=self.device, pin_memory=self.pin_memory,
                             figures=WeakStats(self))
         self._endpoints = pipeline.endpoints
         self._local, self._io, self._staging = pipeline.local, pipeline.io, pipeline.staging
-        self._stop, self._staged, self._staging_failure = pipeline.stop, pipeline.staged, pipeline.staging_failure
-        self._buffer, self._staging_stager = pipeline.buffer, pipeline.stager
+        self._staging_stager = pipeline.stager
         self._planner = EpochPlanner(opts, self._io)
-        self._health = LoaderHealth(self._io, self._local, self._staging_failure, self.endpoints, self.timeout)
+        self._health = LoaderHealth(self._io, self._local, pipeline.staging_failure, self.endpoints, self.timeout,
+                                    pipeline.stop)
         self._observer = EpochObserver(self._counters, self._io.snapshot, WeakStats(self),
                                        capacity=self.buffer_batches, log_every=self.log_every,
-                                       threads=(self._io._thread, self._staging))
+                                       threads=(self._io.thread, self._staging))
+        device = self.device
+        self._parts = EpochParts(
+            staged=pipeline.staged, release=self._io.release, check_health=self._health.check,
+            observer=self._observer, counters=self._counters, runs=self._runs,
+            stream_for=lambda: torch.cuda.current_stream(device), device_transform=self.device_transform,
+        )
         self._closed = False
         self._finalizer = weakref.finalize(self, pipeline.shutdown)
 
     # --- iteration ----------------------------------------------------------------------------------
     def __iter__(self) -> EpochIterator:
+        """A new iteration (a *run*): the next epoch, or where set_epoch / load_state_dict said. An iteration
+        abandoned before its end is started again from the beginning of its epoch."""
         self._check_open()
-        plan = self._planner.build(self._epoch, self._health_until_timeout())
-        self._sharded_run = isinstance(plan, ShardPlan)
-        if self._sharded_run:  # batches are discovered shard by shard (consumer/streaming.py)
-            order: Any = ShardRun(plan.positions, *self._resume_shard)
-            first_seq, self._shard_next = self._resume_from, self._resume_shard
-            total = len(plan) - first_seq if plan.lengths is not None else None
-            self._resume_shard = (0, 0)
-        else:
-            order = list(range(self._resume_from, len(plan)))
-            first_seq, total = (order[0] if order else len(plan)), len(order)
-        self._resume_from = 0
-        self._run += 1
-        hooks = EpochHooks(  # built per iteration: a loader that is never iterated holds no cycle
-            counters=self._counters, is_current=self._is_current, next_delivery=self._next_delivery,
-            deliver=self._deliver, began=self._observer.started, ended=self._epoch_ended,
-            progress=self._observer.progress, first_wait=self._observer.first_wait,
-        )
-        self._active = EpochIterator(hooks, self._run, self._epoch, first_seq, total)
-        self._io.start_run(StartRun(run=self._run, epoch=self._epoch, plan=plan, order=order))
+        start = self._next_start()
+        plan = self._planner.build(start.epoch, self._health.until_timeout())
+        self._runs.current += 1
+        sequencer = sequencer_for(self._runs.current, plan, start.delivered, start.shard, in_order=self.in_order)
+        self._active, self._pending = EpochIterator(self._parts, sequencer, start), None
+        self._io.start_run(sequencer, start.epoch)
         return self._active
 
-    def _is_current(self, run: int) -> bool:
-        return self._active is not None and self._active.run == run
-
-    def _epoch_ended(self, epoch: int) -> None:
-        """The iterator of ``epoch`` ran out: the next iteration runs the next epoch; say what bound this one."""
-        self._epoch = epoch + 1
-        self._observer.ended(epoch, self._active)
+    def _next_start(self) -> ResumePoint:
+        """Where the next iteration starts."""
+        if self._pending is not None:
+            return self._pending
+        active = self._active
+        if active is None:
+            return ResumePoint(0, 0, (0, 0))
+        return ResumePoint(active.epoch + 1 if active.finished else active.epoch, 0, (0, 0))
 
     def __len__(self) -> int:
         """Batches per epoch. For a sharded dataset only when it gives ``shard_len``, else TypeError."""
-        return self._planner.length(self._epoch, self._health_until_timeout())
+        return self._planner.length(self.epoch, self._health.until_timeout())
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of the next iteration (the shuffle is seeded with ``seed + epoch``)."""
-        self._epoch = check.integer("epoch", epoch, low=0)
-        self._resume_from = 0
-        self._resume_shard = (0, 0)
+        self._pending = ResumePoint(check.integer("epoch", epoch, low=0), 0, (0, 0))
 
     @property
     def epoch(self) -> int:
-        return self._epoch
-
-    def _health_until_timeout(self) -> Callable[[], None]:
-        """A check for a wait that needs a producer: the loader's health, and at most ``timeout`` seconds."""
-        return self._health.until_timeout(self._check_health)
-
-    # --- waiting for a batch (training thread) -------------------------------------------------------
-    def _next_delivery(self, run: int) -> Delivery | None:
-        """The next item of ``run``; None at its end. Every wait is bounded."""
-        waited = False
-        while True:
-            try:
-                item = self._staged.get(timeout=POLL_SLICE_S) if waited else self._staged.get_nowait()
-            except queue.Empty:
-                if not waited:
-                    waited = True
-                    self._observer.note_wait()
-                    continue
-                self._check_health()
-                continue
-            if is_eof(item):
-                if item.run == run:
-                    return None
-                continue
-            if item.run != run:
-                continue  # left over from an abandoned iteration
-            return item
-
-    def _check_health(self) -> None:
-        """Raise if the loader is closed or cannot deliver any more (consumer/health.py)."""
-        self._check_open()
-        self._health.check()
+        """The epoch being iterated, or the next one once it ran out."""
+        return self._next_start().epoch
 
     def diagnosis(self) -> str:
         """What bounds the current (or last) epoch: the producers, the window, or the consumer, and about how
         many producers would remove the stall. See :mod:`ferry.consumer.figures.diagnosis`."""
         return self._observer.diagnosis(self._active)
 
-    def _deliver(self, item: Delivery) -> Any:
-        self._buffer.release(item.run)
-        if self._sharded_run:
-            p, k = decode_seq(item.seq)
-            self._shard_next = (p, k + 1)  # state_dict resumes after it (an empty answer moves on)
-        if item.error is not None:
-            raise item.error
-        tree = item.tree
-        if item.event is not None:
-            stream = torch.cuda.current_stream(self.device)
-            stream.wait_event(item.event)
-            for tensor in iter_tensors(tree):
-                tensor.record_stream(stream)
-        if self.device_transform is not None:
-            tree = self.device_transform(tree)
-        self._counters.batches += 1
-        self._counters.bytes_yielded += item.nbytes
-        return tree
-
     # --- figures, state -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Figures of this loader (lifetime counters; ``epoch_*`` for the current epoch)."""
         io = self._io.snapshot() if self._io is not None else {}
-        epoch = self._active.epoch if self._active is not None else self._epoch
+        epoch = self._active.epoch if self._active is not None else self.epoch
         return stats_figures(self._counters, io, capacity=self.buffer_batches, epoch=epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """A small, JSON-serialisable state: resume with ``load_state_dict`` in a new process."""
         active = self._active
-        if active is not None and not active.finished:
-            position = ResumePoint(active.epoch, active.first_seq + active.yielded, self._shard_next)
-        else:
-            position = ResumePoint(self._epoch, self._resume_from, self._resume_shard)
+        position = active.position if active is not None and not active.finished else self._next_start()
         return capture_state(position, self._resume_options(), self._samplers())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -252,8 +185,7 @@ class RemoteLoader:
         Raises:
             ConfigError: the state was saved by a loader with other options, or with ``in_order=False``.
         """
-        position = restore_state(state, self._resume_options(), self._samplers())
-        self._epoch, self._resume_from, self._resume_shard = position.epoch, position.delivered, position.shard
+        self._pending = restore_state(state, self._resume_options(), self._samplers())
 
     def _resume_options(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in RESUME_OPTIONS}

@@ -2,11 +2,13 @@
 
 Start (``Pipeline(...)``): local producers, if any (and their shared-memory slab); the io thread, which
 binds the ROUTER; the staging thread; the metrics server, if asked for. A failure part-way stops what
-already started, and raises.
+already started, and raises. Batches flow io thread -> ``handoff`` (in the order the loop must see them) ->
+staging thread -> ``staged`` -> the training thread.
 
 Shutdown order (``shutdown``, run once: by the loader's finalizer, or by a start that failed): close the metrics server; set the stop event; join the staging
 thread (its waits are bounded by POLL_SLICE_S); stop and join the io thread (it says BYE and closes the
-ROUTER); stop the local producers (SIGTERM, then SIGKILL after JOIN_TIMEOUT_S) and remove their folder.
+ROUTER); drop what was handed on and never yielded; stop the local producers (SIGTERM, then SIGKILL after
+JOIN_TIMEOUT_S) and remove their folder.
 
 Nothing here references the loader (the metrics server reads it through a weak reference), so that the
 loader's ``weakref.finalize`` can run ``shutdown`` for a user who forgets ``close()``.
@@ -25,16 +27,16 @@ from ferry.common import compression as comp
 from ferry.common.constants import JOIN_TIMEOUT_S, STAGED_BATCHES
 from ferry.common.datasets import dataset_fingerprint, transformed_fingerprint
 from ferry.common.errors import ConfigError
-from ferry.common.heap import keep_freed_memory
+from ferry.common.heap import wanted_by_environment
 from ferry.common.shardplan import is_sharded, shard_names
-from ferry.common.waker import Waker
 
-from ferry.consumer.io_thread import IoConfig, IoThread
+from ferry.consumer.core import CoreConfig
+from ferry.consumer.io.thread import IoThread
 from ferry.consumer.local.producers import LocalProducers
 from ferry.consumer.options import LoaderOptions
 from ferry.consumer.staging.stagers import make_stager, staging_loop
-from ferry.consumer.streaming import ShardBuffer
 from ferry.consumer.figures.counters import STATS, Counters
+from ferry.consumer.window import Window
 
 __all__ = ["Pipeline", "resolve_device"]
 
@@ -75,17 +77,18 @@ def resolve_device(device: Any, pin_memory: bool | None) -> tuple[torch.device |
 
 
 class Pipeline:
-    """Local producers -> io thread -> ReorderBuffer -> staging thread -> ``staged`` (the training thread's)."""
+    """Local producers -> io thread -> ``handoff`` -> staging thread -> ``staged`` (the training thread's)."""
 
     def __init__(self, opts: LoaderOptions, counters: Counters, *, device: Any, pin_memory: bool,
                  figures: Callable[[], dict[str, Any]]) -> None:
         self.stop = threading.Event()
         self.staging_failure: list[BaseException] = []
         self.staged: queue.Queue[Any] = queue.Queue(maxsize=STAGED_BATCHES)
+        # deliveries, in order; bounded by the credits (each holds one) plus one end-of-run marker per run
+        self.handoff: queue.Queue[Any] = queue.Queue()
         self.local: LocalProducers | None = None
         self.io: IoThread | None = None
         self.staging: threading.Thread | None = None
-        self.buffer: ShardBuffer | None = None
         self.metrics: Any = None
         try:
             self._start(opts, counters, device, pin_memory, figures)
@@ -109,44 +112,42 @@ class Pipeline:
 
             curve = CurveServer.load(opts.curve.secret_key, opts.curve.authorized_keys)
         transport, local, endpoints = opts.transport, opts.local, list(opts.endpoints)
-        # the trainer's heap settings (common/heap.py), before any producer is forked: a bad
-        # FERRY_KEEP_FREED_MEMORY is one clean ConfigError here, and forked producers inherit the settings
-        keep_freed_memory()
+        window = Window.of(opts.buffer_batches)  # every size derived from buffer_batches (consumer/window.py)
         if local is not None:
+            # its producers read FERRY_KEEP_FREED_MEMORY (common/heap.py): a bad value is one ConfigError here,
+            # before any starts. Only read: the trainer's own heap settings are its script's choice
+            wanted_by_environment()
             self.local = LocalProducers(
                 local, transport, dataset, dataset_args=opts.dataset_args,
                 # as DataLoader draws its workers' base seed: from torch's RNG, so torch.manual_seed in the
                 # script makes the producers' own random streams reproducible
                 base_seed=int(torch.empty((), dtype=torch.int64).random_(generator=opts.generator).item()),
-                # a slot per batch that can be in flight, buffered, staged or held by the loop at once
-                shared_memory=(opts.buffer_batches + STAGED_BATCHES + 2, transport.max_batch_bytes)
+                shared_memory=(window.slab_slots, transport.max_batch_bytes)
                 if local.shared_memory else None,
             )
             endpoints.append(self.local.endpoint)
         if not endpoints:
             raise ConfigError("no endpoint to bind")
         self.endpoints = tuple(endpoints)
-        waker = Waker()  # owned by the io thread from here on
-        self.buffer = ShardBuffer(in_order=opts.in_order, on_release=waker.wake)  # a ReorderBuffer, and shards
         self.io = IoThread(
-            IoConfig(endpoints=self.endpoints, capacity=opts.buffer_batches, heartbeat=transport.heartbeat,
-                     liveness=transport.liveness, on_error=opts.on_error, max_batch_bytes=transport.max_batch_bytes,
-                     task_timeout=transport.task_timeout, dataset_len=dataset_len, fingerprint=fingerprint,
-                     curve=curve, slab=self.local.slab if self.local is not None else None,
-                     seed=opts.seed % (1 << 63), max_attempts=transport.max_attempts,
-                     # dataset= a spec, no local producers: remote producers must serve that spec
-                     dataset_spec=dataset if isinstance(dataset, str) and local is None else None,
-                     **compression_welcome(transport.compression)),
-            self.buffer, counters, waker,
+            CoreConfig(capacity=window.credits, heartbeat=transport.heartbeat, liveness=transport.liveness,
+                       on_error=opts.on_error, max_batch_bytes=transport.max_batch_bytes,
+                       task_timeout=transport.task_timeout, dataset_len=dataset_len, fingerprint=fingerprint,
+                       seed=opts.seed % (1 << 63), max_attempts=transport.max_attempts,
+                       # dataset= a spec, no local producers: remote producers must serve that spec
+                       dataset_spec=dataset if isinstance(dataset, str) and local is None else None,
+                       **compression_welcome(transport.compression)),
+            endpoints=self.endpoints, handoff=self.handoff, counters=counters, curve=curve,
+            slab=self.local.slab if self.local is not None else None,
         )
         self.io.start()
         if self.local is not None:  # a local producer's death, seen through its sentinel, loses it at once
             self.local.on_death = self.io.producer_died
-        self.stager = make_stager(device, pin_memory, opts.buffer_batches + STAGED_BATCHES + 4,
+        self.stager = make_stager(device, pin_memory, window.pool_buffers,
                                   slab=self.local.slab if self.local is not None else None)
         self.staging = threading.Thread(
             target=staging_loop, name="ferry-staging", daemon=True,
-            args=(self.buffer, self.staged, self.stop, self.stager, self.staging_failure),
+            args=(self.handoff, self.staged, self.stop, self.stager, self.staging_failure),
         )
         self.staging.start()
         if opts.metrics_port:
@@ -166,13 +167,12 @@ class Pipeline:
             self.local.on_death = None  # deaths from here on are the shutdown's own
         if self.io is not None:
             self.io.close(JOIN_TIMEOUT_S)
-        # batches staged or buffered and never yielded: a closed loader must not keep them (nor their slots)
-        while True:
-            try:
-                self.staged.get_nowait()
-            except queue.Empty:
-                break
-        if self.buffer is not None:
-            self.buffer.reset(-1, [])
+        # batches handed on or staged and never yielded: a closed loader must not keep them (nor their slots)
+        for handed in (self.staged, self.handoff):
+            while True:
+                try:
+                    handed.get_nowait()
+                except queue.Empty:
+                    break
         if self.local is not None:
             self.local.close()

@@ -60,12 +60,16 @@ class EpochPlanner:
                 self._shard_lengths = [int(dataset.shard_len(name)) for name in shard_names(dataset)]
             return is_sharded(dataset)
         if self._opts.sampler is None and self._opts.batch_sampler is None:
-            self.dataset_len(check_health)  # wait for the first producer: it says which kind it serves
-        return self._io.sharded.is_set()
+            return self._dataset(check_health)[1]  # wait for the first producer: it says which kind it serves
+        known = self._io.wait_dataset(0)
+        return known is not None and known[1]
 
     def dataset_len(self, check_health: Callable[[], None]) -> int:
         """The dataset's length (a sharded dataset's shard count); waits for the first producer, bounded by
         the no-producer timeout (``check_health`` raises NoProducersError past it)."""
-        while (dataset_len := self._io.wait_dataset_len(POLL_SLICE_S)) is None:
+        return self._dataset(check_health)[0]
+
+    def _dataset(self, check_health: Callable[[], None]) -> tuple[int, bool]:
+        while (known := self._io.wait_dataset(POLL_SLICE_S)) is None:
             check_health()
-        return dataset_len
+        return known

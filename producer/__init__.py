@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -43,16 +44,27 @@ def preload() -> None:
 def serve(config: ProducerConfig, dataset: Any = None) -> int:
     """Serve ``dataset`` (or the one ``config.dataset`` names) until SIGTERM/SIGINT. Returns an exit code.
 
+    ``dataset`` may be a :class:`ferry.common.deferred_pickle.DeferredPickle` (local mode under spawn): it is
+    unpickled here, once stderr goes where ``config.stderr_path`` says.
+
     Raises:
         DatasetSpecError: the dataset spec cannot be resolved.
+        Exception: whatever unpickling a deferred dataset raises.
     """
+    if config.freeze_inherited:  # before anything allocates: a collection now would walk the parent's objects
+        gc.freeze()
+    if config.exit_with_parent:
+        _die_with_parent()
+    if config.stderr_path is not None:
+        _stderr_to(config.stderr_path)
     from ferry.common.datasets import Transformed, resolve_callable, resolve_dataset
+    from ferry.common.deferred_pickle import DeferredPickle
     from ferry.common.sampleinfo import seed_process
 
     from ferry.producer.service import Producer
 
-    if config.exit_with_parent:
-        _die_with_parent()
+    if isinstance(dataset, DeferredPickle):
+        dataset = dataset.load()
     keep_freed_memory()
     if dataset is None:
         dataset = resolve_dataset(config.dataset, config.dataset_args)
@@ -81,6 +93,23 @@ def install_signal_handlers(producer: Any) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+
+
+def _stderr_to(path: str) -> None:
+    """Make the FIFO at ``path`` this process's fd 2. Its reader (the loader that started us) opened it before
+    starting us; where it is gone already (ENXIO: no reader) fd 2 stays as it was, and we die with it anyway."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # never blocks: a FIFO without a reader refuses at once
+    except OSError:
+        return
+    os.set_blocking(fd, True)  # writes wait for the reader, as on any pipe, rather than fail
+    if sys.stderr is not None:
+        sys.stderr.flush()
+    if fd != 2:  # 2 itself when we started without a stderr
+        os.dup2(fd, 2)
+        os.close(fd)
+    if sys.stderr is None:  # started without one: give Python's tracebacks a way out
+        sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
 
 
 def _die_with_parent() -> None:

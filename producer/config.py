@@ -166,6 +166,14 @@ class ProducerConfig:
         "(RemoteLoader's compression=, by default auto: only when the measured link is slower than compressing); "
         "lz4 needs ferry[lz4], zstd ferry[zstd]. By default (None) the consumer decides (see producer/compressing.py).",
         None, optional=True, flag="--compression"))
+    stderr_path: str | None = option(Setting(
+        s.Path(), "a FIFO that ferry.producer.serve makes this process's stderr (fd 2) before it does anything else "
+        "but freeze_inherited: set by the consumer's local mode, which reads the other end. None keeps the stderr "
+        "the process has.", None, optional=True))
+    freeze_inherited: bool = option(Setting(
+        s.Bool(), "move every object this process inherited into the garbage collector's permanent generation "
+        "(gc.freeze()) as the very first thing serve does, so that no collection walks (and so copies) the "
+        "parent's pages: set by local mode for a producer forked from the trainer.", False))
 
     def __post_init__(self) -> None:
         s.check_fields(self)

@@ -2,6 +2,7 @@ import logging
 
 import pytest
 
+from . import needs
 from .helpers import LeakCheck, ProducerProcess, free_port
 
 
@@ -25,6 +26,13 @@ def spawn():
     yield start
     for process in started:
         process.close()
+
+
+@pytest.fixture
+def needs_shared_memory() -> None:
+    """For a test that needs the shared-memory slab: skipped where there is none, failed under CI=true
+    (``pytestmark = pytest.mark.usefixtures("needs_shared_memory")``)."""
+    needs.shared_memory()
 
 
 @pytest.fixture

@@ -44,6 +44,26 @@ def dealer(ctx: Any, endpoint: str) -> Any:
     return sock
 
 
+def next_message(sock: Any, kind: str, timeout: float = 10.0) -> tuple[dict, list]:
+    """The next message of type ``kind`` a hand-made peer receives, as ``(header, data frames)``; PINGs (and any
+    other type) before it are skipped: a consumer pings every heartbeat, so one may come first."""
+    from ferry.common import protocol
+
+    found: list = []
+
+    def arrived() -> bool:
+        while sock.poll(0):
+            frames = sock.recv_multipart()
+            header = protocol.parse_header(frames[0])
+            if header["type"] == kind:
+                found.append((header, frames[1:]))
+                return True
+        return False
+
+    wait_for(lambda: arrived() or (sock.poll(50) and False), timeout, f"a {kind}")
+    return found[0]
+
+
 def hello(name: str, *, slots: int, length: int, fingerprint: str) -> bytes:
     """The HELLO of a hand-made producer ``name`` serving a dataset of ``length`` samples."""
     from ferry.common import protocol
@@ -212,7 +232,7 @@ class LeakCheck:
 
 
 # --- private internals of the loader, each read in ONE place ----------------------------------------
-# consumer/io_thread.py and consumer/loader.py are being split into smaller modules. Tests that must see
+# Tests that must see
 # state that stats() does not show read it only through these accessors, so that a refactor has a single
 # place to fix. Prefer loader.stats() wherever it is enough.
 def producer_pids(loader: Any) -> dict[str, int]:
@@ -222,12 +242,8 @@ def producer_pids(loader: Any) -> dict[str, int]:
 
 def lost_slots(loader: Any) -> list[tuple[int, int]]:
     """``(offset, nbytes)`` of the slab slots given up with lost producers whose process may still write.
-    PRIVATE: a list of ``(slot, pid)``: ``IoThread._ledger._lost`` (the SlotLedger), or ``IoThread._lost_slots``
-    before the io thread was split."""
-    io = loader._io
-    ledger = getattr(io, "_ledger", None)
-    entries = ledger._lost if ledger is not None else io._lost_slots
-    return [tuple(slot) for slot, _pid in list(entries)]
+    PRIVATE: a list of ``(slot, pid)``: the core's SlotLedger, ``IoThread._core.slots._lost``."""
+    return [tuple(slot) for slot, _pid in list(loader._io._core.slots._lost)]
 
 
 def slab_base_address(loader: Any) -> int:

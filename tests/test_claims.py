@@ -1,6 +1,6 @@
 """One test for each README claim that had none: CURVE keys read again at the next handshake, a resume
 saved with in_order=False refused, a batch larger than max_batch_bytes refused, and stall_fraction equal to
-what a known load time and step time make it."""
+the share of its time the loop spent waiting, in the regime a known load time and step time make."""
 
 import shutil
 import subprocess
@@ -102,7 +102,8 @@ def test_a_batch_larger_than_max_batch_bytes_never_reaches_the_loop(endpoint, sp
                           log_every=None)
     try:
         wait_for(lambda: loader.stats()["producers_seen"] >= 1, 20, "the producer to join")
-        failure = _loop_until_closed(loader, after=3.0)
+        # a bound on a hang, not on the answer: the BatchTooLarge ends the wait as soon as it comes
+        failure = _loop_until_closed(loader, after=20.0)
         stats = loader.stats()
     finally:
         loader.close()
@@ -146,19 +147,35 @@ def test_an_oversized_batch_of_many_samples_under_skip_still_names_max_batch_byt
 
 
 # --- stall_fraction: "the share of the loop's time spent waiting for data" ---------------------------------
-@pytest.mark.parametrize("load_s, step_s, expected", [
-    (0.12, 0.04, (0.12 - 0.04) / 0.12),  # loading is the bottleneck: each step waits load - step
-    (0.02, 0.08, 0.0),  # the model is: batches are always ready
+@pytest.mark.parametrize("load_s, step_s", [
+    (0.12, 0.04),  # loading is the bottleneck: each step waits load - step, a stall of 2/3
+    (0.02, 0.08),  # the model is: batches are always ready, no stall
 ])
-def test_stall_fraction_matches_a_known_load_and_step_time(endpoint, spawn, load_s, step_s, expected):
+def test_stall_fraction_is_the_share_of_the_loops_time_spent_waiting(endpoint, spawn, load_s, step_s):
+    """Compared with the loop's own clock: the time it spent inside ``next()`` over the epoch's time. The loader
+    counts less than that only by handing the batch over; a loaded machine stretches both sides alike, which
+    a fixed expectation (2/3 and 0) could not allow for."""
     batch = 4
     # one producer, one thread, one slot: one batch every batch * delay seconds, one at a time
     spawn(endpoint, "synthetic", {"length": 4 * 12, "shape": [4], "delay": load_s / batch}, threads=1, slots=1)
     with RemoteLoader(endpoint=endpoint, batch_size=batch, heartbeat=0.2, timeout=30, log_every=None) as loader:
         list(loader)  # warm up: the producer joins, imports, and reads once
         loader.set_epoch(1)
-        for _ in loader:
+        it = iter(loader)
+        waited, began = 0.0, time.monotonic()
+        while True:
+            asked = time.monotonic()
+            got = next(it, None)
+            waited += time.monotonic() - asked
+            if got is None:
+                break
             time.sleep(step_s)  # the training step
+        ended = time.monotonic()
         stats = loader.stats()
-    # measured 0.678 for 0.667 and 0.014 for 0: the margin is for a loaded machine, not for the model
-    assert stats["epoch_stall_fraction"] == pytest.approx(expected, abs=0.08), stats
+    measured = waited / (ended - began)
+    reported = stats["epoch_stall_fraction"]
+    # the loader's waits lie inside the loop's; handing 12 tiny batches over takes well under 5 % of the epoch
+    assert measured - 0.05 <= reported <= measured + 0.01, f"measured {measured:.3f} by the loop: {stats}"
+    # and the regime is the one the load and step times make: a stall of about 2/3, or none
+    model = max(0.0, (load_s - step_s) / load_s)
+    assert (reported > model / 2) if model else (reported < 0.25), f"model {model:.3f}: {stats}"

@@ -10,13 +10,12 @@ import socket
 import pytest
 
 from ferry import RemoteLoader
-from ferry.common import shm
 from ferry.common.errors import ConfigError, NoProducersError, ProducerStartupError
 from ferry.common.datasets import SyntheticDataset
 
 from .helpers import FullLeakCheck, assert_tree_equal, producer_pids, reference_batches, slab_mapped, wait_for
 
-needs_shm = pytest.mark.skipif(not shm.available(), reason="needs memfd_create and /proc")
+needs_shm = pytest.mark.usefixtures("needs_shared_memory")
 
 
 def test_no_producers_error_leaves_nothing(endpoint):

@@ -20,7 +20,7 @@ import pytest
 import zmq
 
 from ferry import RemoteLoader
-from ferry.common import protocol, shm
+from ferry.common import protocol
 from ferry.common.codec import encode_tree
 from ferry.common.datasets import SyntheticDataset
 
@@ -200,7 +200,7 @@ def test_wire_oracle_holds_across_a_silent_peer_and_the_reissue(endpoint):
     assert worst == capacity
 
 
-@pytest.mark.skipif(not shm.available(), reason="needs memfd_create and /proc")
+@pytest.mark.usefixtures("needs_shared_memory")
 def test_local_producers_slots_in_use_stay_within_the_readme_bound():
     """README: with shared memory, memory held is at most (buffer_batches + 4) x batch size. A loop that
     drops each batch before the next holds at most buffer_batches + 2 slots: the window, the batch in the

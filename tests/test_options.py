@@ -6,6 +6,7 @@ option groups keeps working with the same meaning.
 """
 
 import glob
+import os
 import inspect
 import math
 import socket
@@ -33,6 +34,21 @@ OLD_KEYWORDS = {
 }
 
 
+def own_folders() -> set[str]:
+    """Local-mode folders this process made (their ``owner`` file names it): other processes' temp files, such as
+    tests running beside this one, do not count."""
+    mine = set()
+    for folder in glob.glob(f"{tempfile.gettempdir()}/ferry-*"):
+        try:
+            with open(os.path.join(folder, "owner")) as f:
+                owner = f.read().split()
+        except OSError:
+            continue
+        if owner and owner[0] == str(os.getpid()):
+            mine.add(folder)
+    return mine
+
+
 class NothingStarted:
     """Threads, child processes, local-mode folders and the endpoint's port, before and after a constructor."""
 
@@ -40,12 +56,12 @@ class NothingStarted:
         self.port = port
         self.threads = set(threading.enumerate())
         self.children = child_pids()
-        self.folders = set(glob.glob(f"{tempfile.gettempdir()}/ferry-*"))
+        self.folders = own_folders()
 
     def assert_nothing_started(self) -> None:
         assert not set(threading.enumerate()) - self.threads, "a thread was started"
         assert not child_pids() - self.children, "a producer process was started"
-        assert not set(glob.glob(f"{tempfile.gettempdir()}/ferry-*")) - self.folders, "a local-mode folder was made"
+        assert not own_folders() - self.folders, "a local-mode folder was made"
         with socket.socket() as s:  # the loader never bound its endpoint
             s.bind(("127.0.0.1", self.port))
 

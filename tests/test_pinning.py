@@ -21,12 +21,15 @@ import torch
 
 from ferry.common import shm
 from ferry.common.codec import Chunked
-from ferry.consumer.buffer import Delivery, ReorderBuffer
+from ferry.consumer.core import Delivery
 from ferry.consumer.staging.pinning import HOST_REGISTER_PORTABLE, HostRegistry, page_aligned_buffer, page_span
-from ferry.consumer.staging.stagers import CpuStager, CudaStager, HostPool, staging_loop
+from ferry.consumer.staging.cuda import CudaStager
+from ferry.consumer.staging.hostpool import HostPool
+from ferry.consumer.staging.stagers import staging_loop
+from ferry.consumer.staging.tensors import CpuStager
 
 PAGE = mmap.PAGESIZE
-needs_shm = pytest.mark.skipif(not shm.available(), reason="needs memfd_create and /proc")
+needs_shm = pytest.mark.usefixtures("needs_shared_memory")
 
 
 def is_mapped(address: int) -> bool:
@@ -462,8 +465,7 @@ def test_the_staging_loop_reclaims_between_batches():
     import queue
 
     stager = Idle()
-    buffer = ReorderBuffer(in_order=True, on_release=lambda: None)
-    thread = threading.Thread(target=staging_loop, args=(buffer, queue.Queue(), stop, stager, []), daemon=True)
+    thread = threading.Thread(target=staging_loop, args=(queue.Queue(), queue.Queue(), stop, stager, []), daemon=True)
     thread.start()
     thread.join(10)
     assert not thread.is_alive() and stager.reclaims == 2

@@ -4,9 +4,11 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from ferry import RemoteLoader
+from ferry.common.errors import ConfigError
 from tests.datasets import PairDataset
 
 from .helpers import REPO, dealer, hello, producer_env, reference_batches, wait_for
@@ -74,12 +76,31 @@ def test_state_dict_is_small_and_round_trips_through_json_and_torch(endpoint, sp
 
 
 def test_incompatible_state_is_refused(endpoint):
-    from ferry.common.errors import ConfigError
-    import pytest
-
     with RemoteLoader(endpoint=endpoint, batch_size=4, seed=1, dataset_len=10, timeout=5) as loader:
         with pytest.raises(ConfigError, match="batch_size=8"):
             loader.load_state_dict({"epoch": 0, "batches_delivered": 1, "batch_size": 8, "seed": 1})
+
+
+# the options whose remainder of the epoch differs if they differ; a state saved with another is refused
+BASE = dict(batch_size=4, shuffle=True, seed=1, drop_last=False, rank=0, world_size=2)
+OTHER = {"seed": 2, "shuffle": False, "drop_last": True, "batch_size": 8, "rank": 1, "world_size": 3}
+
+
+@pytest.mark.parametrize("option", sorted(OTHER))
+def test_a_state_saved_with_another_option_is_refused_naming_it(endpoint, option):
+    """The state comes from a real loader's state_dict() with that one option changed, through JSON."""
+    with RemoteLoader(endpoint=endpoint, dataset_len=40, timeout=5, log_every=None,
+                      **{**BASE, option: OTHER[option]}) as saver:
+        saver.set_epoch(3)
+        state = json.loads(json.dumps(saver.state_dict()))
+    with RemoteLoader(endpoint=endpoint, dataset_len=40, timeout=5, log_every=None, **BASE) as loader:
+        loader.load_state_dict(dict(state, **{option: BASE[option]}))  # the control: only that option differed
+        assert loader.epoch == 3
+        loader.set_epoch(0)
+        with pytest.raises(ConfigError) as refused:
+            loader.load_state_dict(state)
+        assert f"{option}={OTHER[option]!r}" in str(refused.value) and f"has {BASE[option]!r}" in str(refused.value)
+        assert loader.epoch == 0 and loader.state_dict()["epoch"] == 0  # nothing of the refused state was taken
 
 
 def test_batches_tagged_with_an_old_session_are_dropped(endpoint):

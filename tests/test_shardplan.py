@@ -8,7 +8,15 @@ from torch.utils.data import DistributedSampler
 from ferry.common.errors import ConfigError, ProtocolError
 from ferry.common.plan import EpochPlan
 from ferry.common.shardplan import build_shard_plan, check_sharded, decode_seq, encode_seq, is_sharded
-from ferry.consumer.streaming import read_answer, task_fields
+from ferry.consumer.core.sequencers import MapSequencer
+from ferry.consumer.core.shards import ShardSequencer
+
+
+def read_answer(header, plan, seq, epoch):
+    """What the run of ``plan`` (its kind's sequencer) makes of a BATCH answering ``seq``."""
+    if isinstance(plan, EpochPlan):
+        return MapSequencer(1, plan, 0, in_order=True).read_answer(header, seq, epoch)
+    return ShardSequencer(1, plan, 0, (0, 0)).read_answer(header, seq, epoch)
 from tests.shard_datasets import Shards, SizedShards
 
 
@@ -43,8 +51,9 @@ def test_seq_encoding_and_task_fields():
     plan = build_shard_plan(epoch=0, shard_count=3, batch_size=6, shuffle=False, seed=0, drop_last=True, rank=0,
                             world_size=1)
     assert plan.batch(encode_seq(2, 5)) == [2]
-    assert task_fields(plan, encode_seq(2, 5)) == {"shard": [5, 6, 1, 0]}
-    assert task_fields(EpochPlan.from_indices(0, [0, 1], 2, False), 0) == {}
+    assert plan.task_fields(encode_seq(2, 5)) == {"shard": [5, 6, 1, 0]}
+    assert ShardSequencer(1, plan, 0, (0, 0)).task_fields(encode_seq(2, 5)) == {"shard": [5, 6, 1, 0]}
+    assert MapSequencer(1, EpochPlan.from_indices(0, [0, 1], 2, False), 0, in_order=True).task_fields(0) == {}
 
 
 def test_contract_checks_name_both_methods():
@@ -72,7 +81,7 @@ def test_a_sharded_answer_is_checked_against_its_run():
                             world_size=1)
     seq = encode_seq(1, 2)
     answer = read_answer(_header(), plan, seq, 0)
-    assert answer.sharded and answer.last and not answer.empty and answer.indices == [1, 1, 1]
+    assert answer.last and not answer.empty and answer.indices == [1, 1, 1]
     empty = read_answer(_header(tree=None, count=0), plan, seq, 0)
     assert empty.empty and empty.indices == []
     for bad in (_header(count=5), _header(count=0), _header(last=...), _header(count=..., last=...)):

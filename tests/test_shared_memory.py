@@ -19,7 +19,7 @@ from tests.datasets import DictDataset
 
 from .helpers import LeakCheck, assert_epoch_matches, assert_tree_equal, reference_batches, wait_for
 
-pytestmark = pytest.mark.skipif(not shm.available(), reason="needs memfd_create and /proc")
+pytestmark = pytest.mark.usefixtures("needs_shared_memory")
 
 
 def slab_state(loader: RemoteLoader) -> dict:

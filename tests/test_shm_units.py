@@ -15,9 +15,7 @@ from ferry.common import shm
 
 from .helpers import wait_for
 
-# decided here, not by shm.available(): a bug there must fail the test below, not skip every test
-HAS_SHM = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
-pytestmark = pytest.mark.skipif(not HAS_SHM, reason="needs memfd_create and /proc")
+pytestmark = pytest.mark.usefixtures("needs_shared_memory")  # decided by tests/needs.py, not shm.available()
 PAGE = mmap.PAGESIZE
 
 

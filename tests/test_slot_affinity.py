@@ -1,16 +1,17 @@
 """Slot affinity: the consumer lends a producer a slot it was lent last, when one is free, so that no producer
-pays the page faults of mapping a slot another producer wrote (ferry.common.shm.SlotLedger.lend). The logic on
+pays the page faults of mapping a slot another producer wrote (ferry.consumer.core.slots.SlotLedger.lend). The logic on
 a real slab without sockets, then real local producers: the batches are what they were without it."""
 
 import pytest
 
 from ferry import RemoteLoader
 from ferry.common import shm
+from ferry.consumer.core.slots import SlotLedger
 from tests.datasets import DictDataset
 
 from .helpers import LeakCheck, assert_epoch_matches
 
-pytestmark = pytest.mark.skipif(not shm.available(), reason="needs memfd_create and /proc")
+pytestmark = pytest.mark.usefixtures("needs_shared_memory")
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def test_take_preferring_takes_the_most_recently_freed_preferred_slot_else_the_m
 
 
 def test_a_producer_gets_back_the_slot_it_had_even_when_another_was_freed_since(slab):
-    ledger = shm.SlotLedger(slab)
+    ledger = SlotLedger(slab)
     a, b = ("a", 1), ("b", 1)
     a_slot = ledger.lend(1, a)
     b_slot = ledger.lend(2, b)
@@ -43,7 +44,7 @@ def test_a_producer_gets_back_the_slot_it_had_even_when_another_was_freed_since(
 
 
 def test_a_producer_without_a_free_slot_of_its_own_takes_the_most_recently_freed(slab):
-    ledger = shm.SlotLedger(slab)
+    ledger = SlotLedger(slab)
     a, b, c = ("a", 1), ("b", 1), ("c", 1)
     ledger.lend(1, a)
     b_slot = ledger.lend(2, b)
@@ -55,7 +56,7 @@ def test_a_producer_without_a_free_slot_of_its_own_takes_the_most_recently_freed
 
 
 def test_no_slab_lends_nothing():
-    assert shm.SlotLedger(None).lend(1, ("a", 1)) is None
+    assert SlotLedger(None).lend(1, ("a", 1)) is None
 
 
 def test_batches_over_three_epochs_with_two_producers_are_unchanged_and_every_slot_comes_back():

@@ -1,5 +1,5 @@
-"""The consumer's slot ledger (ferry.common.shm.SlotLedger), in isolation over a real slab: which task holds
-which slot, and slots of lost producers held back until their process has exited."""
+"""The consumer's slot ledger (ferry.consumer.core.slots.SlotLedger), in isolation over a real slab: which task
+holds which slot, and slots of lost producers held back until their process has exited."""
 
 import subprocess
 import sys
@@ -7,8 +7,9 @@ import sys
 import pytest
 
 from ferry.common import shm
+from ferry.consumer.core.slots import SlotLedger
 
-pytestmark = pytest.mark.skipif(not shm.available(), reason="needs memfd_create and /proc")
+pytestmark = pytest.mark.usefixtures("needs_shared_memory")
 
 
 @pytest.fixture
@@ -19,7 +20,7 @@ def slab():
 
 
 def test_lent_slots_are_distinct_and_run_out(slab):
-    ledger = shm.SlotLedger(slab)
+    ledger = SlotLedger(slab)
     slots = [ledger.lend(task, holder="p") for task in (1, 2, 3)]
     assert len(set(slots)) == 3 and all(s is not None for s in slots)
     assert ledger.lend(4, holder="p") is None  # none free: the task goes over the socket
@@ -27,7 +28,7 @@ def test_lent_slots_are_distinct_and_run_out(slab):
 
 
 def test_a_slot_given_back_is_free_at_once_and_only_by_its_holder_when_one_is_named(slab):
-    ledger = shm.SlotLedger(slab)
+    ledger = SlotLedger(slab)
     ledger.lend(1, holder=("p", 1))
     ledger.give_back(1, holder=("p", 2))  # another incarnation of the producer: it may still be writing
     assert slab.free == 2 and ledger.held == 1
@@ -39,7 +40,7 @@ def test_a_slot_given_back_is_free_at_once_and_only_by_its_holder_when_one_is_na
 
 
 def test_a_taken_region_frees_its_slot_once_the_last_view_is_gone(slab):
-    ledger = shm.SlotLedger(slab)
+    ledger = SlotLedger(slab)
     offset, nbytes = ledger.lend(1, holder="p")
     region = ledger.take_region(1)
     assert len(region) == nbytes and ledger.held == 0
@@ -54,42 +55,40 @@ def test_a_taken_region_frees_its_slot_once_the_last_view_is_gone(slab):
 def test_a_lost_producers_slots_come_back_only_once_its_process_has_exited(slab):
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
-        ledger = shm.SlotLedger(slab)
+        ledger = SlotLedger(slab)
         for task in (1, 2):
             ledger.lend(task, holder="p")
         ledger.set_aside([1, 2, 3], pid=child.pid)  # task 3 never had a slot
-        assert ledger.lost == 2 and ledger.held == 0 and slab.free == 1
-        ledger.reclaim()
+        assert ledger.lost == 2 and ledger.held == 0 and slab.free == 1 and ledger.holders() == {child.pid}
+        ledger.reclaim(exited={pid for pid in ledger.holders() if not shm.process_exists(pid)})
         assert ledger.lost == 2 and slab.free == 1  # it may still be writing into them
         ledger.give_back(1)
         assert slab.free == 1  # set aside: no longer the task's to give back
     finally:
         child.stdin.close()
         child.wait(10)
-    ledger.reclaim()
-    assert ledger.lost == 0 and slab.free == 3
+    ledger.reclaim(exited={pid for pid in ledger.holders() if not shm.process_exists(pid)})
+    assert ledger.lost == 0 and slab.free == 3 and ledger.holders() == set()
 
 
 def test_reclaim_keeps_the_slots_of_the_lost_producers_still_running(slab):
-    running = {11}
-    ledger = shm.SlotLedger(slab, process_exists=lambda pid: pid in running)
+    ledger = SlotLedger(slab)
     ledger.lend(1, holder="a")
     ledger.lend(2, holder="b")
     ledger.set_aside([1], pid=11)
     ledger.set_aside([2], pid=12)
-    ledger.reclaim()
-    assert ledger.lost == 1 and slab.free == 2
-    running.clear()
-    ledger.reclaim()
+    ledger.reclaim(exited={12})
+    assert ledger.lost == 1 and slab.free == 2 and ledger.holders() == {11}
+    ledger.reclaim(exited={11, 99})
     assert ledger.lost == 0 and slab.free == 3
 
 
 def test_without_a_slab_the_ledger_lends_nothing():
-    ledger = shm.SlotLedger(None)
+    ledger = SlotLedger(None)
     assert ledger.lend(1, holder="p") is None
     assert ledger.take_region(1) is None
     ledger.give_back(1)
     ledger.set_aside([1], pid=1)
-    ledger.reclaim()
+    ledger.reclaim(exited={1})
     assert ledger.lost == 0 and ledger.held == 0
 

@@ -17,7 +17,6 @@ import time
 import pytest
 
 from ferry import RemoteLoader
-from ferry.common import shm
 from ferry.common.datasets import SyntheticDataset
 
 from .helpers import (
@@ -25,7 +24,7 @@ from .helpers import (
 )
 from .progress_datasets import started_by
 
-pytestmark = pytest.mark.skipif(not shm.available(), reason="needs memfd_create and /proc")
+pytestmark = pytest.mark.usefixtures("needs_shared_memory")
 
 ARGS = {"length": 32, "shape": [16, 16], "dtype": "float32", "delay": 0.03}
 BATCH = 4

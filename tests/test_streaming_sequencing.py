@@ -1,5 +1,5 @@
-"""The consumer's sequencing of a sharded run, without sockets: ShardDispatcher + ShardBuffer under random
-completion order, producer losses and joins. Checks the credit bound at every step, exactly-once in-order
+"""The consumer's sequencing of a sharded run, without sockets: the Dispatcher with a ShardSequencer under
+random completion order, producer losses and joins. Checks the credit bound at every step, exactly-once in-order
 delivery, and that the window never deadlocks (every run ends within a bounded number of steps)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from ferry.common.shardplan import decode_seq
-from ferry.consumer.buffer import Delivery, is_eof
-from ferry.consumer.dispatcher import ProducerInfo
-from ferry.consumer.streaming import ShardBuffer, ShardDispatcher, ShardRun
+from ferry.common.shardplan import ShardPlan, decode_seq
+from ferry.consumer.core import Delivery, is_eof
+from ferry.consumer.core.dispatcher import Dispatcher, ProducerInfo
+from ferry.consumer.core.shards import ShardSequencer
 
 
 def _producer(i: int, slots: int) -> ProducerInfo:
@@ -19,21 +19,23 @@ def _producer(i: int, slots: int) -> ProducerInfo:
                         joined=0)
 
 
+def _run(positions, batch_size, drop_last, start=(0, 0)) -> ShardSequencer:
+    return ShardSequencer(1, ShardPlan(0, tuple(range(positions)), batch_size, drop_last), 0, start)
+
+
 def _simulate(lengths, batch_size, capacity, producers, slots, seed, start=(0, 0), drop_last=False):
     rng = random.Random(seed)
-    run = ShardRun(len(lengths), *start)
-    buffer = ShardBuffer(in_order=True, on_release=lambda: None)
-    dispatcher = ShardDispatcher(capacity)
+    run = _run(len(lengths), batch_size, drop_last, start)
+    dispatcher = Dispatcher(capacity, max_attempts=3)
     joined = 0
     for _ in range(producers):
         dispatcher.add(_producer(joined, slots))
         joined += 1
-    buffer.reset(1, run)
-    dispatcher.start_run(1, run)
+    dispatcher.start_run(run)
     out = []
     for _ in range(20000):
-        dispatcher.assign(buffer.held)
-        assert dispatcher.in_flight + buffer.held <= capacity, "credit bound broken"
+        dispatcher.assign(run.held, 0.0)
+        assert dispatcher.in_flight + run.held <= capacity, "credit bound broken"
         action = rng.random()
         if action < 0.03 and len(dispatcher.producers) > 1:  # a producer dies: its tasks are re-issued
             dispatcher.lose(rng.choice(list(dispatcher.producers)))
@@ -47,16 +49,17 @@ def _simulate(lengths, batch_size, capacity, producers, slots, seed, start=(0, 0
             count = max(0, min(batch_size, lengths[p] - k * batch_size))
             if count < batch_size and drop_last:
                 count = 0
-            buffer.end_shard(1, task.seq, last=0 < count < batch_size, empty=count == 0)
+            if 0 < count < batch_size or count == 0:  # the answer says where the shard ends
+                run.ended(task.seq, empty=count == 0)
             if count:
-                buffer.put(Delivery(run=1, seq=task.seq, tree=(p, k, count)))
+                run.put(Delivery(run=1, seq=task.seq, tree=(p, k, count)))
         else:  # the training loop takes what is ready
-            item = buffer.get(0)
+            item = run.take()
             if is_eof(item):
                 return out
             if item is not None:
                 out.append(item.tree)
-                buffer.release(1)
+                run.release()
     raise AssertionError(f"no end of run after 20000 steps: {run}, {len(out)} delivered")
 
 
@@ -88,12 +91,11 @@ def test_a_run_resumes_inside_a_shard():
 
 
 def test_consecutive_batches_of_a_shard_go_to_the_same_producer():
-    run = ShardRun(4)
-    dispatcher = ShardDispatcher(8)
+    dispatcher = Dispatcher(8, max_attempts=3)
     for i in range(2):
         dispatcher.add(_producer(i, 3))
-    dispatcher.start_run(1, run)
-    tasks = dispatcher.assign(0)
+    dispatcher.start_run(_run(4, 2, False))
+    tasks = dispatcher.assign(0, 0.0)
     by_producer = {}
     for task in tasks:
         by_producer.setdefault(task.peer, []).append(decode_seq(task.seq))

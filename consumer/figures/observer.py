@@ -36,7 +36,6 @@ class EpochObserver:
         self._waits = WaitTally({"per_producer": {}})
         self._epoch_log = EpochLog(threads)
         self._last_log = time.monotonic()
-        self.last_diagnosis: str | None = None
 
     def started(self) -> None:
         """The first ``__next__`` of an epoch."""
@@ -53,7 +52,7 @@ class EpochObserver:
 
     def ended(self, epoch: int, active: Any) -> None:
         """The epoch ran out: log its diagnosis (INFO, or WARNING for a stall that persists)."""
-        self.last_diagnosis = self._epoch_log.end_epoch(epoch, self.figures(active))
+        self._epoch_log.end_epoch(epoch, self.figures(active))
 
     def diagnosis(self, active: Any) -> str:
         return diagnose(self.figures(active))

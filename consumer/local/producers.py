@@ -1,8 +1,8 @@
 """Local mode (docs/ARCHITECTURE.md#local-mode): producer processes that a RemoteLoader starts, owns and stops.
 
 They connect over ``ipc://`` to a socket in a private temporary folder (:mod:`ferry.consumer.local.folder`:
-removed on close, on SIGTERM and SIGINT, and swept after a SIGKILL). Two ways to start one, both through the
-producer's one public entry point:
+removed on close and at exit, and swept by the next trainer after a death that runs no Python). Two ways to
+start one, both through the producer's one public entry point:
 
 * a dataset *spec* (a string): ``python -m ferry.producer …`` as a subprocess, with the command line of its
   ``ProducerConfig`` (:func:`ferry.producer.command_line`); of the environment it inherits, the producer's own
@@ -11,9 +11,11 @@ producer's one public entry point:
   of config and the object (``fork`` by default on Linux, as DataLoader does; pass ``mp_context="spawn"``
   for objects that must not be forked). The object travels by pickle between our own processes, never on the wire.
 
-Each producer dies with its parent (``PR_SET_PDEATHSIG``). Its stderr is a pipe to this process. One
-thread, ``ferry-local-watch``, waits on every pipe and every process sentinel (``Process.sentinel``, or a
-``pidfd`` for a subprocess) at once: it copies what a producer writes both to this process's stderr (shown
+Each producer dies with its parent (``PR_SET_PDEATHSIG``). Its stderr is a pipe to this process: for a
+subprocess, ``stderr=PIPE``; for a ``multiprocessing`` process, a FIFO in the folder that ``serve`` makes its
+fd 2 as it starts (nothing in the trainer is redirected while a child starts). One thread,
+``ferry-local-watch``, waits on every pipe and every process sentinel (``Process.sentinel``, or a ``pidfd``
+for a subprocess) at once: it copies what a producer writes both to this process's stderr (shown
 live, as before) and to ``producer-N.stderr`` in the folder, and it sees a death the moment it happens. A
 death is logged at WARNING with the exit code or signal and the tail of that output; the io thread
 re-issues the dead producer's tasks to the others. When every local producer is dead, :meth:`check` raises
@@ -30,9 +32,7 @@ producers write batches into (see :mod:`ferry.common.shm`), and closes it last.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import logging
 import multiprocessing
 import os
@@ -41,16 +41,17 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from ferry.common import shm
 from ferry.common.constants import JOIN_TIMEOUT_S, LOCAL_PRODUCER_LOG_LEVEL
+from ferry.common.deferred_pickle import DeferredPickle
 from ferry.common.errors import ConfigError, ProducerDiedError, ProducerStartupError
 from ferry.common.settings import shared_values
 from ferry.common.waker import Waker
 
 from ferry.consumer.local import folder as local_folder
-from ferry.consumer.local.children import Child, describe_exit, open_pidfd, start_with_stderr
+from ferry.consumer.local.children import Child, describe_exit, open_pidfd
 from ferry.consumer.options import LocalOptions, TransportOptions
 
 log = logging.getLogger("ferry.consumer")
@@ -59,31 +60,16 @@ log = logging.getLogger("ferry.consumer")
 EXIT_POLL_S = 0.1
 
 
-_freeze_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _ready_to_fork(ctx: Any) -> Iterator[None]:
-    """While local producers start in ``ctx``, if it forks: the modules ``serve`` needs already imported
-    (``preload``: no imports before the first batch), and the trainer's objects frozen out of the garbage
-    collector's reach, so that a child's collector skips them. Its first pass otherwise wrote into (copied)
-    each page of them, about 100 ms of page copies before a producer's first batch (the advice of the gc
-    module's documentation). Undone after the forks, unless the trainer had frozen objects itself; loaders
-    built on several threads at once take turns."""
+def _forks(ctx: Any) -> bool:
+    """Whether ``ctx`` forks; if so, the modules ``serve`` needs are imported first (``preload``), so that a
+    forked producer has none to import before its first batch. Its children freeze what they inherit
+    themselves (``ProducerConfig.freeze_inherited``): the trainer's collector is left as it is."""
     if ctx.get_start_method() != "fork":
-        yield
-        return
+        return False
     from ferry.producer import preload
 
     preload()
-    with _freeze_lock:
-        ours = gc.get_freeze_count() == 0
-        gc.freeze()
-        try:
-            yield
-        finally:
-            if ours:
-                gc.unfreeze()  # the trainer's own collector sees its objects again
+    return True
 
 
 class LocalProducers:
@@ -124,9 +110,10 @@ class LocalProducers:
                     self.children.append(self._spawn_cli(index, seeded))
             else:
                 ctx = multiprocessing.get_context(local.mp_context or ("fork" if sys.platform == "linux" else "spawn"))
-                with _ready_to_fork(ctx):
-                    for index, seeded in enumerate(configs):
-                        self.children.append(self._start_process(index, ctx, seeded, dataset))
+                forks = _forks(ctx)  # then a producer freezes what it inherited (ProducerConfig.freeze_inherited)
+                for index, seeded in enumerate(configs):
+                    child_config = dataclasses.replace(seeded, freeze_inherited=forks)
+                    self.children.append(self._start_process(index, ctx, child_config, dataset))
             self._watch.start()
         except BaseException:
             self.close()
@@ -176,20 +163,25 @@ class LocalProducers:
         return Child(index, process, stderr_fd, pidfd, True, capture)
 
     def _start_process(self, index: int, ctx: Any, config: Any, dataset: Any) -> Child:
+        """A ``multiprocessing`` process running ``serve``; its stderr is a FIFO in the folder, which ``serve``
+        opens as its fd 2 first thing (``ProducerConfig.stderr_path``). We open the reading end first, so the
+        child's open never waits; nothing of ours is redirected, whatever the start method."""
         from ferry.producer import serve
 
-        read_fd, write_fd = os.pipe()
+        fifo = os.path.join(self.folder, f"producer-{index}.fifo")
         capture = self._capture(index)
+        read_fd = -1
         try:
-            process = ctx.Process(target=serve, args=(config, dataset), name="ferry-producer", daemon=False)
-            start_with_stderr(process, write_fd)
+            os.mkfifo(fifo, 0o600)
+            read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # no writer yet: polls as not readable
+            process = ctx.Process(target=serve, args=(dataclasses.replace(config, stderr_path=fifo),
+                                                      DeferredPickle(dataset)), name="ferry-producer", daemon=False)
+            process.start()
         except BaseException:
-            os.close(read_fd)
+            if read_fd >= 0:
+                os.close(read_fd)
             capture.close()
             raise
-        finally:
-            os.close(write_fd)
-        os.set_blocking(read_fd, False)
         return Child(index, process, read_fd, process.sentinel, False, capture)
 
     @property

@@ -1,9 +1,13 @@
 """Admission of producers and their liveness, in isolation: HELLO dicts in, decisions out. No sockets."""
 
-import logging
+from ferry.common.plan import EpochPlan
+from ferry.consumer.core.admission import INVALID_LOG_BURST, BadPeers, Peers
+from ferry.consumer.core.dispatcher import Dispatcher
+from ferry.consumer.core.sequencers import MapSequencer
 
-from ferry.consumer.dispatcher import Dispatcher
-from ferry.consumer.peers import INVALID_LOG_BURST, BadPeers, Peers
+
+def seqs(run: int, n: int) -> MapSequencer:
+    return MapSequencer(run, EpochPlan.from_batches(0, [[i] for i in range(n)]), 0, in_order=True)
 
 
 def hello(producer: str = "p", *, nonce: int = 1, pid: int = 7, slots: int = 2, length: int = 100,
@@ -16,7 +20,7 @@ def hello(producer: str = "p", *, nonce: int = 1, pid: int = 7, slots: int = 2, 
 
 
 def peers(dataset_len=None, fingerprint=None, shm_token=None, capacity=100) -> Peers:
-    return Peers(Dispatcher(capacity), dataset_len=dataset_len, fingerprint=fingerprint, shm_token=shm_token,
+    return Peers(Dispatcher(capacity, max_attempts=3), dataset_len=dataset_len, fingerprint=fingerprint, shm_token=shm_token,
                  now=0.0)
 
 
@@ -45,8 +49,8 @@ def test_a_consumer_given_the_dataset_refuses_another_even_from_the_first_produc
 def test_a_repeated_hello_changes_nothing():
     p = peers()
     p.admit(b"a", hello(), now=1.0)
-    p.dispatcher.start_run(1, range(10))
-    tasks = p.dispatcher.assign(held=0)
+    p.dispatcher.start_run(seqs(1, 10))
+    tasks = p.dispatcher.assign(held=0, now=0.0)
     again = p.admit(b"a", hello(), now=2.0)
     assert again.reject is None and again.joined is None and again.losses == ()
     assert p.seen == 1 and p.dispatcher.in_flight == len(tasks) == 2
@@ -55,8 +59,8 @@ def test_a_repeated_hello_changes_nothing():
 def test_a_reconnection_under_a_new_routing_id_keeps_its_tasks():
     p = peers()
     p.admit(b"a", hello(), now=1.0)
-    p.dispatcher.start_run(1, range(10))
-    tasks = p.dispatcher.assign(held=0)
+    p.dispatcher.start_run(seqs(1, 10))
+    tasks = p.dispatcher.assign(held=0, now=0.0)
     moved = p.admit(b"b", hello(), now=2.0)  # same identity, new routing id
     assert moved.reject is None and moved.joined is None and moved.losses == ()
     assert list(p.dispatcher.producers) == [b"b"] and p.seen == 1
@@ -67,8 +71,8 @@ def test_a_reconnection_under_a_new_routing_id_keeps_its_tasks():
 def test_a_new_nonce_means_the_producer_restarted_its_work_and_its_tasks_are_lost():
     p = peers()
     p.admit(b"a", hello(pid=7), now=1.0)
-    p.dispatcher.start_run(1, range(10))
-    tasks = p.dispatcher.assign(held=0)
+    p.dispatcher.start_run(seqs(1, 10))
+    tasks = p.dispatcher.assign(held=0, now=0.0)
     restarted = p.admit(b"b", hello(nonce=2, pid=7), now=2.0)
     assert restarted.joined is not None and restarted.joined.peer == b"b"
     (loss,) = restarted.losses
@@ -116,7 +120,7 @@ def test_expire_loses_silent_producers_and_those_holding_a_task_too_long_and_pin
     p.admit(b"quiet", hello("p1"), now=0.0)
     p.admit(b"slow", hello("p2"), now=0.0)
     p.admit(b"fine", hello("p3", slots=1), now=0.0)
-    p.dispatcher.start_run(1, range(10))
+    p.dispatcher.start_run(seqs(1, 10))
     p.dispatcher.producers[b"quiet"].slots = 0
     for task in p.dispatcher.assign(held=0, now=0.0):
         if task.peer == b"fine":
@@ -130,15 +134,19 @@ def test_expire_loses_silent_producers_and_those_holding_a_task_too_long_and_pin
     assert ping == [b"fine"] and list(p.dispatcher.producers) == [b"fine"]
 
 
-def test_bad_peers_are_logged_once_each_and_at_most_a_burst_a_minute(caplog):
+def test_bad_peers_are_logged_once_each_and_at_most_a_burst_a_minute():
     bad = BadPeers(describe=lambda peer: f"peer {peer.hex()}")
-    with caplog.at_level(logging.WARNING, logger="ferry.consumer"):
-        for _ in range(3):
-            bad.invalid(b"x", "garbage")
-        for i in range(INVALID_LOG_BURST + 5):
-            bad.invalid(bytes([i + 1]), "garbage")
-    lines = [r.getMessage() for r in caplog.records]
+    lines = []
+    for _ in range(3):
+        lines += bad.invalid(b"x", "garbage", now=0.0)
+    for i in range(INVALID_LOG_BURST + 5):
+        lines += bad.invalid(bytes([i + 1]), "garbage", now=1.0)
     assert len(lines) == INVALID_LOG_BURST and lines[0].startswith("invalid message from peer 78 dropped")
+    # the next minute says how many were left out, then logs again
+    later = bad.invalid(b"new", "garbage", now=60.0)
+    assert later[0] == "6 more invalid messages from other peers were dropped without a log line"
+    assert later[1].startswith("invalid message from peer 6e6577")
+    assert bad.invalid(b"newer", "garbage", now=61.0) and len(bad.invalid(b"newer2", "garbage", now=61.0)) == 1
 
 
 def test_an_unregistered_peer_is_told_to_say_hello_at_most_once_per_interval():
@@ -154,7 +162,7 @@ def test_a_timeout_charges_only_the_overdue_task_and_silence_charges_every_task_
     p = peers()
     p.dispatcher.max_attempts = 1
     p.admit(b"a", hello("a", slots=2), now=0.0)
-    p.dispatcher.start_run(1, range(10))
+    p.dispatcher.start_run(seqs(1, 10))
     p.dispatcher.producers[b"a"].slots = 1
     first = p.dispatcher.assign(held=0, now=0.0)[0]
     p.dispatcher.producers[b"a"].slots = 2
@@ -173,11 +181,11 @@ def test_a_bye_or_a_restart_costs_no_attempt():
     p = peers()
     p.dispatcher.max_attempts = 1
     p.admit(b"a", hello("a"), now=0.0)
-    p.dispatcher.start_run(1, range(4))
-    p.dispatcher.assign(held=0)
+    p.dispatcher.start_run(seqs(1, 4))
+    p.dispatcher.assign(held=0, now=0.0)
     assert p.lose(b"a", "said BYE", now=1.0).poisoned == ()
     p.admit(b"a", hello("a", nonce=2), now=2.0)
-    p.dispatcher.assign(held=0)
+    p.dispatcher.assign(held=0, now=0.0)
     restarted = p.admit(b"a", hello("a", nonce=3), now=3.0)  # a new nonce: it dropped its work
     assert restarted.losses and restarted.losses[0].poisoned == () and p.dispatcher.take_poisoned() == []
 
@@ -193,7 +201,7 @@ def test_churn_counts_losses_since_the_last_progress():
 
 
 def test_a_consumer_given_a_spec_admits_only_producers_serving_it_and_logs_who_set_the_dataset():
-    p = Peers(Dispatcher(10), dataset_len=None, fingerprint=None, shm_token=None, now=0.0, dataset_spec="s")
+    p = Peers(Dispatcher(10, max_attempts=3), dataset_len=None, fingerprint=None, shm_token=None, now=0.0, dataset_spec="s")
     other = dict(hello("x"), dataset={"spec": "other:ds", "len": 100, "fingerprint": "f"})
     refused = p.admit(b"x", other, now=1.0)
     assert "'other:ds'" in refused.reject and "dataset='s'" in refused.reject and not p.dataset_known

@@ -1,17 +1,19 @@
-"""Who gets which task (docs/ARCHITECTURE.md#credits, #exactly-once): pure scheduling state, owned by the io thread. No sockets here.
+"""Who gets which task (docs/ARCHITECTURE.md#credits, #exactly-once): producers, tasks in flight, attempts.
 
 * Producers are keyed by their ZeroMQ routing id (``peer``) and known by their *identity*:
   ``(producer id, nonce)``. A producer draws a new nonce whenever it drops its work, so a repeated HELLO
   (same identity) changes nothing, while a fresh one (new nonce) means its tasks are gone.
-* Every issuance of a seq is a *task* with a unique id. A result is accepted only for a task still in
-  flight and only from the identity it was given to. Anything else is a late duplicate.
-* Seqs go out in plan order; the seqs of a lost producer go back to the *front* of the queue.
+* Every issuance of a seq is a *task* with an id unique over the dispatcher's life (across runs). A result is
+  accepted only for a task still in flight and only from the identity it was given to. Anything else is a
+  late duplicate.
+* New seqs come from the run's :class:`~ferry.consumer.core.sequencers.Sequencer`; the seqs of a lost
+  producer go back to the *front* of a re-issue queue, which goes first.
 * Credits: :meth:`assign` never lets ``in flight + held`` exceed the capacity, and never gives a producer
   more than its ``slots``. A new task goes to the live producer with the most free slots.
 * Attempts: each loss of a seq's task that may be the task's fault (its producer died or fell silent, it
   timed out, its answer was unusable) is an :class:`Attempt`, kept per seq for the run, across re-issues.
-  A seq lost ``max_attempts`` times is *poisoned*: not queued again, but handed to the io thread
-  (:meth:`take_poisoned`) to be raised in its place. An orderly leave (BYE) or a restart costs no attempt.
+  A seq lost ``max_attempts`` times is *poisoned*: not queued again, but returned by :meth:`take_poisoned`
+  to be raised in its place. An orderly leave (BYE) or a restart costs no attempt.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from ferry.common.constants import DEFAULT_MAX_ATTEMPTS
+from ferry.consumer.core.sequencers import Sequencer
+
+__all__ = ["ProducerInfo", "Attempt", "Poisoned", "Task", "Dispatcher"]
 
 
 @dataclass
@@ -72,31 +76,36 @@ class Task:
     seq: int
     identity: tuple[str, int]
     peer: bytes
-    issued: float = 0.0
+    issued: float
 
 
 class Dispatcher:
-    def __init__(self, capacity: int, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
+    def __init__(self, capacity: int, max_attempts: int) -> None:
         self.capacity = capacity
         self.max_attempts = max_attempts
-        self._attempts: dict[int, list[Attempt]] = {}  # seq -> its lost attempts in this run
-        self._poisoned: list[Poisoned] = []  # not yet taken by the io thread
         self.producers: dict[bytes, ProducerInfo] = {}
         self.tasks: dict[int, Task] = {}  # in flight, by task id
-        self._ids = itertools.count(1)
-        self.run = -1
-        self._queue: deque[int] = deque()  # seqs waiting for a producer, in issue order
+        self._ids = itertools.count(1)  # never restarted: a late answer of an older run is never a current task
+        self.sequencer: Sequencer | None = None
+        self._requeued: deque[int] = deque()  # seqs to issue again, first
+        self._attempts: dict[int, list[Attempt]] = {}  # seq -> its lost attempts in this run
+        self._poisoned: list[Poisoned] = []  # not yet taken
         self.reissued = 0
 
     # --- runs -----------------------------------------------------------------------------------------
-    def start_run(self, run: int, order: Iterable[int]) -> None:
-        """Forget the old run's tasks (their late results become duplicates) and queue the new seqs."""
-        self.run = run
-        self._queue = deque(order)
+    def start_run(self, sequencer: Sequencer | None) -> None:
+        """Forget the old run's tasks (their late results become duplicates) and issue from ``sequencer``
+        (None: no run)."""
+        self.sequencer = sequencer
+        self._requeued.clear()
         self._attempts, self._poisoned = {}, []
         for producer in self.producers.values():
             producer.in_flight.clear()
         self.tasks.clear()
+
+    @property
+    def run(self) -> int:
+        return self.sequencer.run if self.sequencer is not None else -1
 
     @property
     def in_flight(self) -> int:
@@ -104,7 +113,8 @@ class Dispatcher:
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        """Seqs waiting for a producer: re-issues, and what the sequencer can issue now."""
+        return len(self._requeued) + (self.sequencer.waiting if self.sequencer is not None else 0)
 
     # --- producers ------------------------------------------------------------------------------------
     def find_identity(self, identity: tuple[str, int]) -> ProducerInfo | None:
@@ -121,16 +131,20 @@ class Dispatcher:
         for task_id in info.in_flight:
             old = self.tasks[task_id]
             self.tasks[task_id] = Task(old.task, old.run, old.seq, old.identity, new_peer, old.issued)
+        if self.sequencer is not None:
+            self.sequencer.peer_moved(old_peer, new_peer)
         return info
 
     def lose(self, peer: bytes, cause: str | None = None, charged: Iterable[int] | None = None) -> ProducerInfo | None:
-        """Remove a producer; its in-flight seqs go to the front of the queue, in seq order.
+        """Remove a producer; its in-flight seqs go to the front of the re-issue queue, in seq order.
 
         With a ``cause``, each task it held (or only those in ``charged``, by task id) costs its seq an
         attempt; a seq out of attempts is poisoned instead of queued again."""
         info = self.producers.pop(peer, None)
         if info is None:
             return None
+        if self.sequencer is not None:
+            self.sequencer.peer_lost(peer)
         charge = set(info.in_flight if charged is None else charged) if cause is not None else set()
         seqs = []
         for task_id in info.in_flight:
@@ -138,7 +152,7 @@ class Dispatcher:
             if task_id not in charge or not self._charge(task.seq, Attempt(info.name, cause or "")):
                 seqs.append(task.seq)
         seqs.sort()
-        self._queue.extendleft(reversed(seqs))
+        self._requeued.extendleft(reversed(seqs))
         self.reissued += len(seqs)
         info.in_flight.clear()
         return info
@@ -167,10 +181,6 @@ class Dispatcher:
         return task
 
     # --- tasks ----------------------------------------------------------------------------------------
-    def overdue(self, deadline: float) -> set[bytes]:
-        """Peers holding a task issued before ``deadline``."""
-        return {t.peer for t in self.tasks.values() if t.issued < deadline}
-
     def overdue_tasks(self, deadline: float) -> dict[bytes, set[int]]:
         """By peer, the ids of its tasks issued before ``deadline``."""
         out: dict[bytes, set[int]] = {}
@@ -179,18 +189,38 @@ class Dispatcher:
                 out.setdefault(t.peer, set()).add(t.task)
         return out
 
-    def assign(self, held: int, now: float = 0.0) -> list[Task]:
-        """Issue as many tasks as credits and free slots allow."""
+    def assign(self, held: int, now: float) -> list[Task]:
+        """Issue as many tasks as credits and free slots allow: ``in flight + held`` stays within capacity."""
+        sequencer = self.sequencer
         out: list[Task] = []
-        while self._queue and self.in_flight + held < self.capacity:
-            producer = max(self.producers.values(), key=lambda p: p.free_slots, default=None)
-            if producer is None or producer.free_slots <= 0:
-                break
-            task = Task(next(self._ids), self.run, self._queue.popleft(), producer.identity, producer.peer, now)
+        if sequencer is None:
+            return out
+        while self.in_flight + held < self.capacity:
+            speculate = self.in_flight + held < self.capacity - 1
+            for producer in sorted(self.producers.values(), key=lambda p: -p.free_slots):
+                if producer.free_slots <= 0:
+                    return out
+                seq = self._next_for(producer.peer, speculate)
+                if seq is not None:
+                    break
+            else:
+                return out
+            task = Task(next(self._ids), sequencer.run, seq, producer.identity, producer.peer, now)
             self.tasks[task.task] = task
             producer.in_flight.add(task.task)
+            sequencer.issued(producer.peer, seq)
             out.append(task)
         return out
+
+    def _next_for(self, peer: bytes, speculate: bool) -> int | None:
+        """A re-issue first (those that became stale are dropped), then a new seq from the sequencer."""
+        sequencer = self.sequencer
+        assert sequencer is not None
+        while self._requeued and sequencer.stale(self._requeued[0]):
+            self._requeued.popleft()
+        if self._requeued:
+            return self._requeued.popleft()
+        return sequencer.next_seq(peer, self.producers.keys(), speculate)
 
     def complete(self, task_id: int, peer: bytes) -> Task | None:
         """Accept the result of ``task_id`` from ``peer``, or return None for a duplicate / stranger."""
@@ -202,9 +232,9 @@ class Dispatcher:
         producer.in_flight.discard(task_id)
         return task
 
-    def requeue(self, task: Task, attempt: Attempt | None = None) -> None:
+    def requeue(self, task: Task, attempt: Attempt) -> None:
         """A task's result was unusable: issue its seq again, first (unless that ``attempt`` was its last)."""
-        if attempt is not None and self._charge(task.seq, attempt):
+        if self._charge(task.seq, attempt):
             return
-        self._queue.appendleft(task.seq)
+        self._requeued.appendleft(task.seq)
         self.reissued += 1

@@ -1,8 +1,7 @@
-"""Who may feed this consumer: admission of producers, their registry and liveness. No sockets here.
+"""Who may feed this consumer: admission of producers, their registry and liveness. No sockets, no clock.
 
-:class:`Peers` decides, over the :class:`~ferry.consumer.dispatcher.Dispatcher`'s registry of producers, and
-returns what the io thread must then do (answer WELCOME or REJECT, log, set a lost producer's slots aside).
-The io thread calls it under its lock and acts after releasing it. A HELLO is admitted when
+:class:`Peers` decides, over the :class:`~ferry.consumer.core.dispatcher.Dispatcher`'s registry of producers, and
+returns what the core must then do (answer WELCOME or REJECT, log, set a lost producer's slots aside). A HELLO is admitted when
 * its dataset is the one this consumer serves: the length and fingerprint it was given (``dataset=`` an
   object), or else those of the first producer admitted; with ``dataset=`` a spec string, only producers
   announcing that spec are admitted, and the first of them sets the length and fingerprint (the consumer
@@ -17,7 +16,7 @@ The io thread calls it under its lock and acts after releasing it. A HELLO is ad
 
 A producer is lost when it says BYE, holds a task longer than ``task_timeout``, or is silent for ``liveness``
 heartbeats (:meth:`Peers.expire`). A loss that may be a task's fault charges an attempt to its tasks (the
-overdue ones on a timeout, every one it held when it fell silent); see :mod:`ferry.consumer.dispatcher`.
+overdue ones on a timeout, every one it held when it fell silent); see :mod:`ferry.consumer.core.dispatcher`.
 
 *Progress*: ``progress_at`` is when a result last arrived, or when the consumer last owed nothing to
 producers (nothing in flight); ``churn`` counts the producers lost since. Producers that keep joining and
@@ -25,24 +24,25 @@ leaving without delivering leave ``live`` above zero, but not ``progress_at`` be
 no-progress timeout reads both.
 
 :class:`BadPeers` remembers peers that sent invalid messages or talked without a HELLO, so that each is
-logged once and told to say HELLO at most once per heartbeat.
+logged once (and at most INVALID_LOG_BURST lines a minute in all) and told to say HELLO at most once per
+heartbeat.
 """
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ferry.common.constants import MAX_TRACKED_PEERS
-from ferry.common.ratelimit import RateLimitedLog
 
-from ferry.consumer.dispatcher import Dispatcher, Poisoned, ProducerInfo
+from ferry.consumer.core.dispatcher import Dispatcher, Poisoned, ProducerInfo
 
-log = logging.getLogger("ferry.consumer")
+__all__ = ["Loss", "Admission", "Peers", "BadPeers", "INVALID_LOG_BURST"]
 
-INVALID_LOG_BURST = 10  # invalid-message log lines per minute, over all peers
+#: Invalid-message log lines per minute, over all peers.
+INVALID_LOG_BURST = 10
+_WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -195,17 +195,29 @@ class BadPeers:
     def __init__(self, describe: Callable[[bytes], str]) -> None:
         self._describe = describe
         self._peers: OrderedDict[bytes, float] = OrderedDict()  # peer -> when it was last sent a REJECT
-        self._log = RateLimitedLog(log, lines=INVALID_LOG_BURST, window_s=60.0,
-                                   suppressed="%d more invalid messages from other peers were dropped without a log line")
+        self._window_start = -_WINDOW_S
+        self._lines = 0  # logged in the current window
+        self._suppressed = 0  # left out in the current window
 
-    def invalid(self, peer: bytes, reason: str) -> None:
-        """Log once per peer, and at most INVALID_LOG_BURST lines a minute in all (a broken peer that keeps
-        reconnecting gets a new routing id each time)."""
+    def invalid(self, peer: bytes, reason: str, now: float) -> list[str]:
+        """The lines to log (WARNING) for an invalid message from ``peer``: one for its first, and at most
+        INVALID_LOG_BURST a minute in all (a broken peer that keeps reconnecting gets a new routing id each
+        time); past the burst, calls are counted and said in one line when the next window starts."""
         if peer in self._peers:
-            return
+            return []
         self._remember(peer, 0.0)
-        self._log.warning("invalid message from %s dropped: %s (further ones from this peer are only counted)",
-                          self._describe(peer), reason)
+        lines = []
+        if now - self._window_start >= _WINDOW_S:
+            if self._suppressed:
+                lines.append(f"{self._suppressed} more invalid messages from other peers were dropped without a log line")
+            self._window_start, self._lines, self._suppressed = now, 0, 0
+        if self._lines >= INVALID_LOG_BURST:
+            self._suppressed += 1
+            return lines
+        self._lines += 1
+        lines.append(f"invalid message from {self._describe(peer)} dropped: {reason} (further ones from this peer "
+                     f"are only counted)")
+        return lines
 
     def reject_due(self, peer: bytes, now: float, interval: float) -> bool:
         """Whether to tell an unregistered ``peer`` to say HELLO: at most once per ``interval``."""

@@ -1,0 +1,362 @@
+"""The consumer's protocol logic as one state machine: events in, actions out (docs/ARCHITECTURE.md#io-thread).
+
+No sockets, no threads, no clock: the io thread (:mod:`ferry.consumer.io.thread`) polls the socket, passes
+``now`` with every event, and applies the :mod:`~ferry.consumer.core.actions` it gets back. Events:
+
+* :meth:`ConsumerCore.received`: a message from a peer (HELLO, BATCH, FAIL, PING, BYE, or anything invalid);
+* :meth:`~ConsumerCore.tick`: a heartbeat (ping the live producers, lose silent or overdue ones, reclaim the
+  slots of lost producers that exited);
+* :meth:`~ConsumerCore.start_run`, :meth:`~ConsumerCore.released`: the training loop began an iteration, or
+  took a batch (a credit back);
+* :meth:`~ConsumerCore.producer_died`: a local producer's process died (seen through its sentinel);
+* :meth:`~ConsumerCore.unsent`: a TASK could not be sent.
+
+Each event ends by issuing what credits allow and handing on what is ready, in order. The parts it drives
+hold the rules: admission and liveness (:mod:`.admission`), credits, tasks and attempts (:mod:`.dispatcher`),
+the run's order and reorder buffer (:mod:`.sequencers`, :mod:`.shards`), what an answer may hold
+(:mod:`.results`) and the shared-memory slots (:mod:`.slots`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from ferry.common import protocol
+from ferry.common.constants import DEFAULT_FRAME_BYTES
+from ferry.common.errors import PoisonTaskError, ProtocolError, SampleIndexError, VersionMismatch
+
+from ferry.consumer.core.actions import Action, Deliver, Log, Send
+from ferry.consumer.core.admission import BadPeers, Loss, Peers
+from ferry.consumer.core.delivery import Delivery
+from ferry.consumer.core.dispatcher import Attempt, Dispatcher, Poisoned, ProducerInfo, Task
+from ferry.consumer.core.results import BatchDecoder, check_fail, sample_error, skip_lines, unretryable
+from ferry.consumer.core.sequencers import Sequencer
+from ferry.consumer.core.slots import SlotLedger
+from ferry.consumer.figures.counters import Counters, waited_so_far
+
+__all__ = ["CoreConfig", "ConsumerCore"]
+
+_INFO, _WARNING, _ERROR = logging.INFO, logging.WARNING, logging.ERROR
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """What the core is told once: see ``RemoteLoader``'s options of the same names."""
+
+    capacity: int  # buffer_batches
+    heartbeat: float
+    liveness: int
+    task_timeout: float
+    on_error: str
+    max_batch_bytes: int
+    max_attempts: int
+    seed: int = 0  # the loader's seed, sent with every TASK for sample_info()
+    dataset_len: int | None = None
+    fingerprint: str | None = None
+    dataset_spec: str | None = None  # admit only producers announcing this spec
+    compression: str = "none"  # told to producers in WELCOME: auto, lz4, zstd or none
+    codecs: tuple[str, ...] = ()  # the codecs this consumer can decompress, told with it
+
+
+class ConsumerCore:
+    """See the module docstring. ``slab``: the shared-memory slab of local producers, or None."""
+
+    def __init__(self, config: CoreConfig, *, session: int, now: float, counters: Counters, slab: Any = None) -> None:
+        self.config = config
+        self.session = session
+        self.counters = counters
+        self.slab = slab
+        self.dispatcher = Dispatcher(config.capacity, config.max_attempts)
+        self.peers = Peers(self.dispatcher, dataset_len=config.dataset_len, fingerprint=config.fingerprint,
+                           shm_token=slab.token if slab is not None else None, now=now,
+                           dataset_spec=config.dataset_spec)
+        self.slots = SlotLedger(slab)
+        self.sharded = False  # an admitted producer serves a sharded dataset (HELLO dataset.sharded)
+        self._bad_peers = BadPeers(self.peers.describe)
+        self._decoder = BatchDecoder(config.max_batch_bytes)
+        self._epoch = 0
+        self._out: list[Action] = []
+
+    @property
+    def sequencer(self) -> Sequencer | None:
+        return self.dispatcher.sequencer
+
+    @property
+    def held(self) -> int:
+        """Batches of the current run put into its reorder buffer and not yet released by the training loop."""
+        return self.sequencer.held if self.sequencer is not None else 0
+
+    # --- events -------------------------------------------------------------------------------------------
+    def start_run(self, sequencer: Sequencer, epoch: int, now: float) -> list[Action]:
+        """The training loop began an iteration: forget the old run's tasks and items, issue ``sequencer``'s."""
+        self._epoch = epoch
+        self.dispatcher.start_run(sequencer)
+        self.peers.progressed(now)
+        return self._finish(now)
+
+    def released(self, run: int, now: float) -> list[Action]:
+        """The training loop took a batch (or an error) of ``run``: a credit back, unless the run is over."""
+        if self.sequencer is not None and self.sequencer.run == run:
+            self.sequencer.release()
+        return self._finish(now)
+
+    def received(self, frames: list[Any], now: float, keep: Any = None) -> list[Action]:
+        """A message off the ROUTER: ``frames[0]`` the sender's routing id, ``frames[1]`` the header, then its
+        data frames (buffers). ``keep`` travels with a decoded batch (the frames its views need). An invalid
+        message is counted, logged once per peer, and dropped."""
+        if len(frames) < 2:
+            self.counters.invalid_messages += 1
+            return self._finish(now)
+        peer = bytes(frames[0])
+        try:
+            header = protocol.parse_header(frames[1])
+            self._handle(peer, header, frames[2:], now, keep)
+        except VersionMismatch as exc:
+            self._invalid(peer, str(exc), now)
+            if exc.msg_type == protocol.HELLO:  # tell the producer why it will never be served
+                self._send(peer, protocol.REJECT, reason=str(exc), permanent=True)
+        except ProtocolError as exc:
+            self._invalid(peer, str(exc), now)
+        return self._finish(now)
+
+    def tick(self, now: float, exited: Iterable[int] = ()) -> list[Action]:
+        """A heartbeat. ``exited``: which of :meth:`SlotLedger.holders`'s processes have exited."""
+        self.slots.reclaim(set(exited))
+        c = self.config
+        losses, alive = self.peers.expire(now, heartbeat=c.heartbeat, liveness=c.liveness,
+                                          task_timeout=c.task_timeout)
+        if not self.dispatcher.in_flight and (not self.dispatcher.queued or self.held >= c.capacity):
+            self.peers.progressed(now)  # nothing owed: waiting on the training loop, not on producers
+        self._settle(losses)
+        for peer in alive:
+            self._send(peer, protocol.PING, load={})
+        return self._finish(now)
+
+    def producer_died(self, name: str, why: str, now: float) -> list[Action]:
+        """The producer process ``name`` (host:pid) died: lose it now, not after the liveness window."""
+        for peer in [p.peer for p in self.dispatcher.producers.values() if p.name == name]:
+            self._lose(peer, why, now, charge=True)
+        return self._finish(now)
+
+    def unsent(self, peer: bytes, task_id: int, now: float) -> list[Action]:
+        """The TASK ``task_id`` never reached ``peer``: its slot is free, and the producer is lost."""
+        self.slots.give_back(task_id)
+        self._lose(peer, "unreachable", now, charge=True)
+        return self._finish(now)
+
+    def stop(self) -> None:
+        """The loader closed: forget the run, so that the batches it still held (and their slots) are let go."""
+        self.dispatcher.start_run(None)
+
+    # --- receiving ----------------------------------------------------------------------------------------
+    def _handle(self, peer: bytes, header: dict[str, Any], data: list[Any], now: float, keep: Any) -> None:
+        kind = header["type"]
+        if kind == protocol.HELLO:
+            if data:
+                raise ProtocolError(f"HELLO with {len(data)} extra frames")
+            self._hello(peer, header, now)
+            return
+        info = self.dispatcher.producers.get(peer)
+        if info is None:
+            self._stranger(peer, header, now)
+            return
+        info.last_heard = now
+        if kind == protocol.BATCH:
+            self._batch(info, header, data, now, keep)
+        elif kind == protocol.FAIL:
+            self._fail(info, header, data, now)
+        elif kind == protocol.BYE:
+            self._lose(peer, "said BYE", now)  # an orderly leave: its tasks cost no attempt
+        elif kind == protocol.PING:
+            if data:
+                raise ProtocolError("PING with extra frames")
+        else:
+            raise ProtocolError(f"unexpected {kind} from a producer")
+
+    def _invalid(self, peer: bytes, reason: str, now: float) -> None:
+        self.counters.invalid_messages += 1
+        for line in self._bad_peers.invalid(peer, reason, now):
+            self._out.append(Log(_WARNING, line))
+
+    def _stranger(self, peer: bytes, header: dict[str, Any], now: float) -> None:
+        """A message from a peer that is not (or no longer) registered."""
+        kind = header["type"]
+        if kind in (protocol.BATCH, protocol.FAIL):
+            if header["session"] == self.session:
+                self.counters.duplicates += 1  # the result of a task already re-issued
+            else:
+                self.counters.stale += 1
+        elif kind not in (protocol.PING, protocol.BYE):
+            raise ProtocolError(f"{kind} from an unregistered peer")
+        if kind != protocol.BYE and self._bad_peers.reject_due(peer, now, self.config.heartbeat):
+            self._send(peer, protocol.REJECT, reason="unknown producer: say HELLO", permanent=False)
+
+    def _hello(self, peer: bytes, header: dict[str, Any], now: float) -> None:
+        admission = self.peers.admit(peer, header, now)
+        if admission.reject is not None:
+            self._out.append(Log(_WARNING, f"rejected producer {admission.name}: {admission.reject}"))
+            self._send(peer, protocol.REJECT, reason=admission.reject, permanent=True)
+            return
+        if header["dataset"].get("sharded") is True:
+            self.sharded = True
+        if admission.adopted:
+            self._out.append(Log(_INFO, f"producer {admission.name} set the dataset: {admission.adopted}"))
+        self._settle(admission.losses)
+        if admission.joined is not None:
+            self._out.append(Log(_INFO, f"producer {admission.name} joined ({admission.joined.slots} slots); "
+                                        f"{admission.live} live"))
+        c = self.config
+        self._send(peer, protocol.WELCOME, session=self.session, heartbeat=c.heartbeat, nonce=header["nonce"],
+                   compression=c.compression, codecs=list(c.codecs), frame_bytes=DEFAULT_FRAME_BYTES,
+                   max_batch_bytes=c.max_batch_bytes)
+
+    def _claim(self, info: ProducerInfo, header: dict[str, Any], now: float) -> Task | None:
+        """The task a BATCH or FAIL answers, or None (counted) for another session or a late duplicate."""
+        if header["session"] != self.session:
+            self.counters.stale += 1
+            return None
+        task = self.dispatcher.complete(header["task"], info.peer)
+        if task is None:
+            self.counters.duplicates += 1
+            self.slots.give_back(header["task"], holder=info.identity)  # it has finished with the slot
+            return None
+        self.peers.progressed(now)
+        return task
+
+    def _batch(self, info: ProducerInfo, header: dict[str, Any], data: list[Any], now: float, keep: Any) -> None:
+        task = self._claim(info, header, now)
+        if task is None:
+            return
+        sequencer = self.sequencer
+        assert sequencer is not None  # a task exists only within a run
+        try:
+            answer = sequencer.read_answer(header, task.seq, self._epoch)
+            batch = None if answer.empty else self._decoder.decode(
+                header, data, seq=task.seq, epoch=self._epoch, indices=answer.indices,
+                region=self.slots.take_region(task.task))
+        except ProtocolError as exc:
+            # it answered its own task with a batch we cannot use: broken or hostile. Re-issue the seq, and
+            # drop and reject the producer, or a peer with many free slots would take the seq back every time
+            self.dispatcher.requeue(task, Attempt(info.name, f"sent an unusable batch: {exc}"))
+            self._poison(self.dispatcher.take_poisoned())
+            self._lose(info.peer, f"sent an unusable batch: {exc}", now)
+            self._send(info.peer, protocol.REJECT, permanent=True,
+                       reason=f"rejected: your batch for seq {task.seq} was unusable: {exc}")
+            raise
+        if answer.last or answer.empty:
+            sequencer.ended(task.seq, empty=answer.empty)  # before the put: delivery may move on past it
+        if batch is None:  # the shard has no batch k: nothing to hand on, no credit held
+            self.slots.give_back(task.task)
+            return
+        info.batches += 1
+        info.bytes += batch.nbytes
+        c = self.counters
+        c.shared_batches += batch.shared
+        c.compressed_bytes += batch.compressed_bytes
+        c.uncompressed_bytes += batch.uncompressed_bytes
+        c.received += 1
+        c.bytes += batch.nbytes
+        if header["errors"]:
+            self._count_skips(header["errors"], info.name)
+        sequencer.put(Delivery(run=task.run, seq=task.seq, tree=batch.tree, nbytes=batch.nbytes, frames=keep))
+
+    def _fail(self, info: ProducerInfo, header: dict[str, Any], data: list[Any], now: float) -> None:
+        check_fail(header, data)
+        task = self._claim(info, header, now)
+        if task is None:
+            return
+        sequencer = self.sequencer
+        assert sequencer is not None
+        self.slots.give_back(task.task)
+        errors = header["errors"]
+        error = unretryable(errors, producer=info.name, epoch=self._epoch, seq=task.seq,
+                            dataset_len=self.peers.dataset_len)
+        if error is None:
+            sequencer.ended(task.seq, empty=False)  # a shard whose iterator raised ends there
+            if self.config.on_error == "skip":
+                self._count_skips(errors, info.name)
+                sequencer.put(Delivery(run=task.run, seq=task.seq, skipped=True))
+                return
+            error = sample_error(errors, producer=info.name, epoch=self._epoch, seq=task.seq)
+        sequencer.put(Delivery(run=task.run, seq=task.seq, error=error))
+
+    def _count_skips(self, errors: list[dict[str, Any]], producer: str) -> None:
+        before = self.counters.skipped_samples
+        self.counters.skipped_samples += len(errors)
+        self._out.extend(Log(_WARNING, line) for line in skip_lines(errors, producer, before))
+
+    # --- losses -------------------------------------------------------------------------------------------
+    def _lose(self, peer: bytes, why: str, now: float, *, charge: bool = False) -> None:
+        loss = self.peers.lose(peer, why, now, charge=charge)
+        self._settle([loss] if loss is not None else [])
+
+    def _settle(self, losses: Iterable[Loss]) -> None:
+        for loss in losses:
+            self.slots.set_aside(loss.tasks, loss.pid)  # it may still be writing into their slots
+            self._out.append(Log(_WARNING, f"producer {loss.name} lost ({loss.why}); {loss.live} live"))
+            self._poison(loss.poisoned)
+
+    def _poison(self, poisoned: Iterable[Poisoned]) -> None:
+        """Seqs out of attempts: their error takes their place (the credit their task held passes to it)."""
+        sequencer = self.sequencer
+        for p in poisoned:
+            assert sequencer is not None
+            error = PoisonTaskError(epoch=self._epoch, seq=p.seq, indices=list(sequencer.indices(p.seq)),
+                                    attempts=[(a.producer, a.cause) for a in p.attempts])
+            self._out.append(Log(_ERROR, str(error)))
+            sequencer.ended(p.seq, empty=False)  # a shard ends at its poisoned batch, as at a failed one
+            sequencer.put(Delivery(run=p.run, seq=p.seq, error=error))
+
+    # --- issuing and handing on ---------------------------------------------------------------------------
+    def _finish(self, now: float) -> list[Action]:
+        """Every event ends here: issue what credits allow, hand on what is ready; the actions, in order."""
+        sequencer = self.sequencer
+        if sequencer is not None:
+            self._dispatch(sequencer, now)
+            while (item := sequencer.take()) is not None:
+                self._out.append(Deliver(item))
+        out, self._out = self._out, []
+        return out
+
+    def _dispatch(self, sequencer: Sequencer, now: float) -> None:
+        for task in self.dispatcher.assign(sequencer.held, now):
+            indices = sequencer.indices(task.seq)
+            length = self.peers.dataset_len
+            bad = next((i for i in indices if not 0 <= i < length), None) if length is not None else None
+            if bad is not None:  # raised at this batch's position, at once; its credit passes to the error
+                self.dispatcher.drop(task.task)
+                sequencer.put(Delivery(run=task.run, seq=task.seq, error=SampleIndexError(
+                    index=bad, length=length, epoch=self._epoch, seq=task.seq)))
+                continue
+            extra: dict[str, Any] = {}
+            info = self.dispatcher.producers[task.peer]
+            if info.shared:
+                slot = self.slots.lend(task.task, info.identity)
+                if slot is not None:  # none free (the loop holds many batches): this one goes over the socket
+                    extra["slot"] = list(slot)
+            self._out.append(Send(task.peer, [protocol.pack(
+                protocol.TASK, session=self.session, task=task.task, epoch=self._epoch, seq=task.seq,
+                indices=indices, on_error=self.config.on_error, seed=self.config.seed,
+                waited=round(waited_so_far(self.counters, now), 4), **extra, **sequencer.task_fields(task.seq),
+            )], task=task.task))
+
+    def _send(self, peer: bytes, kind: str, **fields: Any) -> None:
+        self._out.append(Send(peer, [protocol.pack(kind, **fields)]))
+
+    # --- figures ------------------------------------------------------------------------------------------
+    def figures(self, now: float) -> dict[str, Any]:
+        """A consistent view for ``stats()`` (read under the io thread's lock): ``buffered + in_flight`` is the
+        credit bound's own sum."""
+        return {
+            "producers": len(self.dispatcher.producers),
+            "producers_seen": self.peers.seen,
+            "buffered": self.held,
+            "in_flight": self.dispatcher.in_flight,
+            "queued": self.dispatcher.queued,
+            "reissued": self.dispatcher.reissued,
+            "per_producer": self.peers.figures(now),
+            "shared_memory": None if self.slab is None else {
+                "slots": self.slab.slots, "free": self.slab.free, "lost": self.slots.lost},
+        }

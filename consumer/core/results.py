@@ -1,0 +1,109 @@
+"""What a producer's answer to a task may hold: the decoding and checks of BATCH and FAIL. No sockets here.
+
+* A BATCH must answer its task's seq in the current epoch, decode within ``max_batch_bytes``, hold exactly
+  the samples the task asked for (less the ones it reports failed), and have the structure and dtypes of
+  the first batch accepted. Values cannot be checked; a peer that must not be trusted with them must not
+  be let in (CURVE).
+* A FAIL is one frame naming at least one sample error. What it raises in the training loop: a batch larger
+  than ``max_batch_bytes`` or an index outside the dataset, whatever ``on_error`` says (no producer could do
+  better: :func:`unretryable`); otherwise the first sample's error, or nothing under ``on_error="skip"``.
+
+A breach raises :class:`~ferry.common.errors.ProtocolError`; the core decides what it costs the peer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ferry.common.codec import decode_tree, tree_nbytes, tree_signature
+from ferry.common.errors import BatchTooLarge, ProtocolError, RemoteSampleError, SampleIndexError
+
+__all__ = ["Batch", "BatchDecoder", "check_fail", "unretryable", "sample_error", "skip_lines", "SKIPS_LOGGED"]
+
+#: Skipped samples logged one by one, from the start; the rest are only counted.
+SKIPS_LOGGED = 10
+
+
+@dataclass(frozen=True)
+class Batch:
+    tree: Any  # views of the frames (and of the task's shared-memory slot, if it had one)
+    nbytes: int
+    shared: bool  # some of it came through shared memory
+    compressed_bytes: int = 0  # wire bytes of its compressed frames
+    uncompressed_bytes: int = 0  # what those frames hold once decompressed
+
+
+class BatchDecoder:
+    """Decodes and checks BATCH results. Remembers the structure of the first batch it accepted."""
+
+    def __init__(self, max_batch_bytes: int) -> None:
+        self.max_batch_bytes = max_batch_bytes
+        self._signature: Any = None  # structure and dtypes of the first accepted batch
+
+    def decode(self, header: dict[str, Any], frames: list[Any], *, seq: int, epoch: int, indices: Sequence[int],
+               region: Any) -> Batch:
+        """The batch answering the task of ``seq`` (of ``epoch``, asking for ``indices``), decoded over
+        ``frames`` (buffers) and the task's shared-memory ``region`` (None without one).
+
+        Raises:
+            ProtocolError: another seq or epoch, a malformed tree, more than ``max_batch_bytes``, samples the task
+                did not ask for, or a structure other than the first batch's.
+        """
+        if (header["epoch"], header["seq"]) != (epoch, seq):
+            raise ProtocolError(f"BATCH for task {header['task']} names seq {header['seq']}, expected {seq}")
+        compressed = [0, 0]  # wire and raw bytes of compressed frames
+        tree = decode_tree(header["tree"], frames, max_bytes=self.max_batch_bytes, region=region,
+                           compressed=compressed)
+        self._check_structure(header["task"], tree, indices, header["errors"])
+        nbytes = tree_nbytes(tree)
+        shared = region is not None and nbytes > sum(len(f) for f in frames)
+        return Batch(tree, nbytes, shared, *compressed)
+
+    def _check_structure(self, task: int, tree: Any, indices: Sequence[int], errors: list[dict[str, Any]]) -> None:
+        if errors:
+            asked = set(indices)
+            stray = next((e["index"] for e in errors if e["index"] not in asked), None)
+            if stray is not None:
+                raise ProtocolError(f"BATCH reports sample {stray} failed, which task {task} did not ask for")
+        signature = tree_signature(tree, len(indices) - len(errors))
+        if self._signature is None:
+            self._signature = signature
+        elif signature != self._signature:
+            raise ProtocolError("BATCH structure or dtypes differ from the first batch of this dataset")
+
+
+def check_fail(header: dict[str, Any], frames: list[Any]) -> None:
+    if frames or not header["errors"]:
+        raise ProtocolError("FAIL must be one frame naming at least one error")
+
+
+def unretryable(errors: list[dict[str, Any]], *, producer: str, epoch: int, seq: int,
+                dataset_len: int | None) -> Exception | None:
+    """The error a FAIL names that no producer could avoid, or None: a sample index outside the dataset (the
+    plan itself is wrong), or a batch larger than max_batch_bytes (every producer builds the same)."""
+    kinds: dict[str, dict[str, Any]] = {}
+    for error in errors:
+        kinds.setdefault(error["exc_type"], error)  # the first of each kind names it
+    if BatchTooLarge.__name__ in kinds:
+        return BatchTooLarge(f"{kinds[BatchTooLarge.__name__]['message']} (epoch {epoch}, batch {seq}, "
+                             f"from producer {producer})")
+    if SampleIndexError.__name__ in kinds:
+        return SampleIndexError(index=kinds[SampleIndexError.__name__]["index"], length=dataset_len or 0,
+                                epoch=epoch, seq=seq)
+    return None
+
+
+def sample_error(errors: list[dict[str, Any]], *, producer: str, epoch: int, seq: int) -> RemoteSampleError:
+    """The error a FAIL raises in the training loop: its first sample's."""
+    first = errors[0]
+    return RemoteSampleError(index=first["index"], producer=producer, exc_type=first["exc_type"],
+                             message=first["message"], traceback=first["traceback"], epoch=epoch, seq=seq)
+
+
+def skip_lines(errors: list[dict[str, Any]], producer: str, skipped_before: int) -> list[str]:
+    """Log lines for samples skipped under ``on_error="skip"``: the first SKIPS_LOGGED of the loader's life."""
+    if skipped_before >= SKIPS_LOGGED:
+        return []
+    return [f"skipped sample {e['index']} (producer {producer}): {e['exc_type']}: "
+            f"{e['message'].splitlines()[0] if e['message'] else ''}" for e in errors]
