@@ -22,6 +22,9 @@ __all__ = ["load_sample", "load_row", "read_row", "written_first", "BatchFailed"
 # a Job (ferry.producer.batcher) is passed in as ``job``: these functions read its ``seed`` and ``epoch``
 
 
+#: CPython 3.11's AST constructor keeps a recursion counter that threads compiling at once can upset (gh-106905);
+#: it then raises this SystemError for code that is fine. ``np.load`` compiles each .npy header
+#: (``ast.literal_eval``), so loading threads do hit it, rarely. A load that does is run once more.
 _AST_RACE = "AST constructor recursion depth mismatch"
 
 
