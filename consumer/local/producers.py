@@ -4,11 +4,12 @@ They connect over ``ipc://`` to a socket in a private temporary folder (:mod:`fe
 removed on close and at exit, and swept by the next trainer after a death that runs no Python). Two ways to
 start one, both through the producer's one public entry point:
 
-* a dataset *spec* (a string): ``python -m ferry.producer …`` as a subprocess. Nothing of the training
-  script is re-imported or pickled.
-* a dataset *object*: a ``multiprocessing`` process running :func:`ferry.producer.serve` with the object
-  (``fork`` by default on Linux, as DataLoader does; pass ``mp_context="spawn"`` for objects that must
-  not be forked). The object travels by pickle between our own processes, never on the wire.
+* a dataset *spec* (a string): ``python -m ferry.producer …`` as a subprocess, with the command line of its
+  ``ProducerConfig`` (:func:`ferry.producer.command_line`); of the environment it inherits, the producer's own
+  ``FERRY_*`` variables are left out. Nothing of the training script is re-imported or pickled.
+* a dataset *object*: a ``multiprocessing`` process running :func:`ferry.producer.serve` with the same kind
+  of config and the object (``fork`` by default on Linux, as DataLoader does; pass ``mp_context="spawn"``
+  for objects that must not be forked). The object travels by pickle between our own processes, never on the wire.
 
 Each producer dies with its parent (``PR_SET_PDEATHSIG``). Its stderr is a pipe to this process: for a
 subprocess, ``stderr=PIPE``; for a ``multiprocessing`` process, a FIFO in the folder that ``serve`` makes its
@@ -32,7 +33,6 @@ producers write batches into (see :mod:`ferry.common.shm`), and closes it last.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import multiprocessing
 import os
@@ -44,13 +44,15 @@ import time
 from typing import Any, Callable
 
 from ferry.common import shm
-from ferry.common.constants import JOIN_TIMEOUT_S
+from ferry.common.constants import JOIN_TIMEOUT_S, LOCAL_PRODUCER_LOG_LEVEL
 from ferry.common.deferred_pickle import DeferredPickle
 from ferry.common.errors import ConfigError, ProducerDiedError, ProducerStartupError
+from ferry.common.settings import shared_values
 from ferry.common.waker import Waker
 
 from ferry.consumer.local import folder as local_folder
 from ferry.consumer.local.children import Child, describe_exit, open_pidfd
+from ferry.consumer.options import LocalOptions, TransportOptions
 
 log = logging.getLogger("ferry.consumer")
 
@@ -73,13 +75,15 @@ def _forks(ctx: Any) -> bool:
 class LocalProducers:
     """N producer processes on this machine; see the module docstring."""
 
-    def __init__(self, count: int, dataset: Any, *, dataset_args: dict[str, Any] | None, threads: int, slots: int,
-                 heartbeat: float, liveness: int, mp_context: str | None, transform: Any = None,
-                 shared_memory: tuple[int, int] | None = None, init: Any = None, collate: Any = None,
+    def __init__(self, local: LocalOptions, transport: TransportOptions, dataset: Any, *,
+                 dataset_args: dict[str, Any] | None, shared_memory: tuple[int, int] | None = None,
                  base_seed: int | None = None) -> None:
-        # producer-side hooks: callables or 'package.module:fn' specs (a spawned-by-spec producer needs specs)
-        self.transform, self.init, self.collate = transform, init, collate
-        self.base_seed = base_seed  # producer i seeds its random streams with base_seed + i, as DataLoader's workers
+        """``local.count`` producers of ``dataset``, configured by the options they share with the loader.
+
+        Args:
+            shared_memory: ``(slots, slot_bytes)`` of the slab to create, or None for none.
+            base_seed: producer i seeds its random streams with ``base_seed + i``, as DataLoader's workers do.
+        """
         self.folder = local_folder.create()
         self.endpoint = f"ipc://{self.folder}/consumer.sock"
         self.children: list[Child] = []
@@ -98,29 +102,18 @@ class LocalProducers:
                     self.slab = shm.Slab(*shared_memory)
                 except OSError as exc:  # e.g. a seccomp profile without memfd_create: the socket still works
                     log.warning("no shared memory for local producers (%s); batches go over the socket", exc)
+            config = self._config(local, transport, dataset, dataset_args)
+            configs = [dataclasses.replace(config, worker_id=i, seed=None if base_seed is None else base_seed + i)
+                       for i in range(local.count)]
             if isinstance(dataset, str):
-                for name, hook in (("producer_transform", transform), ("producer_init", init),
-                                   ("collate_fn", collate)):
-                    if hook is not None and not isinstance(hook, str):
-                        raise ConfigError(f"with a dataset spec, {name} must be a spec too "
-                                          "('package.module:function'): the producers are new interpreters")
-                for index in range(count):
-                    self.children.append(self._spawn_cli(index, count, dataset, dataset_args or {}, threads, slots,
-                                                         heartbeat, liveness))
+                for index, seeded in enumerate(configs):
+                    self.children.append(self._spawn_cli(index, seeded))
             else:
-                from ferry.producer import ProducerConfig
-
-                ctx = multiprocessing.get_context(mp_context or ("fork" if sys.platform == "linux" else "spawn"))
-                config = ProducerConfig(
-                    endpoints=(self.endpoint,), dataset=type(dataset).__qualname__, threads=threads, slots=slots,
-                    heartbeat=heartbeat, liveness=liveness, exit_with_parent=True, transform=transform,
-                    shared_memory=(self.slab.path, self.slab.token) if self.slab is not None else None,
-                    num_workers=count, init=init, collate=collate, freeze_inherited=_forks(ctx),
-                )
-                for index in range(count):
-                    seeded = dataclasses.replace(config, worker_id=index,
-                                                 seed=None if base_seed is None else base_seed + index)
-                    self.children.append(self._start_process(index, ctx, seeded, dataset))
+                ctx = multiprocessing.get_context(local.mp_context or ("fork" if sys.platform == "linux" else "spawn"))
+                forks = _forks(ctx)  # then a producer freezes what it inherited (ProducerConfig.freeze_inherited)
+                for index, seeded in enumerate(configs):
+                    child_config = dataclasses.replace(seeded, freeze_inherited=forks)
+                    self.children.append(self._start_process(index, ctx, child_config, dataset))
             self._watch.start()
         except BaseException:
             self.close()
@@ -130,22 +123,33 @@ class LocalProducers:
         # appends only (O_APPEND), read back with pread: the watch thread writes while another thread reads
         return open(os.path.join(self.folder, f"producer-{index}.stderr"), "a+b", buffering=0)
 
-    def _spawn_cli(self, index: int, count: int, spec: str, args: dict[str, Any], threads: int, slots: int,
-                   heartbeat: float, liveness: int) -> Child:
-        env = dict(os.environ)
-        env["FERRY_EXIT_WITH_PARENT"] = "1"
-        env["FERRY_DATASET_ARGS"] = json.dumps(args)
-        env["FERRY_WORKER"] = f"{index}/{count}"
-        if self.slab is not None:
-            env["FERRY_SHARED_MEMORY"] = f"{self.slab.token}:{self.slab.path}"
-        command = [sys.executable, "-m", "ferry.producer", "--connect", self.endpoint, "--dataset", spec,
-                   "--threads", str(threads), "--slots", str(slots), "--heartbeat", str(heartbeat),
-                   "--liveness", str(liveness), "--log-level", os.environ.get("FERRY_LOG_LEVEL", "WARNING")]
-        for flag, hook in (("--transform", self.transform), ("--init", self.init), ("--collate", self.collate)):
-            if hook:
-                command += [flag, hook]
-        if self.base_seed is not None:
-            command += ["--seed", str(self.base_seed + index)]
+    def _config(self, local: LocalOptions, transport: TransportOptions, dataset: Any,
+                dataset_args: dict[str, Any] | None) -> Any:
+        """The producers' ProducerConfig: every option it declares with the same setting as the loader's groups
+        (threads, slots, heartbeat, liveness, the hooks: common/settings.py), and where to connect."""
+        from ferry.producer import ProducerConfig
+
+        if isinstance(dataset, str):
+            for name, hook in (("producer_transform", local.transform), ("producer_init", local.init),
+                               ("collate_fn", local.collate)):
+                if hook is not None and not isinstance(hook, str):
+                    raise ConfigError(f"with a dataset spec, {name} must be a spec too "
+                                      "('package.module:function'): the producers are new interpreters")
+        return ProducerConfig(
+            endpoints=(self.endpoint,), dataset=dataset if isinstance(dataset, str) else type(dataset).__qualname__,
+            dataset_args=dict(dataset_args or {}), exit_with_parent=True, num_workers=local.count,
+            shared_memory=(self.slab.path, self.slab.token) if self.slab is not None else None,
+            **shared_values(ProducerConfig, local, transport),
+        )
+
+    def _spawn_cli(self, index: int, config: Any) -> Child:
+        """``python -m ferry.producer`` with the command line of ``config``; of the environment it inherits, the
+        producer's own variables are left out, so that only the loader's options configure it."""
+        from ferry.producer import command_line
+
+        log_level = os.environ.get("FERRY_LOG_LEVEL") or LOCAL_PRODUCER_LOG_LEVEL
+        argv, env = command_line(config, log_level, environ=os.environ)
+        command = [sys.executable, "-m", "ferry.producer", *argv]
         capture = self._capture(index)
         try:
             process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
