@@ -69,6 +69,7 @@ class RemoteLoader:
     timeout = Option(lambda loader: loader._options.no_producer_timeout)  # its old name
     device, pin_memory, device_transform, on_error, log_every = Option(), Option(), Option(), Option(), Option()
     endpoints = Option(lambda loader: loader._endpoints)  # bound: the given ones and local mode's ipc socket
+    local, transport, curve = Option(), Option(), Option()  # the groups as resolved (local and curve: None if off)
 
     def __init__(
         self, *,

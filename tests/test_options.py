@@ -183,14 +183,16 @@ def test_the_old_local_and_transport_keywords_work_and_mean_the_groups(tmp_path)
                       task_timeout=9.0, max_batch_bytes=1 << 20, mp_context=None, producer_transform=None,
                       shared_memory=False) as loader:
         assert len(list(loader)) == 4  # 18 samples, batches of 4, the tail dropped
-        assert loader._options.transport == TransportOptions(heartbeat=0.2, liveness=7, task_timeout=9.0,
-                                                             max_batch_bytes=1 << 20)
-        assert loader._options.local == LocalOptions(count=1, threads=2, slots=3, shared_memory=False)
+        assert loader.transport == TransportOptions(heartbeat=0.2, liveness=7, task_timeout=9.0,
+                                                    max_batch_bytes=1 << 20)
+        assert loader.local == LocalOptions(count=1, threads=2, slots=3, shared_memory=False)
         assert loader.stats()["shared_batches"] == 0  # shared_memory=False was applied
     with RemoteLoader(**flat, local=LocalOptions(count=1, threads=2, slots=3, shared_memory=False),
                       transport=TransportOptions(heartbeat=0.2, liveness=7, task_timeout=9.0,
                                                  max_batch_bytes=1 << 20)) as grouped:
-        assert grouped._options == loader._options
+        assert (grouped.local, grouped.transport, grouped.curve) == (loader.local, loader.transport, None)
+        assert [getattr(grouped, k) for k in flat if hasattr(grouped, k)] == [getattr(loader, k) for k in flat
+                                                                               if hasattr(loader, k)]
         assert len(list(grouped)) == 4
 
 
@@ -200,9 +202,9 @@ def test_the_old_curve_keywords_work_and_mean_the_group(tmp_path, endpoint):
     assert out.returncode == 0, out.stderr
     secret, authorized = str(tmp_path / "keys" / "server.key_secret"), str(tmp_path / "keys" / "authorized")
     with RemoteLoader(endpoint=endpoint, curve_secret_key=secret, curve_authorized_keys=authorized) as loader:
-        assert loader._options.curve == CurveOptions(secret_key=secret, authorized_keys=authorized)
+        assert loader.curve == CurveOptions(secret_key=secret, authorized_keys=authorized)
     with RemoteLoader(endpoint=endpoint, curve=CurveOptions(secret, authorized)) as loader:
-        assert loader._options.curve == CurveOptions(secret_key=secret, authorized_keys=authorized)
+        assert loader.curve == CurveOptions(secret_key=secret, authorized_keys=authorized)
 
 
 @pytest.mark.parametrize("kwargs, clash", [
