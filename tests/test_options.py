@@ -135,9 +135,15 @@ def test_a_bad_option_raises_in_the_constructor_before_anything_starts(kwargs, b
 
 
 @pytest.mark.parametrize("forever", [0, 0.0, None])
-def test_timeout_zero_or_none_waits_forever(endpoint, spawn, forever):
-    with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, timeout=forever, dataset_len=20) as loader:
+def test_timeout_zero_or_none_means_wait_forever(endpoint, forever):
+    with RemoteLoader(endpoint=endpoint, batch_size=4, timeout=forever, dataset_len=20) as loader:
         assert loader.no_producer_timeout == loader.timeout == math.inf
+    with RemoteLoader(endpoint=endpoint, batch_size=4, no_producer_timeout=forever, dataset_len=20) as loader:
+        assert loader.no_producer_timeout == loader.timeout == math.inf
+
+
+def test_a_loader_that_waits_forever_outlasts_a_finite_timeout_then_serves(endpoint, spawn):
+    with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, timeout=None, dataset_len=20) as loader:
         got, failure = [], []
 
         def consume():
