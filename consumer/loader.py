@@ -172,7 +172,8 @@ class RemoteLoader:
         """Figures of this loader (lifetime counters; ``epoch_*`` for the current epoch)."""
         io = self._io.snapshot() if self._io is not None else {}
         epoch = self._active.epoch if self._active is not None else self.epoch
-        return stats_figures(self._counters, io, capacity=self.buffer_batches, epoch=epoch)
+        return stats_figures(self._counters, io, capacity=self.buffer_batches, epoch=epoch,
+                             producers_needed=self._observer.demand.value)
 
     def state_dict(self) -> dict[str, Any]:
         """A small, JSON-serialisable state: resume with ``load_state_dict`` in a new process."""
