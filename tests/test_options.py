@@ -266,3 +266,16 @@ def test_a_malformed_torchrun_variable_is_named(monkeypatch, endpoint):
     monkeypatch.setenv("LOCAL_RANK", "one")
     with pytest.raises(ConfigError, match=r"LOCAL_RANK='one'"):
         RemoteLoader()
+
+
+def test_the_endpoint_comes_from_ferry_endpoint_when_not_given(monkeypatch):
+    """Engine files (a Kubernetes Job, a Slurm script) set where the trainer binds without editing the script."""
+    ports = [free_port(), free_port()]
+    monkeypatch.setenv("FERRY_ENDPOINT", f"tcp://127.0.0.1:{ports[0]}, tcp://127.0.0.1:{ports[1]}")
+    with RemoteLoader(batch_size=2, dataset_len=4) as loader:
+        assert loader.endpoints == (f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}")
+    with RemoteLoader(batch_size=2, dataset_len=4, endpoint=f"tcp://127.0.0.1:{ports[1]}") as loader:
+        assert loader.endpoints == (f"tcp://127.0.0.1:{ports[1]}",)  # the script's own choice wins
+    monkeypatch.setenv("FERRY_ENDPOINT", "not-an-endpoint")
+    with pytest.raises(ConfigError, match="FERRY_ENDPOINT"):
+        RemoteLoader(batch_size=2, dataset_len=4)

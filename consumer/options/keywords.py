@@ -90,9 +90,11 @@ _NO_PRODUCER_TIMEOUT = Setting(
 
 #: Every keyword of ``RemoteLoader`` but the groups' flat ones, in the signature's order.
 KEYWORDS: dict[str, Setting] = {
-    "endpoint": Setting(_Endpoints(), "where the consumer binds its ROUTER, or a list of them. Default "
-                        f"``{DEFAULT_ENDPOINT}``; in local mode the default binds only the private ipc socket; None: "
-                        "bind nothing else. A tcp port is shifted by ``LOCAL_RANK`` under torchrun.", optional=True),
+    "endpoint": Setting(_Endpoints(), "where the consumer binds its ROUTER, or a list of them. Not given: the "
+                        "environment's ``FERRY_ENDPOINT`` (comma-separated), so that an engine's files can set it "
+                        f"without editing the script; else ``{DEFAULT_ENDPOINT}``, and in local mode only the private "
+                        "ipc socket. None: bind nothing else. A tcp port is shifted by ``LOCAL_RANK`` under torchrun.",
+                        optional=True),
     "batch_size": Setting(s.Int(1), "samples per batch."),
     "shuffle": Setting(s.Bool(), "shuffle with DistributedSampler's permutation (seed + epoch).", optional=True),
     "seed": Setting(s.Int(MIN_SEED, MAX_SEED), "the shuffle seed. ``sample_info().seed`` on the producers derives "

@@ -79,11 +79,20 @@ def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -
         raise ConfigError(f"environment variable {name}={value!r} is not an integer") from None
 
 
-def _endpoints(given: Mapping[str, Any], local: bool) -> tuple[str, ...]:
-    """What to bind: the default (none in local mode, whose ipc socket is added later), or the given ones."""
-    if given["endpoint"] is UNSET:
+def _endpoints(given: Mapping[str, Any], local: bool, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """What to bind: the given ones, else ``FERRY_ENDPOINT``'s, else the default (none in local mode, whose ipc
+    socket is added later)."""
+    endpoint, name = given["endpoint"], "endpoint"
+    if endpoint is UNSET:
+        from_env = (os.environ if environ is None else environ).get("FERRY_ENDPOINT", "")
+        endpoint, name = [e.strip() for e in from_env.split(",") if e.strip()] or UNSET, "FERRY_ENDPOINT"
+        bad = [e for e in (endpoint if endpoint is not UNSET else []) if "://" not in e]
+        if bad:
+            raise ConfigError(f"environment variable FERRY_ENDPOINT={from_env!r} is not a comma-separated list of "
+                              f"endpoints like tcp://*:5555 or ipc:///path ({bad[0]!r})")
+    if endpoint is UNSET:
         return () if local else (shift_port(DEFAULT_ENDPOINT, env_int("LOCAL_RANK", 0)),)
-    endpoints = _check("endpoint", given["endpoint"]) or ()
+    endpoints = KEYWORDS["endpoint"].check(name, endpoint) or ()
     local_rank = env_int("LOCAL_RANK", 0) if endpoints else 0
     return tuple(shift_port(e, local_rank) for e in endpoints)
 
