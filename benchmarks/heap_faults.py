@@ -11,12 +11,10 @@ Alternating, N runs each. Prints the receiver's minor page faults per GB receive
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 
-from .scenarios import INGEST_SLOTS, REPO, env, free_endpoint
+from .scenarios import env, ferry_sender, free_endpoint, receive_pair
 
 
 def receive(mib: float, count: int, keep: bool) -> dict:
@@ -24,26 +22,8 @@ def receive(mib: float, count: int, keep: bool) -> dict:
     endpoint = free_endpoint()
     receiver_env = env()
     receiver_env["FERRY_KEEP_FREED_MEMORY"] = "1" if keep else "0"
-    recv = subprocess.Popen([sys.executable, "-m", "benchmarks.ingest_peers", "ferry-consume", endpoint, str(mib),
-                             str(count)], env=receiver_env, cwd=REPO, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    send = subprocess.Popen([sys.executable, "-m", "ferry.producer", "--connect", endpoint, "--dataset",
-                             "benchmarks.datasets:Blank", "--dataset-arg", "length=1000000", "--dataset-arg",
-                             f"mib={mib}", "--threads", "1", "--slots", str(INGEST_SLOTS), "--heartbeat", "0.2",
-                             "--log-level", "WARNING"], env=env(), cwd=REPO, stdin=subprocess.DEVNULL)
-    try:
-        out, _ = recv.communicate(timeout=600)
-        if recv.returncode != 0:
-            raise RuntimeError(f"receiver ({mib} MiB, keep={keep}) exited {recv.returncode}")
-        return json.loads(out.decode().strip().splitlines()[-1])
-    finally:
-        for proc in (send, recv):
-            if proc.poll() is None:
-                proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+    return receive_pair([sys.executable, "-m", "benchmarks.ingest_peers", "ferry-consume", endpoint, str(mib),
+                         str(count)], ferry_sender(endpoint, mib), receiver_env, f"receiver ({mib} MiB, keep={keep})")
 
 
 def main(argv: list[str] | None = None) -> int:

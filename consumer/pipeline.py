@@ -118,9 +118,7 @@ class Pipeline:
             # before any starts. Only read: the trainer's own heap settings are its script's choice
             wanted_by_environment()
             self.local = LocalProducers(
-                local.count, dataset, dataset_args=opts.dataset_args, threads=local.threads, slots=local.slots,
-                heartbeat=transport.heartbeat, liveness=transport.liveness, mp_context=local.mp_context,
-                transform=local.transform, init=local.init, collate=local.collate,
+                local, transport, dataset, dataset_args=opts.dataset_args,
                 # as DataLoader draws its workers' base seed: from torch's RNG, so torch.manual_seed in the
                 # script makes the producers' own random streams reproducible
                 base_seed=int(torch.empty((), dtype=torch.int64).random_(generator=opts.generator).item()),

@@ -3,7 +3,8 @@ consumers over ZeroMQ.
 
 Run it as ``python -m ferry.producer --connect tcp://trainer:5555 --dataset npy-folder --dataset-arg root=/data``
 (or ``ferry produce …``). Embed it with :func:`serve`, its one public entry point; the consumer's local
-mode starts producers only through it.
+mode starts producers only through it, or through the command line that :func:`command_line` writes for a
+:class:`ProducerConfig` (its ``FERRY_*`` variables: :data:`PRODUCER_ENV`).
 
 This package never imports ``consumer``, and imports torch only if the dataset does.
 """
@@ -21,9 +22,10 @@ import threading
 from typing import Any
 
 from ferry.common.heap import keep_freed_memory
-from ferry.producer.config import ProducerConfig
+from ferry.producer.cli import command_line
+from ferry.producer.config import PRODUCER_ENV, ProducerConfig
 
-__all__ = ["serve", "preload", "ProducerConfig", "keep_freed_memory"]
+__all__ = ["serve", "preload", "ProducerConfig", "keep_freed_memory", "command_line", "PRODUCER_ENV"]
 
 _PR_SET_PDEATHSIG = 1
 # keep_freed_memory (and its constants) lives in ferry.common.heap: the consumer sets it too

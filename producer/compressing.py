@@ -31,7 +31,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ferry.common import compression as comp
-from ferry.common.compression import MIN_FRAME_BYTES, codec, compress_frame, decide_shuffle, shuffle
+from ferry.common.compression import codec, compress_frame, decide_shuffle, shuffle
+from ferry.common.constants import MIN_COMPRESS_FRAME_BYTES
 from ferry.producer.linkpace import SETTLE_TASKS, Delivered, LinkMeter
 
 log = logging.getLogger("ferry.producer")
@@ -126,7 +127,7 @@ class FrameCompressor:
         for node in leaves:
             first, count = node["f"], node.get("n", 1)
             itemsize = np.dtype(node["d"]).itemsize
-            if len(frames[first]) < MIN_FRAME_BYTES:
+            if len(frames[first]) < MIN_COMPRESS_FRAME_BYTES:
                 continue
             step = decide_shuffle(name, frames[first], itemsize)
             for index in range(first, first + count):
@@ -158,7 +159,7 @@ class FrameCompressor:
         index = max(range(len(frames)), key=lambda i: len(frames[i]))
         itemsize = itemsizes.get(index, 1)
         size = min(len(frames[index]), self.PROBE_BYTES) // max(1, itemsize) * max(1, itemsize)
-        if size < MIN_FRAME_BYTES:
+        if size < MIN_COMPRESS_FRAME_BYTES:
             return
         raw = memoryview(frames[index])[:size]
         for name in names:

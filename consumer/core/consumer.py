@@ -80,6 +80,10 @@ class ConsumerCore:
         self._decoder = BatchDecoder(config.max_batch_bytes)
         self._epoch = 0
         self._out: list[Action] = []
+        # producer time in use: slot occupancy integrated over time (see _finish), for the demand gauge
+        self.busy_s = 0.0  # full-producer seconds: a producer with every slot holding a task counts 1 a second
+        self._busy_now = 0.0  # full producers in use since the last event
+        self._busy_at = now
 
     @property
     def sequencer(self) -> Sequencer | None:
@@ -313,12 +317,18 @@ class ConsumerCore:
 
     # --- issuing and handing on ---------------------------------------------------------------------------
     def _finish(self, now: float) -> list[Action]:
-        """Every event ends here: issue what credits allow, hand on what is ready; the actions, in order."""
+        """Every event ends here: issue what credits allow, hand on what is ready; the actions, in order.
+
+        Producer occupancy changes only within events, so what it was since the last event is integrated here
+        first (``busy_s``: how many producers had every slot busy, over time), then taken anew."""
+        self.busy_s += max(0.0, now - self._busy_at) * self._busy_now
+        self._busy_at = now
         sequencer = self.sequencer
         if sequencer is not None:
             self._dispatch(sequencer, now)
             while (item := sequencer.take()) is not None:
                 self._out.append(Deliver(item))
+        self._busy_now = sum(min(len(p.in_flight), p.slots) / p.slots for p in self.dispatcher.producers.values())
         out, self._out = self._out, []
         return out
 
@@ -358,6 +368,7 @@ class ConsumerCore:
             "in_flight": self.dispatcher.in_flight,
             "queued": self.dispatcher.queued,
             "reissued": self.dispatcher.reissued,
+            "busy_s": self.busy_s + max(0.0, now - self._busy_at) * self._busy_now,
             "per_producer": self.peers.figures(now),
             "shared_memory": None if self.slab is None else {
                 "slots": self.slab.slots, "free": self.slab.free, "lost": self.slots.lost},

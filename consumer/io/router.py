@@ -13,10 +13,9 @@ from typing import Any, Iterable
 import zmq
 
 from ferry.common import protocol
-from ferry.common.constants import SOCKET_HWM
+from ferry.common.constants import CONSUMER_BYE_LINGER_MS, SOCKET_HWM
 from ferry.common.errors import ConfigError
 
-BYE_LINGER_MS = 200  # how long close() lets the BYEs leave
 
 
 class Router:
@@ -71,7 +70,7 @@ class Router:
         peers = list(goodbye)
         for peer in peers:
             self.send(peer, [protocol.pack(protocol.BYE)])
-        self.sock.close(linger=BYE_LINGER_MS if peers else 0)
+        self.sock.close(linger=CONSUMER_BYE_LINGER_MS if peers else 0)
         if self._auth is not None:
             self._auth.stop()
         self._ctx.term()

@@ -2,7 +2,8 @@
 entry point, in one of two ways:
 
 * :class:`SpecLauncher`, for a dataset *spec* (a string): ``python -m ferry.producer …`` as a subprocess, with
-  ``stderr=PIPE``. Nothing of the training script is re-imported or pickled.
+  the command line of its ``ProducerConfig`` and ``stderr=PIPE``. Nothing of the training script is
+  re-imported or pickled.
 * :class:`ObjectLauncher`, for a dataset *object*: a daemonic ``multiprocessing`` process running
   :func:`ferry.producer.serve` (``fork`` by default on Linux, as DataLoader does). Its stderr is a FIFO in the
   folder that ``serve`` makes its fd 2 as it starts. Daemonic, as DataLoader's workers are: a
@@ -20,15 +21,14 @@ calls :meth:`launch` from its own long-lived thread only.
 from __future__ import annotations
 
 import dataclasses
-import json
 import multiprocessing
 import os
 import subprocess
 import sys
 from typing import Any
 
+from ferry.common.constants import LOCAL_PRODUCER_LOG_LEVEL
 from ferry.common.deferred_pickle import DeferredPickle
-from ferry.common.errors import ConfigError
 from ferry.common.sampleinfo import producer_seed
 
 from ferry.consumer.local.children import Child, open_pidfd
@@ -49,10 +49,10 @@ def _forks(ctx: Any) -> bool:
 
 
 class _Launcher:
-    """What both kinds share: the folder, the producer count, the base seed, the shared-memory slab."""
+    """What both kinds share: the folder, the producers' ProducerConfig, the base seed."""
 
-    def __init__(self, folder: str, count: int, base_seed: int | None, slab: Any) -> None:
-        self.folder, self.count, self.base_seed, self.slab = folder, count, base_seed, slab
+    def __init__(self, folder: str, config: Any, base_seed: int | None) -> None:
+        self.folder, self.config, self.base_seed = folder, config, base_seed
 
     def path(self, index: int, generation: int, suffix: str) -> str:
         tag = f"{index}" if generation == 0 else f"{index}.{generation}"
@@ -62,48 +62,26 @@ class _Launcher:
         # appends only (O_APPEND), read back with pread: the watch thread writes while another thread reads
         return open(self.path(index, generation, "stderr"), "a+b", buffering=0)
 
-    def seed(self, index: int, generation: int) -> int | None:
-        return producer_seed(self.base_seed, index, self.count, generation)
+    def configured(self, index: int, generation: int) -> Any:
+        """The config of producer ``index``'s ``generation``-th start: its worker id and its own seed."""
+        seed = producer_seed(self.base_seed, index, self.config.num_workers, generation)
+        return dataclasses.replace(self.config, worker_id=index, seed=seed)
 
 
 class SpecLauncher(_Launcher):
-    """``python -m ferry.producer`` subprocesses serving the dataset ``spec`` with ``args``.
-
-    Raises:
-        ConfigError: a producer hook (transform, init, collate) that is not a spec: a new interpreter cannot
-            receive a callable.
-    """
-
-    def __init__(self, folder: str, endpoint: str, count: int, spec: str, args: dict[str, Any], *, threads: int,
-                 slots: int, heartbeat: float, liveness: int, hooks: dict[str, Any], base_seed: int | None,
-                 slab: Any) -> None:
-        super().__init__(folder, count, base_seed, slab)
-        for flag, hook in hooks.items():
-            if hook is not None and not isinstance(hook, str):
-                raise ConfigError(f"with a dataset spec, {_HOOK_NAMES[flag]} must be a spec too "
-                                  "('package.module:function'): the producers are new interpreters")
-        self._command = [sys.executable, "-m", "ferry.producer", "--connect", endpoint, "--dataset", spec,
-                         "--threads", str(threads), "--slots", str(slots), "--heartbeat", str(heartbeat),
-                         "--liveness", str(liveness), "--log-level", os.environ.get("FERRY_LOG_LEVEL", "WARNING")]
-        for flag, hook in hooks.items():
-            if hook:
-                self._command += [flag, hook]
-        self._args = json.dumps(args)
+    """``python -m ferry.producer`` subprocesses, with the command line of their ProducerConfig
+    (:func:`ferry.producer.command_line`); of the environment they inherit, the producer's own ``FERRY_*``
+    variables are left out, so that only the loader's options configure them."""
 
     def launch(self, index: int, generation: int) -> Child:
-        env = dict(os.environ)
-        env["FERRY_EXIT_WITH_PARENT"] = "1"
-        env["FERRY_DATASET_ARGS"] = self._args
-        env["FERRY_WORKER"] = f"{index}/{self.count}"
-        if self.slab is not None:
-            env["FERRY_SHARED_MEMORY"] = f"{self.slab.token}:{self.slab.path}"
-        command = list(self._command)
-        seed = self.seed(index, generation)
-        if seed is not None:
-            command += ["--seed", str(seed)]
+        from ferry.producer import command_line
+
+        log_level = os.environ.get("FERRY_LOG_LEVEL") or LOCAL_PRODUCER_LOG_LEVEL
+        argv, env = command_line(self.configured(index, generation), log_level, environ=os.environ)
         capture = self.capture(index, generation)
         try:
-            process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            process = subprocess.Popen([sys.executable, "-m", "ferry.producer", *argv], env=env,
+                                       stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
         except BaseException:
             capture.close()
             raise
@@ -113,19 +91,15 @@ class SpecLauncher(_Launcher):
         return Child(index, process, stderr_fd, open_pidfd(process.pid), True, capture, generation)
 
 
-_HOOK_NAMES = {"--transform": "producer_transform", "--init": "producer_init", "--collate": "collate_fn"}
-
-
 class ObjectLauncher(_Launcher):
     """Daemonic ``multiprocessing`` processes (start method ``mp_context``, default ``fork`` on Linux) running
-    ``serve`` with ``dataset``; ``config`` is their ProducerConfig, less what each start sets."""
+    ``serve`` with ``dataset``."""
 
-    def __init__(self, folder: str, count: int, dataset: Any, config: Any, *, mp_context: str | None,
-                 base_seed: int | None, slab: Any) -> None:
-        super().__init__(folder, count, base_seed, slab)
+    def __init__(self, folder: str, config: Any, dataset: Any, *, mp_context: str | None,
+                 base_seed: int | None) -> None:
         self._ctx = multiprocessing.get_context(mp_context or ("fork" if sys.platform == "linux" else "spawn"))
+        super().__init__(folder, dataclasses.replace(config, freeze_inherited=_forks(self._ctx)), base_seed)
         self._dataset = dataset
-        self._config = dataclasses.replace(config, freeze_inherited=_forks(self._ctx))
 
     def launch(self, index: int, generation: int) -> Child:
         """Its stderr is a FIFO in the folder, which ``serve`` opens as its fd 2 first thing
@@ -134,8 +108,7 @@ class ObjectLauncher(_Launcher):
         from ferry.producer import serve
 
         fifo = self.path(index, generation, "fifo")
-        config = dataclasses.replace(self._config, worker_id=index, seed=self.seed(index, generation),
-                                     stderr_path=fifo)
+        config = dataclasses.replace(self.configured(index, generation), stderr_path=fifo)
         capture = self.capture(index, generation)
         read_fd = -1
         try:

@@ -43,13 +43,15 @@ from typing import Any, Callable
 from ferry.common import shm
 from ferry.common.constants import (JOIN_TIMEOUT_S, POLL_SLICE_S, RESPAWN_FIRST_DELAY_S, RESPAWN_MAX_DELAY_S,
                                     RESPAWN_WINDOW_S, RESPAWNS_PER_WINDOW)
-from ferry.common.errors import ProducerDiedError, ProducerStartupError
+from ferry.common.errors import ConfigError, ProducerDiedError, ProducerStartupError
+from ferry.common.settings import shared_values
 from ferry.common.waker import Waker
 
 from ferry.consumer.local import folder as local_folder
 from ferry.consumer.local.children import Child, describe_exit
 from ferry.consumer.local.launchers import ObjectLauncher, SpecLauncher
 from ferry.consumer.local.respawn import Replacements, RespawnBudget
+from ferry.consumer.options import LocalOptions, TransportOptions
 
 log = logging.getLogger("ferry.consumer")
 
@@ -60,11 +62,21 @@ EXIT_POLL_S = 0.1
 class LocalProducers:
     """N producer processes on this machine; see the module docstring."""
 
-    def __init__(self, count: int, dataset: Any, *, dataset_args: dict[str, Any] | None, threads: int, slots: int,
-                 heartbeat: float, liveness: int, mp_context: str | None, transform: Any = None,
-                 shared_memory: tuple[int, int] | None = None, init: Any = None, collate: Any = None,
+    def __init__(self, local: LocalOptions, transport: TransportOptions, dataset: Any, *,
+                 dataset_args: dict[str, Any] | None, shared_memory: tuple[int, int] | None = None,
                  base_seed: int | None = None) -> None:
-        self.base_seed = base_seed  # producer i seeds its random streams with base_seed + i, as DataLoader's workers
+        """``local.count`` producers of ``dataset``, configured by the options they share with the loader.
+
+        Args:
+            shared_memory: ``(slots, slot_bytes)`` of the slab to create, or None for none.
+            base_seed: producer i seeds its random streams with ``base_seed + i``, as DataLoader's workers do
+                (a replacement: see ``ferry.common.sampleinfo.producer_seed``).
+
+        Raises:
+            ConfigError: a producer hook that is not a spec with a dataset spec.
+            Exception: what starting a producer raised (the others are stopped first).
+        """
+        self.base_seed = base_seed
         self.folder = local_folder.create()
         self.endpoint = f"ipc://{self.folder}/consumer.sock"
         self.children: list[Child] = []  # the current process of each producer index, in index order
@@ -78,7 +90,7 @@ class LocalProducers:
         self._waker = Waker()
         self._started = threading.Event()
         self._start_failure: BaseException | None = None
-        self._watch = threading.Thread(target=self._own, args=(count,), name="ferry-local-watch", daemon=True)
+        self._watch = threading.Thread(target=self._own, args=(local.count,), name="ferry-local-watch", daemon=True)
         #: called from the watch thread with (pid, why) for each death it sees, so that the io thread loses
         #: that producer at once instead of after the liveness window; set by the pipeline
         self.on_death: Callable[[int, str], None] | None = None
@@ -91,32 +103,34 @@ class LocalProducers:
                     self.slab = shm.Slab(*shared_memory)
                 except OSError as exc:  # e.g. a seccomp profile without memfd_create: the socket still works
                     log.warning("no shared memory for local producers (%s); batches go over the socket", exc)
-            self._launcher = self._launcher_for(count, dataset, dataset_args, threads, slots, heartbeat, liveness,
-                                                mp_context, transform, init, collate)
+            config = self._config(local, transport, dataset, dataset_args)
+            self._launcher = (SpecLauncher(self.folder, config, base_seed=base_seed) if isinstance(dataset, str)
+                              else ObjectLauncher(self.folder, config, dataset, mp_context=local.mp_context,
+                                                  base_seed=base_seed))
             self._watch.start()
             self._wait_started()
         except BaseException:
             self.close()
             raise
 
-    def _launcher_for(self, count: int, dataset: Any, dataset_args: dict[str, Any] | None, threads: int, slots: int,
-                      heartbeat: float, liveness: int, mp_context: str | None, transform: Any, init: Any,
-                      collate: Any) -> SpecLauncher | ObjectLauncher:
-        if isinstance(dataset, str):
-            return SpecLauncher(self.folder, self.endpoint, count, dataset, dataset_args or {}, threads=threads,
-                                slots=slots, heartbeat=heartbeat, liveness=liveness, base_seed=self.base_seed,
-                                hooks={"--transform": transform, "--init": init, "--collate": collate},
-                                slab=self.slab)
+    def _config(self, local: LocalOptions, transport: TransportOptions, dataset: Any,
+                dataset_args: dict[str, Any] | None) -> Any:
+        """The producers' ProducerConfig: every option it declares with the same setting as the loader's groups
+        (threads, slots, heartbeat, liveness, the hooks: common/settings.py), and where to connect."""
         from ferry.producer import ProducerConfig
 
-        config = ProducerConfig(
-            endpoints=(self.endpoint,), dataset=type(dataset).__qualname__, threads=threads, slots=slots,
-            heartbeat=heartbeat, liveness=liveness, exit_with_parent=True, transform=transform,
+        if isinstance(dataset, str):
+            for name, hook in (("producer_transform", local.transform), ("producer_init", local.init),
+                               ("collate_fn", local.collate)):
+                if hook is not None and not isinstance(hook, str):
+                    raise ConfigError(f"with a dataset spec, {name} must be a spec too "
+                                      "('package.module:function'): the producers are new interpreters")
+        return ProducerConfig(
+            endpoints=(self.endpoint,), dataset=dataset if isinstance(dataset, str) else type(dataset).__qualname__,
+            dataset_args=dict(dataset_args or {}), exit_with_parent=True, num_workers=local.count,
             shared_memory=(self.slab.path, self.slab.token) if self.slab is not None else None,
-            num_workers=count, init=init, collate=collate,
+            **shared_values(ProducerConfig, local, transport),
         )
-        return ObjectLauncher(self.folder, count, dataset, config, mp_context=mp_context, base_seed=self.base_seed,
-                              slab=self.slab)
 
     def _wait_started(self) -> None:
         """Until the watch thread has started every producer (bounded by that thread: it sets the event or ends).
