@@ -113,7 +113,9 @@ def _stderr_to(path: str) -> None:
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM us when the parent dies (local mode), so no producer outlives its trainer."""
+    """Ask Linux to SIGTERM us when the parent dies (local mode), so no producer outlives its trainer. Linux sends
+    it when the *thread* that forked us ends: the consumer forks its producers from a thread that lives as long
+    as they do (``ferry-local-watch``)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
