@@ -253,7 +253,7 @@ def test_set_affinity_in_worker_init(method):
 @pytest.mark.parametrize("method", BULK_START_METHODS)
 def test_in_order_index_ds(method):
     """torch: TestOutOfOrderDataLoader.test_in_order_index_ds: in_order=True and a slow first sample (0.5 s for
-    the original's 1 s): batches
+    the original's 1 s: nothing here depends on how slow): batches
     still come as 0..9. (The original's worker ids [0, 1, 0, 1, ...] are DataLoader's fixed round-robin, which
     does not apply: Ferry gives each batch to whichever producer has a free slot; the ids are valid ones.)"""
     with local(pd.SlowIndex(10, slow_index=0, seconds=0.5), method, in_order=True, **ONE_AT_A_TIME) as loader:
@@ -264,10 +264,11 @@ def test_in_order_index_ds(method):
 
 @pytest.mark.parametrize("method", BULK_START_METHODS)
 def test_out_of_order_index_ds(method):
-    """torch: TestOutOfOrderDataLoader.test_out_of_order_index_ds: in_order=False and a slow sample 0: the other
+    """torch: TestOutOfOrderDataLoader.test_out_of_order_index_ds: in_order=False and a slow sample 0 (1 s, as the
+    original: the other producer's first batch must come before it, on a loaded machine too): the other
     batches overtake it (not 0..9; sample 0 is not first), and every sample comes once. (The exact order the
     original expects follows from DataLoader's prefetch_factor=2 per worker, which does not apply.)"""
-    with local(pd.SlowIndex(10, slow_index=0, seconds=0.5), method, in_order=False, **ONE_AT_A_TIME) as loader:
+    with local(pd.SlowIndex(10, slow_index=0, seconds=1.0), method, in_order=False, **ONE_AT_A_TIME) as loader:
         data = [int(i) for _, i in loader]
     assert data != list(range(10)) and data[0] != 0
     assert sorted(data) == list(range(10))
