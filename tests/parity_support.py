@@ -70,8 +70,6 @@ LIFECYCLE_IN_CHILD = ("issue 18: lifecycle in multiprocessing children: a loader
 # --- gaps these tests found that issue 18 does not list yet (reported with the branch) -----------------------
 UNBATCHED = ("not in issue 18 yet: unbatched mode: batch_size=None is refused (ConfigError), where DataLoader "
              "yields samples one by one, default_convert'ed, or what a list-yielding sampler's indices give")
-GENERIC = ("not in issue 18 yet: typing: RemoteLoader is not Generic, so RemoteLoader[list[Tensor]] in an "
-           "annotation raises TypeError (DataLoader[...] is allowed)")
 NUMPY_STRINGS = ("not in issue 18 yet: numpy string samples: np.str_ leaves fail on the producer (dtype <U1 "
                  "cannot travel), where default_collate returns them as they are")
 SPARSE_NESTED = ("not in issue 18 yet: sparse and nested tensors: a sample holding a sparse COO or a nested "

@@ -23,7 +23,7 @@ from ferry import RemoteLoader
 
 from . import parity_datasets as pd
 from .parity_support import (
-    ATTRIBUTES, BULK_START_METHODS, COMMON, EXCESSIVE_WORKERS, GENERIC, ITERABLE, MP_CONTEXT_OBJECT, MP_CONTEXT_UNUSED,
+    ATTRIBUTES, BULK_START_METHODS, COMMON, EXCESSIVE_WORKERS, ITERABLE, MP_CONTEXT_OBJECT, MP_CONTEXT_UNUSED,
     UNBATCHED, WORKERS, cpus, local, xfail,
 )
 
@@ -138,7 +138,6 @@ def test_invalid_assign_after_init():
                 setattr(loader, name, {})
 
 
-@xfail(GENERIC)
 def test_typing():
     """torch: TestDataLoader.test_typing: the loader class can be subscripted, as in an annotation
     ``-> DataLoader[list[torch.Tensor]]`` (evaluated here: this module defers its annotations)."""
