@@ -84,9 +84,6 @@ INIT_ON_ANOTHER_COPY = ("not in issue 18 yet: under spawn, producer_init= a boun
                         "another copy of the dataset than the one the producer serves (the dataset and the hooks "
                         "are pickled apart), so what the init sets on self is lost; DataLoader pickles them in "
                         "one go, and the worker's init and dataset share the copy")
-FORKED_STDERR = ("not in issue 18 yet: a forked producer writes its Python traceback to the trainer's "
-                 "sys.stderr object; where that is not fd 2 (Jupyter, pytest's capture) it never reaches the "
-                 "pipe the loader reads, and the loop's error says the producer 'wrote nothing to stderr'")
 MP_CONTEXT_UNUSED = ("not in issue 18 yet: mp_context without local producers is ignored, where DataLoader "
                      "refuses multiprocessing_context with num_workers=0 (ValueError)")
 

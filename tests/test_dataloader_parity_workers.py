@@ -23,7 +23,7 @@ from ferry import RemoteLoader
 from . import parity_datasets as pd
 from .helpers import local_producer_pids
 from .parity_support import (
-    BULK_START_METHODS, COMMON, DATASET_AT_BUILD, FORKED_STDERR, INIT_ON_ANOTHER_COPY, ITERABLE, MP_CONTEXT_OBJECT,
+    BULK_START_METHODS, COMMON, DATASET_AT_BUILD, INIT_ON_ANOTHER_COPY, ITERABLE, MP_CONTEXT_OBJECT,
     START_METHODS, TIMEOUT, keep_for_spawn, local, xfail,
 )
 
@@ -62,7 +62,6 @@ def test_error_in_init(start_method, monkeypatch):
             list(loader)
 
 
-@xfail(FORKED_STDERR)
 def test_error_in_init_stderr_elsewhere(monkeypatch, tmp_path):
     """torch: TestDataLoader.test_error_in_init, worker_init_fn part, forked, with the trainer's sys.stderr a
     stream that is not fd 2 (as in Jupyter): the loop's error still says "Error in worker_init_fn"."""
