@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing.util
+import types
 import weakref
 from typing import Any, Callable
 
@@ -74,6 +75,9 @@ class RemoteLoader:
         ConfigTypeError: an option of the wrong type (a ConfigError and a TypeError).
         ConfigError: an invalid option or combination, or the endpoint cannot be bound (the port is in use).
     """
+
+    # RemoteLoader[list[torch.Tensor]] in annotations, as DataLoader[...] (a Generic) allows
+    __class_getitem__ = classmethod(types.GenericAlias)
 
     # the options, read-only: each reads the resolved options (consumer/options/read_only.py), nothing is copied
     batch_size, shuffle, seed, drop_last = Option(), Option(), Option(), Option()

@@ -108,8 +108,17 @@ def _stderr_to(path: str) -> None:
     if fd != 2:  # 2 itself when we started without a stderr
         os.dup2(fd, 2)
         os.close(fd)
-    if sys.stderr is None:  # started without one: give Python's tracebacks a way out
+    if not _writes_to_fd2(sys.stderr):
+        # started without one, or forked from a trainer whose sys.stderr is not fd 2 (Jupyter, pytest's capture):
+        # Python's tracebacks must reach the FIFO too, not an object of the trainer's that nobody reads here
         sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
+
+
+def _writes_to_fd2(stream: object) -> bool:
+    try:
+        return stream is not None and stream.fileno() == 2  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both an OSError and a ValueError
+        return False
 
 
 def _die_with_parent() -> None:
