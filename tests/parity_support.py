@@ -48,9 +48,6 @@ ITERABLE = ("issue 18: iterable datasets: RemoteLoader refuses a torch IterableD
             "shards()/iter_shard() (ConfigError), where DataLoader iterates it in each worker")
 TIMEOUT = ("issue 18: timeout semantics: timeout= is the old name of no_producer_timeout (no live producer), "
            "not DataLoader's limit on each batch: a slow sample from a live producer never times out")
-ERROR_TYPES = ("issue 18: error types: an exception raised by the dataset or collate on a producer reaches "
-               "the loop as RemoteSampleError, not as its own type (NotImplementedError, RuntimeError, "
-               "TypeError) as DataLoader re-raises it")
 NON_BATCH_FIRST = ("issue 18: non-batch-first collate_fn outputs: a collate_fn whose leaves are not batch-first "
                    "tensors/arrays (tuple(zip(*batch)), a PackedSequence) is refused as an unusable batch")
 CUSTOM_CLASSES = ("issue 18: collate_fn outputs of custom classes: an object that is not a dict/list/tuple "
@@ -63,9 +60,6 @@ MP_CONTEXT_OBJECT = ("issue 18: mp_context as a context object: mp_context takes
                      "a multiprocessing context object is a ConfigError (DataLoader takes both)")
 EXCESSIVE_WORKERS = ("issue 18: excessive-worker warning: no UserWarning when local_producers exceeds the CPUs "
                      "this process may use, as DataLoader warns for num_workers")
-LIFECYCLE_IN_CHILD = ("issue 18: lifecycle in multiprocessing children: a loader left open when a "
-                      "multiprocessing child's target ends keeps the child from exiting (multiprocessing joins "
-                      "the non-daemonic producers before the loader's finalizer would stop them)")
 
 # --- gaps these tests found that issue 18 does not list yet (reported with the branch) -----------------------
 UNBATCHED = ("not in issue 18 yet: unbatched mode: batch_size=None is refused (ConfigError), where DataLoader "
@@ -77,13 +71,13 @@ SPARSE_NESTED = ("not in issue 18 yet: sparse and nested tensors: a sample holdi
 DATASET_AT_BUILD = ("not in issue 18 yet: the dataset is taken when the loader is built: producers start (and copy "
                     "it) in RemoteLoader(), and len() is fixed then; DataLoader's workers copy it at the first "
                     "iter() and len() follows len(dataset)")
-TEMPORARY_LOADER = ("not in issue 18 yet: a loader whose last reference goes mid-iteration closes "
-                    "(weakref.finalize), so `for b in RemoteLoader(...)` raises LoaderClosedError at the first "
-                    "batch; DataLoader's iterator keeps its workers until the iteration ends")
 INIT_ON_ANOTHER_COPY = ("not in issue 18 yet: under spawn, producer_init= a bound method of the dataset runs on "
                         "another copy of the dataset than the one the producer serves (the dataset and the hooks "
                         "are pickled apart), so what the init sets on self is lost; DataLoader pickles them in "
                         "one go, and the worker's init and dataset share the copy")
+COLLATE_ERROR_CLASS = ("not in issue 18 yet: collate's error class: Ferry's collation raises CollateError (a "
+                       "TypeError, which reaches the loop as such) for samples of unequal structure, where "
+                       "default_collate raises RuntimeError")
 MP_CONTEXT_UNUSED = ("not in issue 18 yet: mp_context without local producers is ignored, where DataLoader "
                      "refuses multiprocessing_context with num_workers=0 (ValueError)")
 

@@ -21,7 +21,7 @@ from torch.utils.data.distributed import DistributedSampler
 from ferry import RemoteSampleError
 
 from . import parity_datasets as pd
-from .parity_support import BULK_START_METHODS, ERROR_TYPES, START_METHODS, SharedLoaders, WORKERS, local, xfail
+from .parity_support import BULK_START_METHODS, START_METHODS, SharedLoaders, WORKERS, local
 
 # TestDataLoader.setUp: 100 samples of 2x3x5, labels 0..49 twice (fixed here, so that every case sees one set)
 _gen = torch.Generator().manual_seed(0)
@@ -260,14 +260,12 @@ def test_splits_indexing_type(mp_context):
 
 
 # --- errors in the dataset ----------------------------------------------------------------------------------
-@xfail(ERROR_TYPES)
 def test_error(mp_context):
     """torch: TestDataLoader.test_error: every batch of ErrorDataset(100) raises NotImplementedError."""
     with local(pd.NoGetItem(100), mp_context, batch_size=2, shuffle=True) as loader:
         check_error(loader, 100)
 
 
-@xfail(ERROR_TYPES)
 def test_error_workers(mp_context):
     """torch: TestDataLoader.test_error_workers: ErrorDataset(41), batches of 2: 21 NotImplementedErrors."""
     with local(pd.NoGetItem(41), mp_context, batch_size=2, shuffle=True) as loader:

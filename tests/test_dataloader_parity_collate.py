@@ -23,7 +23,7 @@ from ferry import RemoteLoader
 from . import parity_datasets as pd
 from .helpers import assert_tree_equal, open_fds
 from .parity_support import (
-    BULK_START_METHODS, COMMON, CUSTOM_CLASSES, DICT_SUBCLASSES, ERROR_TYPES, NON_BATCH_FIRST, NUMPY_STRINGS,
+    BULK_START_METHODS, COMMON, COLLATE_ERROR_CLASS, CUSTOM_CLASSES, DICT_SUBCLASSES, NON_BATCH_FIRST, NUMPY_STRINGS,
     SPARSE_NESTED, UNBATCHED, local, xfail,
 )
 
@@ -163,7 +163,6 @@ def test_default_collate_bad_numpy_types_no_op():
     same_as_dataloader(list(np.array(["a", "b", "c"])))
 
 
-@xfail(ERROR_TYPES)
 def test_default_collate_bad_numpy_types():
     """torch: TestDataLoader.test_default_collate_bad_numpy_types, its error part: string and object arrays
     cannot be collated: TypeError in the loop."""
@@ -173,7 +172,7 @@ def test_default_collate_bad_numpy_types():
                 next(iter(loader))
 
 
-@xfail(ERROR_TYPES)
+@xfail(COLLATE_ERROR_CLASS)
 def test_default_collate_bad_sequence_type():
     """torch: TestDataLoader.test_default_collate_bad_sequence_type: sequences of unequal length in one batch:
     RuntimeError in the loop, whichever comes first."""

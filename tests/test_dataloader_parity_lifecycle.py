@@ -21,7 +21,7 @@ from torch.utils.data import TensorDataset
 
 from . import parity_datasets as pd
 from .helpers import REPO, local_producer_pids, producer_env, wait_for
-from .parity_support import BULK_START_METHODS, ERROR_TYPES, LIFECYCLE_IN_CHILD, TEMPORARY_LOADER, local, xfail
+from .parity_support import BULK_START_METHODS, local
 
 DATASET = TensorDataset(torch.randn(100, 2, 3, 5, generator=torch.Generator().manual_seed(0)),
                         torch.arange(50).repeat(2))
@@ -81,7 +81,6 @@ def test_partial_workers(method):
     wait_for(lambda: all(gone(pid) for pid in pids), JOIN_TIMEOUT, f"producers {pids} to exit")
 
 
-@xfail(TEMPORARY_LOADER)
 def test_proper_exit_without_a_reference():
     """torch: TestDataLoader.test_proper_exit, hold_iter_reference=False, exit_method=None, in this process:
     the loop over an iterator goes on to the end after the loader and iterator names are dropped at the
@@ -127,10 +126,6 @@ _PROPER_EXIT_CASES = [(hold, how) for hold in ("hold", "drop") for how in ("none
 
 def _proper_exit_param(hold: str, how: str):
     marks = [] if (hold, how) == ("hold", "loader_error") else [pytest.mark.slow]
-    if hold == "drop":
-        marks.append(xfail(TEMPORARY_LOADER))
-    elif how == "worker_error":
-        marks.append(xfail(ERROR_TYPES))
     return pytest.param(hold, how, marks=marks, id=f"{hold}-{how}")
 
 
@@ -164,7 +159,6 @@ def test_large_sampler_indices():
     assert "RuntimeError: My Error" in out.stderr, out.stderr[-3000:]
 
 
-@xfail(LIFECYCLE_IN_CHILD)
 def test_large_sampler_indices_in_a_multiprocessing_child():
     """torch: TestDataLoader.test_large_sampler_indices with the original's harness: the loop runs in a
     multiprocessing child (smaller here: 8192 samples in batches of 4096); the child ends, non-zero, once its
@@ -187,9 +181,11 @@ def test_large_sampler_indices_in_a_multiprocessing_child():
 @pytest.mark.parametrize("method", BULK_START_METHODS)
 def test_segfault(method):
     """torch: TestDataLoader.test_segfault (skipped on Linux by the original, runnable here): workers that
-    segfault make the loop raise a RuntimeError naming a worker's pid and the signal."""
+    segfault make the loop raise a RuntimeError naming a worker's pid and the signal. In Ferry the producers
+    that die are replaced, so it is the batch that ends, after max_attempts producers died of it
+    (PoisonTaskError, a RuntimeError naming each one, host:pid, and its signal)."""
     with local(pd.Segfaulting(), method, batch_size=2, producer_init=pd.disable_stderr) as loader:
-        with pytest.raises(RuntimeError, match=r"pid \d+\): killed by SIGSEGV"):
+        with pytest.raises(RuntimeError, match=r"producer \S+:\d+: died \(killed by SIGSEGV\)"):
             next(iter(loader))
 
 

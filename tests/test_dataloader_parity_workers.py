@@ -125,9 +125,9 @@ def test_get_worker_info(start_method):
 @pytest.mark.parametrize("method", BULK_START_METHODS)
 def test_worker_seed(method):
     """torch: TestDataLoader.test_worker_seed: 6 workers, 6 samples each held at a barrier until all 6 are
-    asked for: 6 different initial seeds."""
-    with local(pd.SeedsAfterBarrier(6, parties=6), method, local_producers=6, batch_size=1,
-               **ONE_AT_A_TIME) as loader:
+    asked for: 6 different initial seeds. With the default threads and slots: a loader deals its first tasks
+    one per producer, as DataLoader hands them to each worker in turn."""
+    with local(pd.SeedsAfterBarrier(6, parties=6), method, local_producers=6, batch_size=1) as loader:
         seeds = {int(batch[0]) for batch in loader}
     assert len(seeds) == 6
 
@@ -137,7 +137,7 @@ def test_worker_seed_reproducibility(method):
     """torch: TestDataLoader.test_worker_seed_reproducibility: the same generator gives the same worker seeds."""
     def seeds() -> set[int]:
         with local(pd.SeedsAfterBarrier(6, parties=6), method, local_producers=6, batch_size=1,
-                   generator=torch.Generator().manual_seed(42), **ONE_AT_A_TIME) as loader:
+                   generator=torch.Generator().manual_seed(42)) as loader:
             return {int(batch) for batch in loader}
 
     first = seeds()
