@@ -142,6 +142,7 @@ class ConsumerCore:
 
     def producer_died(self, name: str, why: str, now: float) -> list[Action]:
         """The producer process ``name`` (host:pid) died: lose it now, not after the liveness window."""
+        self.dispatcher.end_dealing()  # the producers the first tasks wait for may not all come
         for peer in [p.peer for p in self.dispatcher.producers.values() if p.name == name]:
             self._lose(peer, why, now, charge=True)
         return self._finish(now)
