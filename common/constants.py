@@ -136,8 +136,8 @@ RESPAWN_FIRST_DELAY_S = 0.1
 RESPAWN_MAX_DELAY_S = 5.0
 RESPAWN_WINDOW_S = 60.0
 RESPAWNS_PER_WINDOW = 5
-#: A loader with local producers deals its first tasks one per producer until all of them are live, at most this
-#: long after it started (consumer/core/dispatcher.py). [Unit: second]
+#: A loader with local producers deals its first tasks one to each producer, the rest waiting until all of them
+#: are live (or one died), at most this long after it started (consumer/core/dispatcher.py). [Unit: second]
 DEAL_FIRST_TASKS_S = 30.0
 #: Batches the staging thread may hold ready for the training loop (part of C, not extra).
 STAGED_BATCHES = 2

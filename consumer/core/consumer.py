@@ -58,7 +58,7 @@ class CoreConfig:
     dataset_spec: str | None = None  # admit only producers announcing this spec
     compression: str = "none"  # told to producers in WELCOME: auto, lz4, zstd or none
     codecs: tuple[str, ...] = ()  # the codecs this consumer can decompress, told with it
-    local_producers: int = 0  # started with this loader: its first tasks are dealt one per producer until all are live
+    local_producers: int = 0  # started with this loader: one first task to each, the rest when all are live
 
 
 class ConsumerCore:
