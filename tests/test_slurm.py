@@ -90,7 +90,8 @@ class Run:
         def check():
             value = predicate()
             if not value and not self.cluster.states(self.jobs[0]) & ALIVE:
-                raise AssertionError(f"the trainer's job {self.jobs[0]} ended while waiting for {what}\n{self.report()}")
+                raise AssertionError(f"the trainer's job {self.jobs[0]} ended while waiting for {what}\n"
+                                     f"{self.report()}")
             return value
         try:
             return wait_for(check, timeout, what, interval=0.2)
