@@ -5,7 +5,7 @@ npy-folder dataset, with a pause in the middle that the test ends.
     python -m tests.slurm_trainer ROOT --control DIR [--batch-size 16] [--producers 2] [--gate 8]
 
 It binds what the job script gives it, as any trainer of that script would: the endpoint in FERRY_ENDPOINT
-(RemoteLoader reads it itself), the CURVE keys in FERRY_CURVE_SECRET_KEY and FERRY_CURVE_AUTHORIZED_KEYS.
+and the CURVE keys in FERRY_CURVE_SECRET_KEY and FERRY_CURVE_AUTHORIZED_KEYS, which RemoteLoader reads itself.
 It waits (bounded) for ``--producers`` producers, takes ``--gate`` batches, then keeps writing its figures to
 DIR/status.json until DIR/go appears (at most ``--gate-timeout`` seconds), takes the rest of the epoch, and
 writes DIR/result.json: the batches checked, ``producers_seen`` and the batches each producer (``host:pid``)
@@ -69,8 +69,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="trainer %(name)s %(levelname)s %(message)s")
     dataset = NpyFolderDataset(args.root)
     with RemoteLoader(batch_size=args.batch_size, shuffle=True, seed=SEED, heartbeat=0.5, no_producer_timeout=120,
-                      buffer_batches=4, log_every=None, curve_secret_key=os.environ["FERRY_CURVE_SECRET_KEY"],
-                      curve_authorized_keys=os.environ["FERRY_CURVE_AUTHORIZED_KEYS"]) as loader:
+                      buffer_batches=4, log_every=None) as loader:  # endpoint and CURVE keys: the job's FERRY_*
+        assert loader.curve is not None, "the job's CURVE keys were not taken up"
         print(f"trainer on {socket.gethostname()} bound {', '.join(loader.endpoints)}", flush=True)
         figures = Figures(loader, args.control)
         deadline = time.monotonic() + 120
