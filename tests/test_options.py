@@ -279,3 +279,23 @@ def test_the_endpoint_comes_from_ferry_endpoint_when_not_given(monkeypatch):
     monkeypatch.setenv("FERRY_ENDPOINT", "not-an-endpoint")
     with pytest.raises(ConfigError, match="FERRY_ENDPOINT"):
         RemoteLoader(batch_size=2, dataset_len=4)
+
+
+def test_curve_comes_from_the_environment_when_the_script_gives_none(tmp_path, monkeypatch, endpoint):
+    """Engine files turn CURVE on (deploy/slurm, deploy/kubernetes) without editing the training script."""
+    out = subprocess.run([sys.executable, "-m", "ferry", "keys", str(tmp_path / "keys"), "--producer", "p"],
+                         capture_output=True, text=True, env=producer_env(), cwd=REPO, timeout=60)
+    assert out.returncode == 0, out.stderr
+    secret, authorized = str(tmp_path / "keys" / "server.key_secret"), str(tmp_path / "keys" / "authorized")
+    monkeypatch.setenv("FERRY_CURVE_SECRET_KEY", secret)
+    monkeypatch.setenv("FERRY_CURVE_AUTHORIZED_KEYS", authorized)
+    with RemoteLoader(endpoint=endpoint, batch_size=2, dataset_len=4) as loader:
+        assert loader.curve == CurveOptions(secret_key=secret, authorized_keys=authorized)
+    with RemoteLoader(endpoint=endpoint, batch_size=2, dataset_len=4, curve_secret_key=None) as loader:
+        assert loader.curve is None  # the script said no CURVE: the environment does not overrule it
+    with RemoteLoader(dataset="synthetic", dataset_args={"length": 4, "shape": [2]}, local_producers=1,
+                      batch_size=2) as loader:
+        assert loader.curve is None  # local mode never leaves the machine: the environment's keys do not apply
+    monkeypatch.delenv("FERRY_CURVE_AUTHORIZED_KEYS")
+    with pytest.raises(ConfigError, match="FERRY_CURVE_AUTHORIZED_KEYS is not set"):
+        RemoteLoader(endpoint=endpoint, batch_size=2, dataset_len=4)

@@ -144,8 +144,10 @@ KEYWORDS: dict[str, Setting] = {
     "transport": Setting(s.Kind(), "a :class:`TransportOptions`: heartbeats, liveness, the task timeout, the batch "
                          "size bound, compression (``stats()`` counts ``compressed_bytes`` and "
                          "``uncompressed_bytes``).", optional=True),
-    "curve": Setting(s.Kind(), "a :class:`CurveOptions`: encrypt, and let in only authorized producers.",
-                     optional=True),
+    "curve": Setting(s.Kind(), "a :class:`CurveOptions`: encrypt, and let in only authorized producers. Not given "
+                     "(nor its flat keywords), outside local mode: ``FERRY_CURVE_SECRET_KEY`` and "
+                     "``FERRY_CURVE_AUTHORIZED_KEYS`` from the environment turn it on, so that an engine's files can "
+                     "(deploy/).", optional=True),
 }
 
 _GROUPS = {"local": LocalOptions, "transport": TransportOptions, "curve": CurveOptions}

@@ -161,8 +161,23 @@ def _local(given: Mapping[str, Any], dataset: Any) -> LocalOptions | None:
     return LocalOptions.from_flat(given, given["local"], "local")
 
 
-def _curve(given: Mapping[str, Any], local: LocalOptions | None) -> CurveOptions | None:
+#: The environment variables an engine's files set for CURVE (docs/deployment.md), by flat keyword.
+CURVE_ENV = {"curve_secret_key": "FERRY_CURVE_SECRET_KEY", "curve_authorized_keys": "FERRY_CURVE_AUTHORIZED_KEYS"}
+
+
+def _curve(given: Mapping[str, Any], local: LocalOptions | None,
+           environ: Mapping[str, str] | None = None) -> CurveOptions | None:
     keys = [given[k] not in (UNSET, None, "") for k in ("curve_secret_key", "curve_authorized_keys")]
+    if given["curve"] is None and not any(keys) and local is None and given["curve_secret_key"] is UNSET:
+        # not given in the script: an engine's files may turn CURVE on (FERRY_CURVE_*), as FERRY_ENDPOINT binds
+        env = os.environ if environ is None else environ
+        found = {k: env.get(v, "").strip() for k, v in CURVE_ENV.items()}
+        if any(found.values()):
+            missing = [CURVE_ENV[k] for k, v in found.items() if not v]
+            if missing:
+                raise ConfigError(f"CURVE from the environment needs both {' and '.join(CURVE_ENV.values())}; "
+                                  f"{missing[0]} is not set")
+            return CurveOptions(secret_key=found["curve_secret_key"], authorized_keys=found["curve_authorized_keys"])
     if given["curve"] is None and not any(keys):
         return None
     if given["curve"] is None and not all(keys):
