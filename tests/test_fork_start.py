@@ -81,7 +81,9 @@ def test_the_trainers_collector_is_left_exactly_as_it_was(frozen_by_trainer, ena
         gc.unfreeze()
         gc.enable()
     assert (frozen > 1000) is frozen_by_trainer
-    assert bool((labels >= frozen).all()), labels  # the producers still froze all they inherited
+    # the producers still froze what they inherited (not "at least the trainer's count": forked from the watch
+    # thread, a child frees the other threads' states at the fork, a few dozen frozen objects among them)
+    assert bool((labels > 1000).all()), labels
 
 
 def test_preload_loads_what_serve_needs():
