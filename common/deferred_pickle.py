@@ -13,7 +13,10 @@ from __future__ import annotations
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-__all__ = ["DeferredPickle"]
+__all__ = ["DeferredPickle", "WithHooks", "HOOKS"]
+
+#: The producer's hooks that travel pickled with its dataset (ProducerConfig's fields of these names).
+HOOKS = ("init", "collate", "transform")
 
 _NOTHING = object()
 
@@ -47,3 +50,12 @@ class DeferredPickle:
             self._obj = ForkingPickler.loads(self._data)
             self._data = b""
         return self._obj
+
+
+class WithHooks:
+    """A dataset and the hooks that go with it (``init``, ``collate``, ``transform``), pickled together: a hook
+    that is a bound method of the dataset (``producer_init=ds.init_worker``) then runs on the very copy the
+    producer serves, as DataLoader's ``worker_init_fn`` does; pickled apart, it ran on a copy of its own."""
+
+    def __init__(self, dataset: Any, **hooks: Any) -> None:
+        self.dataset, self.hooks = dataset, hooks

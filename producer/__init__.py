@@ -44,8 +44,9 @@ def preload() -> None:
 def serve(config: ProducerConfig, dataset: Any = None) -> int:
     """Serve ``dataset`` (or the one ``config.dataset`` names) until SIGTERM/SIGINT. Returns an exit code.
 
-    ``dataset`` may be a :class:`ferry.common.deferred_pickle.DeferredPickle` (local mode under spawn): it is
-    unpickled here, once stderr goes where ``config.stderr_path`` says.
+    ``dataset`` may be a :class:`ferry.common.deferred_pickle.DeferredPickle` (local mode): it is unpickled here,
+    once stderr goes where ``config.stderr_path`` says; a :class:`~ferry.common.deferred_pickle.WithHooks` in it
+    brings the hooks (``init``, ``collate``, ``transform``) pickled together with the dataset.
 
     Raises:
         DatasetSpecError: the dataset spec cannot be resolved.
@@ -58,13 +59,16 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
     if config.stderr_path is not None:
         _stderr_to(config.stderr_path)
     from ferry.common.datasets import Transformed, resolve_callable, resolve_dataset
-    from ferry.common.deferred_pickle import DeferredPickle
+    from ferry.common.deferred_pickle import DeferredPickle, WithHooks
     from ferry.common.sampleinfo import seed_process
 
     from ferry.producer.service import Producer
 
     if isinstance(dataset, DeferredPickle):
         dataset = dataset.load()
+    if isinstance(dataset, WithHooks):
+        config = dataclasses.replace(config, **dataset.hooks)
+        dataset = dataset.dataset
     keep_freed_memory()
     if dataset is None:
         dataset = resolve_dataset(config.dataset, config.dataset_args)

@@ -71,10 +71,6 @@ SPARSE_NESTED = ("not in issue 18 yet: sparse and nested tensors: a sample holdi
 DATASET_AT_BUILD = ("not in issue 18 yet: the dataset is taken when the loader is built: producers start (and copy "
                     "it) in RemoteLoader(), and len() is fixed then; DataLoader's workers copy it at the first "
                     "iter() and len() follows len(dataset)")
-INIT_ON_ANOTHER_COPY = ("not in issue 18 yet: under spawn, producer_init= a bound method of the dataset runs on "
-                        "another copy of the dataset than the one the producer serves (the dataset and the hooks "
-                        "are pickled apart), so what the init sets on self is lost; DataLoader pickles them in "
-                        "one go, and the worker's init and dataset share the copy")
 COLLATE_ERROR_CLASS = ("not in issue 18 yet: collate's error class: Ferry's collation raises CollateError (a "
                        "TypeError, which reaches the loop as such) for samples of unequal structure, where "
                        "default_collate raises RuntimeError")

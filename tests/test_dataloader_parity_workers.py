@@ -23,7 +23,7 @@ from ferry import RemoteLoader
 from . import parity_datasets as pd
 from .helpers import local_producer_pids
 from .parity_support import (
-    BULK_START_METHODS, COMMON, DATASET_AT_BUILD, INIT_ON_ANOTHER_COPY, ITERABLE, MP_CONTEXT_OBJECT,
+    BULK_START_METHODS, COMMON, DATASET_AT_BUILD, ITERABLE, MP_CONTEXT_OBJECT,
     START_METHODS, TIMEOUT, keep_for_spawn, local, xfail,
 )
 
@@ -154,7 +154,7 @@ def test_timeout():
             next(iter(loader))
 
 
-@pytest.mark.parametrize("method", ["fork", pytest.param("spawn", marks=xfail(INIT_ON_ANOTHER_COPY))])
+@pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_ind_worker_queue(method):
     """torch: TestIndividualWorkerQueue.test_ind_worker_queue: worker_init_fn is a bound method of the dataset
     that records the worker id on it; batches come in order, each made by one worker, with the id its init

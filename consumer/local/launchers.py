@@ -28,7 +28,7 @@ import sys
 from typing import Any
 
 from ferry.common.constants import LOCAL_PRODUCER_LOG_LEVEL
-from ferry.common.deferred_pickle import DeferredPickle
+from ferry.common.deferred_pickle import HOOKS, DeferredPickle, WithHooks
 from ferry.common.sampleinfo import producer_seed
 
 from ferry.consumer.local.children import Child, open_pidfd
@@ -109,12 +109,15 @@ class ObjectLauncher(_Launcher):
 
         fifo = self.path(index, generation, "fifo")
         config = dataclasses.replace(self.configured(index, generation), stderr_path=fifo)
+        # the dataset and its hooks in one pickle (WithHooks); the config carries neither
+        payload = DeferredPickle(WithHooks(self._dataset, **{h: getattr(config, h) for h in HOOKS}))
+        config = dataclasses.replace(config, **{h: None for h in HOOKS})
         capture = self.capture(index, generation)
         read_fd = -1
         try:
             os.mkfifo(fifo, 0o600)
             read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # no writer yet: polls as not readable
-            process = self._ctx.Process(target=serve, args=(config, DeferredPickle(self._dataset)),
+            process = self._ctx.Process(target=serve, args=(config, payload),
                                         name=f"ferry-producer-{index}", daemon=True)
             process.start()
         except BaseException:
