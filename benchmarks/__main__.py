@@ -8,6 +8,8 @@ import os
 import sys
 import time
 
+from ferry import keep_freed_memory
+
 from .harness import Report
 from .scenarios import SIZES, first_batch, ingest, scale_out, seed_workload, slow_storage, stall
 
@@ -22,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder for the JSON results (default benchmarks/results)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
+    # the loaders here receive over sockets: keep freed frames for reuse, as docs/tuning.md#frame-size advises a
+    # trainer (a loader no longer does it by itself; the figures in docs/performance.md were taken with it)
+    keep_freed_memory()
     name = "tiny" if args.tiny else "quick" if args.quick else "full"
     sizes = SIZES[name]
     only = {int(x) for x in args.only.split(",") if x}

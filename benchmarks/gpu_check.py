@@ -39,13 +39,13 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ferry import RemoteLoader
+from ferry import RemoteLoader, keep_freed_memory
 from ferry.common import shm
 from ferry.common.codec import decode_tree, encode_tree
 from ferry.common.constants import FRAME_CHUNK_BYTES
 from ferry.consumer.core import Delivery
 from ferry.consumer.staging.pinning import HostRegistry
-from ferry.consumer.staging.stagers import CudaStager
+from ferry.consumer.staging.cuda import CudaStager
 
 SLOTS = 4  # slab slots in the check: reuse starts at the fifth batch
 CHECKED = 3 * SLOTS  # batches whose every byte is compared on the device
@@ -248,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu", action="store_true", help="run the CPU fallback (tiny sizes, no targets)")
     args = parser.parse_args(argv)
+    keep_freed_memory()  # as docs/tuning.md#frame-size advises a trainer that receives over a socket
     cuda = torch.cuda.is_available() and not args.cpu
     if not cuda and not args.cpu:
         print("gpu_check: CUDA is not available; run with --cpu for the CPU fallback", file=sys.stderr)

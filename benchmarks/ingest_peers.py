@@ -43,7 +43,9 @@ def _measure(next_batch_bytes, count: int) -> None:
 
 
 def ferry_consume(endpoint: str, mib: float, count: int, buffer_batches: int = 8) -> None:
-    from ferry import RemoteLoader
+    from ferry import RemoteLoader, keep_freed_memory
+
+    keep_freed_memory()  # the trainer's explicit choice (docs/tuning.md#frame-size); raw pyzmq keeps glibc's
 
     # compression off: the payload is zeros, which no codec meets in real data, and raw pyzmq sends them raw;
     # these rows measure the socket path (scenario 7 measures compression)

@@ -51,7 +51,7 @@ SIZES = {
     "full": Sizes(5, 256, (13, 299, 299), 2048, (1, 2, 4, 8, 16), 100, (1, 4, 16), 4096, (1, 4, 8, 12, 16, 20, 22, 24),
                   200, 0.010),
     "quick": Sizes(3, 128, (13, 299, 299), 384, (1, 2, 4, 8, 16), 40, (1, 4, 16), 1024, (1, 16, 22, 24), 60, 0.010),
-    "tiny": Sizes(3, 64, (3, 16, 16), 64, (1, 2), 10, (1,), 16, (1, 2), 10, 0.005, 0.5),
+    "tiny": Sizes(2, 64, (3, 16, 16), 64, (1, 2), 10, (1,), 16, (1, 2), 10, 0.005, 0.5),  # seconds: the harness runs
 }
 
 
@@ -406,21 +406,35 @@ def ingest_once(system: str, mib: float, count: int, transport: str, veth: VethP
     peers = [sys.executable, "-m", "benchmarks.ingest_peers"]
     if system == "ferry":
         receiver = [*peers, "ferry-consume", bind, str(mib), str(count)]
-        sender = [sys.executable, "-m", "ferry.producer", "--connect", connect,
-                  "--dataset", "benchmarks.datasets:Blank", "--dataset-arg", "length=1000000",
-                  "--dataset-arg", f"mib={mib}", "--threads", "1", "--slots", str(INGEST_SLOTS),
-                  "--heartbeat", "0.2", "--log-level", "WARNING"]
+        sender = ferry_sender(connect, mib)
     else:
         receiver = [*peers, "raw-pull", bind, str(mib), str(count)]
         sender = [*peers, "raw-push", connect, str(mib), str(count)]
-    recv = subprocess.Popen([*recv_prefix, *receiver], env=env(), cwd=REPO, stdout=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL)
-    send = subprocess.Popen([*send_prefix, *sender], env=env(), cwd=REPO, stdin=subprocess.DEVNULL)
+    try:
+        return receive_pair([*recv_prefix, *receiver], [*send_prefix, *sender], env(),
+                            f"{system} receiver ({transport}, {mib} MiB)")["gbps"]
+    finally:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def ferry_sender(connect: str, mib: float) -> list[str]:
+    """The command of a Ferry producer that sends ``mib`` MiB batches of zeros (the ingest scenario's sender)."""
+    return [sys.executable, "-m", "ferry.producer", "--connect", connect, "--dataset", "benchmarks.datasets:Blank",
+            "--dataset-arg", "length=1000000", "--dataset-arg", f"mib={mib}", "--threads", "1", "--slots",
+            str(INGEST_SLOTS), "--heartbeat", "0.2", "--log-level", "WARNING"]
+
+
+def receive_pair(receiver: list[str], sender: list[str], receiver_env: dict[str, str], what: str) -> dict:
+    """Run an ingest receiver and its sender, each its own process; the receiver's last line, as JSON. Both are
+    stopped on the way out, whatever happened (SIGTERM, then SIGKILL)."""
+    recv = subprocess.Popen(receiver, env=receiver_env, cwd=REPO, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    send = subprocess.Popen(sender, env=env(), cwd=REPO, stdin=subprocess.DEVNULL)
     try:
         out, _ = recv.communicate(timeout=600)
         if recv.returncode != 0:
-            raise RuntimeError(f"{system} receiver ({transport}, {mib} MiB) exited {recv.returncode}")
-        return json.loads(out.decode().strip().splitlines()[-1])["gbps"]
+            raise RuntimeError(f"{what} exited {recv.returncode}")
+        return json.loads(out.decode().strip().splitlines()[-1])
     finally:
         for proc in (send, recv):
             if proc.poll() is None:
@@ -430,8 +444,6 @@ def ingest_once(system: str, mib: float, count: int, transport: str, veth: VethP
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
-        if folder:
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 #: Batches a Ferry producer works on at once in the ingest rows; with the loader's buffer_batches (8, the

@@ -179,7 +179,12 @@ def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None, 
             raise ProtocolError(f"batch of {total} bytes exceeds the limit of {max_bytes} bytes")
     decoder = _Decoder(frames, region, max_bytes)
     decoder.compressed = compressed
-    tree = decoder.node(spec, 0, "batch")
+    try:
+        tree = decoder.node(spec, 0, "batch")
+    except ProtocolError:
+        raise
+    except Exception as exc:  # anything else a hostile or broken tree provokes is still this batch's fault
+        raise ProtocolError(f"batch tree does not decode: {type(exc).__name__}: {exc}") from None
     if not all(decoder.used):
         raise ProtocolError(f"{decoder.used.count(False)} frame(s) not referenced by the tree")
     return tree
@@ -238,7 +243,10 @@ class _Decoder:
             return items if tag == "l" else tuple(items)
         if tag == "n":
             cls = _namedtuple_class(node.get("c"), node.get("k"), len(values), path)
-            return cls(*(self.node(v, depth + 1, f"{path}.{f}") for f, v in zip(cls._fields, values)))
+            items = [self.node(v, depth + 1, f"{path}.{f}") for f, v in zip(cls._fields, values)]
+            # tuple.__new__, not cls(...): a class's own __new__ (PackedSequence's checks its fields) is code a
+            # peer would choose to run here; the fields are set as they were sent
+            return tuple.__new__(cls, items)
         raise ProtocolError(f"unknown node tag {tag!r} at {path}")
 
     def _compressed(self, node: dict, path: str) -> Any:

@@ -4,7 +4,7 @@ Each array frame travels on its own, compressed with lz4 or zstd (level 1), afte
 where that makes it smaller: for itemsize k, the bytes of a frame viewed as ``(n, k)`` are sent transposed, so
 that the i-th bytes of all elements sit together (the high bytes of whole-number floats repeat, and compress).
 A frame that does not shrink below ``SHRINK_RATIO`` of its size travels raw. Shared-memory slot leaves (``"m"``)
-and small frames are never compressed.
+and small frames (below ``MIN_COMPRESS_FRAME_BYTES``, common/constants.py) are never compressed.
 
 On the wire an array leaf that has a compressed frame carries ``"z"``: one entry per frame of the leaf, ``None``
 for a raw frame, else ``[codec, shuffle, raw_nbytes]`` (``shuffle`` 0: none, else the itemsize). The receiver
@@ -32,7 +32,7 @@ import numpy as np
 from ferry.common.errors import ConfigError, ProtocolError
 
 __all__ = [
-    "MODES", "CODECS", "SHRINK_RATIO", "MIN_FRAME_BYTES", "available", "require", "check_mode", "codec",
+    "MODES", "CODECS", "SHRINK_RATIO", "available", "require", "check_mode", "codec",
     "shuffle", "unshuffle", "compress_frame", "decide_shuffle", "CompressedLeaf", "Budget", "decode_leaf",
     "CompressionUnavailable",
 ]
@@ -43,8 +43,6 @@ MODES = ("auto", "lz4", "zstd", "none")
 CODECS = ("lz4", "zstd")
 #: A compressed frame travels only if it is at most this fraction of its raw size.
 SHRINK_RATIO = 0.9
-#: Frames smaller than this travel raw: not worth a call (labels, small leaves).
-MIN_FRAME_BYTES = 4096
 #: The prefix of a leaf's first frame on which the shuffle is decided (both ways compressed). [Unit: byte]
 SHUFFLE_SAMPLE_BYTES = 64 << 10
 _PACKAGES = {"lz4": ("lz4", "ferry[lz4]"), "zstd": ("zstandard", "ferry[zstd]")}

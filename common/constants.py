@@ -24,8 +24,12 @@ DEFAULT_TASK_TIMEOUT_S = 120.0
 #: being issued again, so one bad sample cannot stall a run forever.
 DEFAULT_MAX_ATTEMPTS = 3
 
-#: How long a producer lets a BYE leave its socket on shutdown. [Unit: millisecond]
-BYE_LINGER_MS = 500
+#: How long a producer lets its BYE leave a socket on shutdown: one message to one consumer, and nothing
+#: waits on the producer's exit but its own process. [Unit: millisecond]
+PRODUCER_BYE_LINGER_MS = 500
+#: How long a consumer's close() lets its BYEs to every producer leave: shorter, since the training script
+#: waits on it, and a producer that misses the BYE still notices within its liveness window. [Unit: millisecond]
+CONSUMER_BYE_LINGER_MS = 200
 #: A producer's DEALER reconnects after this long, doubling (plus jitter) up to the maximum. [Unit: millisecond]
 #: Short, because local producers connect before their consumer binds: libzmq's first retry decides how soon
 #: the first HELLO can go out (about 10-30 ms after the bind, against 100-200 ms at 100 ms).
@@ -55,6 +59,11 @@ RECEIVE_BURST = 256
 LOG_LINES_PER_WINDOW = 10
 #: [Unit: second]
 LOG_WINDOW_S = 60.0
+#: The producer's --log-level choices (given in any case), and its default.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+DEFAULT_LOG_LEVEL = "INFO"
+#: Local producers log at this level unless the trainer's environment sets FERRY_LOG_LEVEL.
+LOCAL_PRODUCER_LOG_LEVEL = "WARNING"
 
 # --- flow control -----------------------------------------------------------------------------------
 #: Capacity C of the consumer: batches buffered + tasks in flight <= C, always.
@@ -88,6 +97,9 @@ DEFAULT_FRAME_BYTES = 24 << 20
 #: make a batch exceed MAX_FRAMES frames (2 GiB / 4 MiB = 512) nor do more than send leaves unsplit. [Unit: byte]
 MIN_FRAME_BYTES = 4 << 20
 MAX_FRAME_BYTES = 1 << 31
+#: Array frames smaller than this travel uncompressed whatever the codec: not worth a call (labels, small
+#: leaves). Not to be confused with MIN_FRAME_BYTES, the smallest frame size a consumer may announce. [Unit: byte]
+MIN_COMPRESS_FRAME_BYTES = 4096
 #: Largest header frame (frame 0) we decode.
 MAX_HEADER_BYTES = 1 << 20
 #: Batch tree bounds: nesting depth, number of leaves, number of array frames, array rank.
@@ -103,14 +115,30 @@ MAX_TASK_INDICES = 1 << 16
 MAX_DATASET_LEN = 1 << 48
 #: Longest free-text field (reasons, tracebacks) we keep from a peer.
 MAX_TEXT = 64 * 1024
+#: A sample error's ``exc_classes`` (its exception's class and bases, ``module:qualname``): at most this many
+#: names (a chain to Exception is rarely longer than 4), each at most MAX_CLASS_PATH characters.
+MAX_EXC_CLASSES = 16
+MAX_CLASS_PATH = 512
 
 # --- consumer waits -----------------------------------------------------------------------------------
 #: Seconds without any live producer before __next__ raises NoProducersError.
 DEFAULT_TIMEOUT_S = 60.0
+#: Seconds between a loader's one-line progress logs.
+DEFAULT_LOG_EVERY_S = 60.0
 #: Slice of every bounded wait in the training and staging threads.
 POLL_SLICE_S = 0.05
 #: How long close() waits for each thread or process before escalating.
 JOIN_TIMEOUT_S = 5.0
+#: A local producer that dies is replaced (consumer/local/respawn.py): after RESPAWN_FIRST_DELAY_S, each further
+#: time within RESPAWN_WINDOW_S after twice the delay before (at most RESPAWN_MAX_DELAY_S), and at most
+#: RESPAWNS_PER_WINDOW times within RESPAWN_WINDOW_S: one that keeps crashing is then left dead. [Unit: second]
+RESPAWN_FIRST_DELAY_S = 0.1
+RESPAWN_MAX_DELAY_S = 5.0
+RESPAWN_WINDOW_S = 60.0
+RESPAWNS_PER_WINDOW = 5
+#: A loader with local producers deals its first tasks one to each producer, the rest waiting until all of them
+#: are live (or one died), at most this long after it started (consumer/core/dispatcher.py). [Unit: second]
+DEAL_FIRST_TASKS_S = 30.0
 #: Batches the staging thread may hold ready for the training loop (part of C, not extra).
 STAGED_BATCHES = 2
 #: Peers (or CURVE keys) whose first invalid message or denied handshake we remember, to log once per peer;
@@ -125,3 +153,13 @@ MAX_HEARTBEAT_S = 60.0
 MIN_LIVENESS = 2
 #: Upper bound on a producer's loader threads.
 MAX_THREADS = 1024
+#: A producer first warns when no consumer answered for this long (then after 3x, 6x, and every 30x more).
+#: [Unit: second]
+DEFAULT_UNREACHABLE_WARNING_S = 10.0
+#: The range of a loader's shuffle seed: torch.Generator.manual_seed's.
+MIN_SEED = -(2**63)
+MAX_SEED = 2**64 - 1
+#: Largest TCP port (metrics ports; 0 is "none").
+MAX_PORT = 65535
+#: Largest batch size bound a loader accepts (an int64 byte count).
+MAX_BATCH_BYTES_LIMIT = 2**63 - 1

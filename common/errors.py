@@ -76,10 +76,13 @@ class LoaderClosedError(FerryError, RuntimeError):
 
 
 class RemoteSampleError(FerryError):
-    """A sample raised an exception on a producer.
+    """A sample raised an exception on a producer (in ``__getitem__``, a transform or ``collate_fn``).
 
     Attributes name the sample ``index``, the ``producer`` (host:pid), the remote exception type and
-    message, and the remote traceback text.
+    message, and the remote traceback text; ``exc_classes`` the remote exception's class and its bases
+    (``module:qualname``), when the producer named them. Where one of those classes can be rebuilt here, the
+    error raised is of a class made from it and this one, so ``except KeyError`` catches it too (see
+    :mod:`ferry.common.remote_errors`).
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class RemoteSampleError(FerryError):
         traceback: str,
         epoch: int | None = None,
         seq: int | None = None,
+        exc_classes: tuple[str, ...] | list[str] = (),
     ) -> None:
         self.index = index
         self.producer = producer
@@ -100,22 +104,30 @@ class RemoteSampleError(FerryError):
         self.remote_traceback = traceback
         self.epoch = epoch
         self.seq = seq
+        self.exc_classes = tuple(exc_classes)
         where = f" (epoch {epoch}, batch {seq})" if epoch is not None else ""
-        super().__init__(
-            f"sample {index} failed on producer {producer}{where}: {exc_type}: {message}\n"
-            f"--- remote traceback ---\n{traceback.rstrip()}"
-        )
+        self._ferry_text = (f"sample {index} failed on producer {producer}{where}: {exc_type}: {message}\n"
+                            f"--- remote traceback ---\n{traceback.rstrip()}")
+        super().__init__(self._ferry_text)
+
+    def fields(self) -> dict:
+        """The keywords that build this error again."""
+        return {"index": self.index, "producer": self.producer, "exc_type": self.exc_type, "message": self.message,
+                "traceback": self.remote_traceback, "epoch": self.epoch, "seq": self.seq,
+                "exc_classes": self.exc_classes}
 
     def __reduce__(self):  # keep it picklable across processes
         return (
             _rebuild_remote_sample_error,
-            (self.index, self.producer, self.exc_type, self.message, self.remote_traceback, self.epoch, self.seq),
+            (self.index, self.producer, self.exc_type, self.message, self.remote_traceback, self.epoch, self.seq,
+             self.exc_classes),
         )
 
 
-def _rebuild_remote_sample_error(index, producer, exc_type, message, traceback, epoch, seq):
+def _rebuild_remote_sample_error(index, producer, exc_type, message, traceback, epoch, seq, exc_classes=()):
     return RemoteSampleError(
-        index=index, producer=producer, exc_type=exc_type, message=message, traceback=traceback, epoch=epoch, seq=seq
+        index=index, producer=producer, exc_type=exc_type, message=message, traceback=traceback, epoch=epoch, seq=seq,
+        exc_classes=exc_classes,
     )
 
 

@@ -22,11 +22,13 @@ GAUGE = "gauge"
 @dataclass(frozen=True)
 class Figure:
     """One field of an owner's figures. ``kind`` is COUNTER, GAUGE, or None for a structured field that the
-    export skips or handles on its own (``per_producer``)."""
+    export skips or handles on its own (``per_producer``). ``also``: a second name it is exported under, without
+    the owner's prefix (the names engines scale on: ``ferry_producers_needed``)."""
 
     name: str
     kind: str | None
     help: str
+    also: str = ""
 
 
 #: The producer's figures (``Producer.figures()`` in producer/service.py).
@@ -79,6 +81,8 @@ class _Collector:
                 continue
             family = CounterMetricFamily if declared.kind == COUNTER else GaugeMetricFamily
             yield family(f"{self._prefix}_{name}", declared.help, value=value)
+            if declared.also:
+                yield family(declared.also, declared.help, value=value)
         per_producer = figures.get("per_producer")
         if isinstance(per_producer, dict):
             batches = CounterMetricFamily(f"{self._prefix}_producer_batches", "batches per producer",

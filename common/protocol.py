@@ -15,7 +15,9 @@ Optional: WELCOME ``frame_bytes`` (leaves up to that many bytes travel as one fr
 producer splits leaves over FRAME_CHUNK_BYTES), HELLO ``shm`` (the token of the consumer's shared-memory
 slab the producer mapped), TASK ``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written;
 see :mod:`ferry.common.shm`) and TASK ``compression`` (the codec of that task's batch frames, one of the
-WELCOME's ``codecs``; see :mod:`ferry.consumer.core.compression`).
+WELCOME's ``codecs``; see :mod:`ferry.consumer.core.compression`). A sample error of a BATCH or FAIL may name
+its exception's classes (``exc_classes``, a list of ``module:qualname``): names only, from which the consumer
+rebuilds the type (:mod:`ferry.common.remote_errors`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import Any, Callable
 
 import msgpack
 
-from ferry.common.constants import MAX_DATASET_LEN, MAX_HEADER_BYTES, MAX_SLOTS, MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION
+from ferry.common.constants import (MAX_CLASS_PATH, MAX_DATASET_LEN, MAX_EXC_CLASSES, MAX_HEADER_BYTES, MAX_SLOTS,
+                                    MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION)
 from ferry.common.errors import ProtocolError, VersionMismatch
 
 __all__ = [
@@ -82,7 +85,15 @@ def _sample_error(v: Any) -> bool:
         and _str(v.get("exc_type"))
         and _str(v.get("message"))
         and _str(v.get("traceback"))
+        and ("exc_classes" not in v or _class_names(v["exc_classes"]))
     )
+
+
+def _class_names(v: Any) -> bool:
+    """A sample error's optional ``exc_classes``: its exception's class and bases as ``module:qualname``, most
+    derived first (see :mod:`ferry.common.remote_errors`, which decides what may be rebuilt from them)."""
+    return isinstance(v, list) and len(v) <= MAX_EXC_CLASSES and all(
+        isinstance(c, str) and 0 < len(c) <= MAX_CLASS_PATH for c in v)
 
 
 Check = Callable[[Any], bool]

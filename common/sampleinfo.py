@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-__all__ = ["SampleInfo", "sample_info", "sample_seed", "seed_process"]
+__all__ = ["SampleInfo", "sample_info", "sample_seed", "seed_process", "producer_seed"]
 
 _SEED_MASK = (1 << 63) - 1
 
@@ -68,6 +68,16 @@ def loading(seed: int, epoch: int, index: int) -> Iterator[None]:
         yield
     finally:
         _current.info = previous
+
+
+def producer_seed(base_seed: int | None, worker_id: int, num_workers: int, generation: int = 0) -> int | None:
+    """The process seed of local producer ``worker_id`` (of ``num_workers``): ``base_seed + worker_id``, as DataLoader
+    seeds its workers, fixed when the producer starts whether or not it ever gets a batch. A replacement of a
+    producer that died (its ``generation``-th) adds ``generation * num_workers``: a seed no other producer of
+    the loader had, so no random stream is ever drawn twice. None without a base seed (drawn from the OS)."""
+    if base_seed is None:
+        return None
+    return (base_seed + worker_id + generation * num_workers) & _SEED_MASK
 
 
 def seed_process(seed: int | None, *, worker_id: int = 0, num_workers: int = 1, dataset: Any = None) -> int:

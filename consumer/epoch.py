@@ -5,8 +5,9 @@ which is what ``state_dict()`` saves while it runs, and the time accounting of t
 active time, lifetime and per epoch). It takes staged batches from the staging thread's queue with bounded
 waits, gives each batch's credit back to the io thread, makes the current CUDA stream wait for the batch's copy,
 applies ``device_transform`` and raises a failed batch's error at its position. It uses the loader's parts
-(:class:`EpochParts`), never the loader: the loader's ``weakref.finalize`` must be able to run while an
-iterator is alive.
+(:class:`EpochParts`), never the loader, so that the two never form a reference cycle: the parts hold the
+loader's *lease* on its pipeline, which the loader holds too, and the pipeline stops when the last of them
+is dropped (a ``break``, a ``del``), by reference counting alone.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ferry.common.constants import POLL_SLICE_S
 from ferry.consumer.core import Delivery, Sequencer, is_eof
 from ferry.consumer.figures.counters import Counters
 from ferry.consumer.resume import ResumePoint
-from ferry.consumer.staging.stagers import iter_tensors
+from ferry.consumer.staging.tensors import iter_tensors
 
 __all__ = ["EpochParts", "EpochIterator", "RunCounter"]
 
@@ -46,6 +47,9 @@ class EpochParts:
         runs: which run is the newest.
         stream_for: the current CUDA stream of the loader's device (None on the CPU).
         device_transform: applied to each batch on its device, or None.
+        lease: the loader's lease on its pipeline. The loader and each of its iterators hold it, so the
+            producers and threads run while either is referenced (``for b in RemoteLoader(...)`` holds only
+            the iterator) and stop when the last goes, without waiting for the garbage collector.
     """
 
     staged: "queue.Queue[Any]"
@@ -56,6 +60,7 @@ class EpochParts:
     runs: RunCounter
     stream_for: Callable[[], Any]
     device_transform: Callable[[Any], Any] | None
+    lease: object
 
 
 class EpochIterator:

@@ -2,31 +2,38 @@
 
 Lifecycle::
 
-    RemoteLoader(...)          check every option (consumer/options.py); start local producers (if any);
+    RemoteLoader(...)          check every option (consumer/options/); start local producers (if any);
                                bind the ROUTER; start the io thread and the staging thread
     for batch in loader:       __iter__ plans a *run* (one epoch, from where it resumes), hands its sequencer
                                (consumer/core/sequencers.py) to the io thread and returns an EpochIterator
                                (consumer/epoch.py): staged batches, bounded waits, remote errors
-    loader.close()             (also `with`, and a weakref.finalize fallback)
+    loader.close()             (also `with`; else when the loader and all its iterators are dropped, or at exit)
 
 Threads and queues::
 
     io thread (ferry-io: the core, in order) --handoff--> staging thread (ferry-staging) --Queue(2)--> training thread
 
 The threads, the local producers and their start and shutdown order live in consumer/pipeline.py;
-``close`` (idempotent) runs the pipeline's shutdown.
+``close`` (idempotent) runs the pipeline's shutdown. So does dropping the last reference to the loader and its
+iterators, as DataLoader's iterator stops its workers when it is dropped: both hold a :class:`_Lease`, a
+``weakref.finalize`` on which runs the shutdown (by reference counting: nothing holds the loader in a cycle),
+and so does the interpreter's exit, in a ``multiprocessing`` child too (``multiprocessing.util.Finalize``,
+which runs before ``multiprocessing`` stops the daemonic children and joins the others).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import multiprocessing.util
+import types
 import weakref
 from typing import Any, Callable
 
 import torch
 
 from ferry.common import validate as check
-from ferry.common.constants import DEFAULT_BUFFER_BATCHES
+from ferry.common.constants import DEFAULT_BUFFER_BATCHES, DEFAULT_LOG_EVERY_S
 from ferry.common.errors import LoaderClosedError
 
 from ferry.consumer.core import sequencer_for
@@ -34,9 +41,11 @@ from ferry.consumer.epoch import EpochIterator, EpochParts, RunCounter
 from ferry.consumer.health import LoaderHealth
 from ferry.consumer.figures.observer import EpochObserver
 from ferry.consumer.planning import EpochPlanner
-from ferry.consumer.read_only import ReadOnlyOptions
 from ferry.consumer.resume import RESUME_OPTIONS, ResumePoint, capture_state, restore_state
-from ferry.consumer.options import UNSET, check_unknown_keywords, CurveOptions, LocalOptions, TransportOptions, resolve_options
+from ferry.consumer.options import (
+    UNSET, CurveOptions, LocalOptions, Option, TransportOptions, check_unknown_keywords, document_keywords,
+    resolve_options,
+)
 from ferry.consumer.pipeline import Pipeline, resolve_device
 from ferry.consumer.figures.counters import Counters, WeakStats, stats_figures
 
@@ -44,8 +53,17 @@ __all__ = ["RemoteLoader"]
 
 log = logging.getLogger("ferry.consumer")
 
+#: multiprocessing runs its exit finalizers of priority >= 0 before it stops daemonic children (local producers)
+#: and joins the others: a loader's shutdown is one of them.
+FINALIZE_PRIORITY = 10
 
-class RemoteLoader(ReadOnlyOptions):
+
+class _Lease:
+    """Held by a loader and by each of its iterators: the pipeline runs while any of them is referenced."""
+
+
+@document_keywords  # Args: from each keyword's declaration (consumer/options/keywords.py)
+class RemoteLoader:
     """An iterable over training batches that producers stream in over ZeroMQ.
 
     Batches are the collated structure (dict / list / tuple) with torch tensors as leaves, equal to what
@@ -53,63 +71,22 @@ class RemoteLoader(ReadOnlyOptions):
     seed, drop_last))`` yields after ``set_epoch(e)``. Options are keyword-only, all checked here before any
     thread or process starts; they cannot be changed afterwards (assigning one raises ConfigError).
 
-    Args:
-        endpoint: where the consumer binds its ROUTER, or a list of them. Default ``tcp://*:5555``; in
-            local mode the default binds only the private ipc socket. A tcp port is shifted by
-            ``LOCAL_RANK`` under torchrun.
-        batch_size: samples per batch.
-        shuffle: shuffle with DistributedSampler's permutation (seed + epoch).
-        seed: the shuffle seed (default 0). ``sample_info().seed`` on the producers derives from it too.
-        generator: a ``torch.Generator`` to draw the shuffle seed (and the local producers' base seed) from,
-            as DataLoader draws its shuffle from one; instead of ``seed``.
-        drop_last: drop the tail that does not fill a batch (and the uneven tail across ranks).
-        sampler: a torch sampler (or any iterable of indices) instead of the default plan.
-        batch_sampler: an iterable of index lists, used as given; excludes batch_size / sampler /
-            shuffle / drop_last.
-        rank, world_size: this trainer's shard. Default: torchrun's RANK and WORLD_SIZE, else 0 and 1.
-        buffer_batches: capacity C. Batches buffered + tasks in flight never exceed it.
-        in_order: yield in plan order (default) or as batches arrive.
-        no_producer_timeout: seconds without any live producer before ``__next__`` raises
-            NoProducersError; ``None`` or 0: wait forever. Default 60. Unlike DataLoader's ``timeout``, a
-            limit on each batch, it counts only while no producer is alive: a slow batch from a live
-            producer never times out here (``task_timeout`` guards against a hung one). It also fires when no
-            batch arrives for that long while producers keep joining and leaving. [Unit: second]
-        timeout: the same option under its old name; give one of the two.
-        dataset_len: the dataset length, if known up front (else learned from the first producer).
-        device: ``None`` / ``"cpu"`` (tensors over the received bytes, no copy) or a CUDA device.
-        pin_memory: stage through page-locked memory. Default: True on CUDA, False otherwise.
-        device_transform: a callable applied to each batch on the device, in the training thread.
-        dataset: a dataset object or a spec string (see ``ferry.common.datasets``), served by local producers.
-            Without them it says what remote producers must serve: an object gives the dataset length and its
-            fingerprint, a spec admits only producers announcing that spec (the first one sets the length and
-            fingerprint; ``dataset_args`` are not compared). Others are refused for good, with the reason.
-            A *sharded* dataset (``shards()`` and
-            ``iter_shard(name)``, optionally ``shard_len(name)`` and ``shuffle_buffer``; a torch
-            ``IterableDataset`` must have them) is planned over its shards: see ``ferry.common.shardplan`` and
-            docs/datasets.md. ``len()`` then needs ``shard_len``, else raises TypeError.
-        dataset_args: keyword arguments of a dataset spec.
-        on_error: ``"raise"`` (RemoteSampleError in the loop) or ``"skip"`` (drop the failed samples).
-        metrics_port: serve ``stats()`` as Prometheus metrics on this port (needs ``ferry[metrics]``).
-        log_every: seconds between one-line progress logs (logger ``ferry.consumer``, INFO); None: never.
-            Each epoch's diagnosis is logged at INFO; at WARNING only when the stall stays above 10 % for two
-            epochs in a row (see :mod:`ferry.consumer.figures.diagnosis`). [Unit: second]
-        local: a :class:`LocalOptions`: start producer processes here (local mode). Needs ``dataset``.
-            Flat shorthand: ``local_producers`` (the count; 0: none), ``producer_threads``,
-            ``producer_slots``, ``mp_context``, ``producer_transform``, ``shared_memory``.
-        transport: a :class:`TransportOptions`: heartbeats, liveness, the task timeout, the batch size bound,
-            compression. Flat shorthand: ``heartbeat``, ``liveness``, ``task_timeout``, ``max_batch_bytes``,
-            ``max_attempts``, ``compression`` (``"auto"``, the default; ``"lz4"``, ``"zstd"`` or None: see
-            :class:`TransportOptions`; ``stats()`` counts ``compressed_bytes`` and ``uncompressed_bytes``).
-        curve: a :class:`CurveOptions`: encrypt, and let in only authorized producers.
-            Flat shorthand: ``curve_secret_key``, ``curve_authorized_keys``.
-
-        Each flat shorthand means what the group's field of the same meaning says; a group and one of its
-        flat keywords together are a ConfigError.
-
     Raises:
         ConfigTypeError: an option of the wrong type (a ConfigError and a TypeError).
         ConfigError: an invalid option or combination, or the endpoint cannot be bound (the port is in use).
     """
+
+    # RemoteLoader[list[torch.Tensor]] in annotations, as DataLoader[...] (a Generic) allows
+    __class_getitem__ = classmethod(types.GenericAlias)
+
+    # the options, read-only: each reads the resolved options (consumer/options/read_only.py), nothing is copied
+    batch_size, shuffle, seed, drop_last = Option(), Option(), Option(), Option()
+    sampler, batch_sampler, rank, world_size = Option(), Option(), Option(), Option()
+    buffer_batches, in_order, no_producer_timeout = Option(), Option(), Option()  # math.inf: wait forever
+    timeout = Option(lambda loader: loader._options.no_producer_timeout)  # its old name
+    device, pin_memory, device_transform, on_error, log_every = Option(), Option(), Option(), Option(), Option()
+    endpoints = Option(lambda loader: loader._endpoints)  # bound: the given ones and local mode's ipc socket
+    local, transport, curve = Option(), Option(), Option()  # the groups as resolved (local and curve: None if off)
 
     def __init__(
         self, *,
@@ -123,7 +100,7 @@ class RemoteLoader(ReadOnlyOptions):
         dataset: Any = None, dataset_args: dict[str, Any] | None = None, dataset_len: int | None = None,
         device: str | torch.device | None = None, pin_memory: bool | None = None,
         device_transform: Callable[[Any], Any] | None = None,
-        on_error: str = "raise", log_every: float | None = 60.0, metrics_port: int | None = None,
+        on_error: str = "raise", log_every: float | None = DEFAULT_LOG_EVERY_S, metrics_port: int | None = None,
         local: LocalOptions | None = None, transport: TransportOptions | None = None, curve: CurveOptions | None = None,
         # the flat shorthand of the groups above, as accepted before the groups existed
         local_producers: int = UNSET, producer_threads: int = UNSET, producer_slots: int = UNSET,
@@ -135,43 +112,28 @@ class RemoteLoader(ReadOnlyOptions):
         **dataloader_options: Any,
     ) -> None:
         check_unknown_keywords(dataloader_options)
+        # the signature is the keywords' one list (their names and defaults); locals() is that list as given
         given = {name: value for name, value in locals().items() if name not in ("self", "dataloader_options")}
         self._closed = True  # until fully built, so that close() on a half-built loader is safe
         opts = resolve_options(given)
-        self._options = opts
-        self.device, pin_memory = resolve_device(opts.device, opts.pin_memory)
-
-        self.batch_size = opts.batch_size
-        self.shuffle = opts.shuffle
-        self.seed = opts.seed
-        self.drop_last = opts.drop_last
-        self.sampler = opts.sampler
-        self.batch_sampler = opts.batch_sampler
-        self.rank = opts.rank
-        self.world_size = opts.world_size
-        self.buffer_batches = opts.buffer_batches
-        self.in_order = opts.in_order
-        self.no_producer_timeout = opts.no_producer_timeout  # math.inf: wait forever
-        self.timeout = opts.no_producer_timeout  # its old name
-        self.pin_memory = bool(pin_memory)
-        self.device_transform = opts.device_transform
-        self.on_error = opts.on_error
-        self.log_every = opts.log_every
+        device, pin_memory = resolve_device(opts.device, opts.pin_memory)
+        self._options = opts = dataclasses.replace(opts, device=device, pin_memory=bool(pin_memory))
 
         self._counters = Counters()
         self._runs = RunCounter()
         self._active: EpochIterator | None = None  # the newest iteration
         self._pending: ResumePoint | None = None  # where set_epoch or load_state_dict said the next one starts
+        lease = _Lease()
         # starts local producers, the io and staging threads; nothing it holds references `self`
         pipeline = Pipeline(opts, self._counters, device=self.device, pin_memory=self.pin_memory,
                             figures=WeakStats(self))
-        self.endpoints = pipeline.endpoints
+        self._endpoints = pipeline.endpoints
         self._local, self._io, self._staging = pipeline.local, pipeline.io, pipeline.staging
         self._staging_stager = pipeline.stager
         self._planner = EpochPlanner(opts, self._io)
         self._health = LoaderHealth(self._io, self._local, pipeline.staging_failure, self.endpoints, self.timeout,
                                     pipeline.stop)
-        self._observer = EpochObserver(self._counters, self._io.snapshot, WeakStats(self),
+        self._observer = EpochObserver(self._counters, self._io.snapshot,
                                        capacity=self.buffer_batches, log_every=self.log_every,
                                        threads=(self._io.thread, self._staging))
         device = self.device
@@ -179,10 +141,13 @@ class RemoteLoader(ReadOnlyOptions):
             staged=pipeline.staged, release=self._io.release, check_health=self._health.check,
             observer=self._observer, counters=self._counters, runs=self._runs,
             stream_for=lambda: torch.cuda.current_stream(device), device_transform=self.device_transform,
+            lease=lease,
         )
         self._closed = False
-        self._finalizer = weakref.finalize(self, pipeline.shutdown)
-        self._freeze()  # from here on the options are read-only (consumer/read_only.py)
+        # run once, by close(), or when the last of the loader and its iterators is dropped, or at exit (atexit;
+        # in a multiprocessing child, which never runs atexit, by multiprocessing's own exit hook)
+        self._finalizer = weakref.finalize(lease, pipeline.shutdown)
+        multiprocessing.util.Finalize(lease, self._finalizer, exitpriority=FINALIZE_PRIORITY)
 
     # --- iteration ----------------------------------------------------------------------------------
     def __iter__(self) -> EpochIterator:
@@ -229,7 +194,8 @@ class RemoteLoader(ReadOnlyOptions):
         """Figures of this loader (lifetime counters; ``epoch_*`` for the current epoch)."""
         io = self._io.snapshot() if self._io is not None else {}
         epoch = self._active.epoch if self._active is not None else self.epoch
-        return stats_figures(self._counters, io, capacity=self.buffer_batches, epoch=epoch)
+        return stats_figures(self._counters, io, capacity=self.buffer_batches, epoch=epoch,
+                             producers_needed=self._observer.demand.value)
 
     def state_dict(self) -> dict[str, Any]:
         """A small, JSON-serialisable state: resume with ``load_state_dict`` in a new process."""

@@ -27,7 +27,7 @@ from ferry.common import compression as comp
 from ferry.common.constants import JOIN_TIMEOUT_S, STAGED_BATCHES
 from ferry.common.datasets import dataset_fingerprint, transformed_fingerprint
 from ferry.common.errors import ConfigError
-from ferry.common.heap import keep_freed_memory
+from ferry.common.heap import wanted_by_environment
 from ferry.common.shardplan import is_sharded, shard_names
 
 from ferry.consumer.core import CoreConfig
@@ -113,14 +113,12 @@ class Pipeline:
             curve = CurveServer.load(opts.curve.secret_key, opts.curve.authorized_keys)
         transport, local, endpoints = opts.transport, opts.local, list(opts.endpoints)
         window = Window.of(opts.buffer_batches)  # every size derived from buffer_batches (consumer/window.py)
-        # the trainer's heap settings (common/heap.py), before any producer is forked: a bad
-        # FERRY_KEEP_FREED_MEMORY is one clean ConfigError here, and forked producers inherit the settings
-        keep_freed_memory()
         if local is not None:
+            # its producers read FERRY_KEEP_FREED_MEMORY (common/heap.py): a bad value is one ConfigError here,
+            # before any starts. Only read: the trainer's own heap settings are its script's choice
+            wanted_by_environment()
             self.local = LocalProducers(
-                local.count, dataset, dataset_args=opts.dataset_args, threads=local.threads, slots=local.slots,
-                heartbeat=transport.heartbeat, liveness=transport.liveness, mp_context=local.mp_context,
-                transform=local.transform, init=local.init, collate=local.collate,
+                local, transport, dataset, dataset_args=opts.dataset_args,
                 # as DataLoader draws its workers' base seed: from torch's RNG, so torch.manual_seed in the
                 # script makes the producers' own random streams reproducible
                 base_seed=int(torch.empty((), dtype=torch.int64).random_(generator=opts.generator).item()),
@@ -138,6 +136,7 @@ class Pipeline:
                        seed=opts.seed % (1 << 63), max_attempts=transport.max_attempts,
                        # dataset= a spec, no local producers: remote producers must serve that spec
                        dataset_spec=dataset if isinstance(dataset, str) and local is None else None,
+                       local_producers=local.count if local is not None else 0,
                        **compression_welcome(transport.compression)),
             endpoints=self.endpoints, handoff=self.handoff, counters=counters, curve=curve,
             slab=self.local.slab if self.local is not None else None,
@@ -145,6 +144,8 @@ class Pipeline:
         self.io.start()
         if self.local is not None:  # a local producer's death, seen through its sentinel, loses it at once
             self.local.on_death = self.io.producer_died
+            io = self.io  # a replacement only once some producer has served (else a start-up failure repeats)
+            self.local.served = lambda: io.health().producers_seen > 0
         self.stager = make_stager(device, pin_memory, window.pool_buffers,
                                   slab=self.local.slab if self.local is not None else None)
         self.staging = threading.Thread(
@@ -167,6 +168,7 @@ class Pipeline:
             self.staging.join(JOIN_TIMEOUT_S)
         if self.local is not None:
             self.local.on_death = None  # deaths from here on are the shutdown's own
+            self.local.served = lambda: False
         if self.io is not None:
             self.io.close(JOIN_TIMEOUT_S)
         # batches handed on or staged and never yielded: a closed loader must not keep them (nor their slots)

@@ -4,14 +4,16 @@ Producers (``python -m ferry.producer``) read and collate batches on any machine
 ZeroMQ to :class:`RemoteLoader`, a bounded, staged iterator inside the training script.
 
 The public API is this module: ``from ferry import RemoteLoader``, its option groups (``LocalOptions``,
-``TransportOptions``, ``CurveOptions``) and the error types below. Importing
-``ferry`` does not import torch (the producer image has none): ``RemoteLoader`` is loaded on first use.
+``TransportOptions``, ``CurveOptions``), the error types below, and :func:`keep_freed_memory`, the one
+process-wide setting Ferry offers a training script (a loader never changes its process's settings itself).
+Importing ``ferry`` does not import torch (the producer image has none): ``RemoteLoader`` is loaded on first use.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ferry.common.heap import keep_freed_memory
 from ferry.common.sampleinfo import SampleInfo, sample_info
 from ferry.common.errors import (
     ConfigError,
@@ -39,6 +41,7 @@ __all__ = [
     "RemoteLoader",
     "sample_info",
     "SampleInfo",
+    "keep_freed_memory",
     "LocalOptions",
     "TransportOptions",
     "CurveOptions",

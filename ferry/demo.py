@@ -143,13 +143,14 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ferry import RemoteLoader
+    from ferry import RemoteLoader, keep_freed_memory
 
     def stop(signum, frame):  # docker compose down: close the loader (BYE to producers), exit cleanly
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
     logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+    keep_freed_memory()  # batches from remote producers arrive over a socket (docs/tuning.md#frame-size)
     torch.manual_seed(args.seed)
     root = args.data_dir or tempfile.mkdtemp(prefix="ferry-demo-")
     try:

@@ -3,7 +3,8 @@ consumers over ZeroMQ.
 
 Run it as ``python -m ferry.producer --connect tcp://trainer:5555 --dataset npy-folder --dataset-arg root=/data``
 (or ``ferry produce …``). Embed it with :func:`serve`, its one public entry point; the consumer's local
-mode starts producers only through it.
+mode starts producers only through it, or through the command line that :func:`command_line` writes for a
+:class:`ProducerConfig` (its ``FERRY_*`` variables: :data:`PRODUCER_ENV`).
 
 This package never imports ``consumer``, and imports torch only if the dataset does.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -20,9 +22,10 @@ import threading
 from typing import Any
 
 from ferry.common.heap import keep_freed_memory
-from ferry.producer.config import ProducerConfig
+from ferry.producer.cli import command_line
+from ferry.producer.config import PRODUCER_ENV, ProducerConfig
 
-__all__ = ["serve", "preload", "ProducerConfig", "keep_freed_memory"]
+__all__ = ["serve", "preload", "ProducerConfig", "keep_freed_memory", "command_line", "PRODUCER_ENV"]
 
 _PR_SET_PDEATHSIG = 1
 # keep_freed_memory (and its constants) lives in ferry.common.heap: the consumer sets it too
@@ -41,16 +44,31 @@ def preload() -> None:
 def serve(config: ProducerConfig, dataset: Any = None) -> int:
     """Serve ``dataset`` (or the one ``config.dataset`` names) until SIGTERM/SIGINT. Returns an exit code.
 
+    ``dataset`` may be a :class:`ferry.common.deferred_pickle.DeferredPickle` (local mode): it is unpickled here,
+    once stderr goes where ``config.stderr_path`` says; a :class:`~ferry.common.deferred_pickle.WithHooks` in it
+    brings the hooks (``init``, ``collate``, ``transform``) pickled together with the dataset.
+
     Raises:
         DatasetSpecError: the dataset spec cannot be resolved.
+        Exception: whatever unpickling a deferred dataset raises.
     """
+    if config.freeze_inherited:  # before anything allocates: a collection now would walk the parent's objects
+        gc.freeze()
+    if config.exit_with_parent:
+        _die_with_parent()
+    if config.stderr_path is not None:
+        _stderr_to(config.stderr_path)
     from ferry.common.datasets import Transformed, resolve_callable, resolve_dataset
+    from ferry.common.deferred_pickle import DeferredPickle, WithHooks
     from ferry.common.sampleinfo import seed_process
 
     from ferry.producer.service import Producer
 
-    if config.exit_with_parent:
-        _die_with_parent()
+    if isinstance(dataset, DeferredPickle):
+        dataset = dataset.load()
+    if isinstance(dataset, WithHooks):
+        config = dataclasses.replace(config, **dataset.hooks)
+        dataset = dataset.dataset
     keep_freed_memory()
     if dataset is None:
         dataset = resolve_dataset(config.dataset, config.dataset_args)
@@ -81,8 +99,36 @@ def install_signal_handlers(producer: Any) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+def _stderr_to(path: str) -> None:
+    """Make the FIFO at ``path`` this process's fd 2. Its reader (the loader that started us) opened it before
+    starting us; where it is gone already (ENXIO: no reader) fd 2 stays as it was, and we die with it anyway."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # never blocks: a FIFO without a reader refuses at once
+    except OSError:
+        return
+    os.set_blocking(fd, True)  # writes wait for the reader, as on any pipe, rather than fail
+    if sys.stderr is not None:
+        sys.stderr.flush()
+    if fd != 2:  # 2 itself when we started without a stderr
+        os.dup2(fd, 2)
+        os.close(fd)
+    if not _writes_to_fd2(sys.stderr):
+        # started without one, or forked from a trainer whose sys.stderr is not fd 2 (Jupyter, pytest's capture):
+        # Python's tracebacks must reach the FIFO too, not an object of the trainer's that nobody reads here
+        sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
+
+
+def _writes_to_fd2(stream: object) -> bool:
+    try:
+        return stream is not None and stream.fileno() == 2  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both an OSError and a ValueError
+        return False
+
+
 def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM us when the parent dies (local mode), so no producer outlives its trainer."""
+    """Ask Linux to SIGTERM us when the parent dies (local mode), so no producer outlives its trainer. Linux sends
+    it when the *thread* that forked us ends: the consumer forks its producers from a thread that lives as long
+    as they do (``ferry-local-watch``)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -83,9 +83,6 @@ class Outcome:
     buffer_frames: int = 0  # how many frames after the header are views of `buffer`
 
 
-#: CPython 3.11's AST constructor keeps a recursion counter that threads compiling at once can upset (gh-106905);
-#: it then raises this SystemError for code that is fine. ``np.load`` compiles each .npy header
-#: (``ast.literal_eval``), so loading threads do hit it, rarely. A load that does is run once more.
 class Batcher:
     """Loads and collates batches on thread pools. ``close()`` waits for running work, bounded."""
 

@@ -1,4 +1,11 @@
-"""Command line of the producer: ``python -m ferry.producer`` and ``ferry produce``."""
+"""Command line of the producer: ``python -m ferry.producer`` and ``ferry produce``.
+
+Its flags and ``FERRY_*`` variables are not written here: each is the declaration of an option in
+:mod:`ferry.producer.config` (:data:`~ferry.producer.config.COMMAND_LINE`), with its type, default, help and
+variable. :func:`build_parser` makes the flags from them, :func:`config_from_command_line` the
+:class:`ProducerConfig`, and :func:`command_line` goes the other way: the flags and variables that make a
+producer build a given config, which is how a loader's local mode starts a producer by spec.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +13,19 @@ import argparse
 import logging
 import os
 import sys
+import textwrap
 from typing import Any, Mapping
 
-from ferry.common.constants import DEFAULT_SLOTS, DEFAULT_THREADS, HEARTBEAT_S, LIVENESS
+from ferry.common.constants import DEFAULT_LOG_LEVEL
 from ferry.common.errors import ConfigError
+from ferry.common.settings import REQUIRED
 
-from ferry.producer.config import LOG_LEVELS, UNREACHABLE_WARNING_S, read_env
+from ferry.producer.config import COMMAND_LINE, PRODUCER_ENV, WORKER, ProducerConfig, read_env
+
+__all__ = ["build_parser", "command_line_values", "config_from_command_line", "command_line", "main"]
+
+PROG = "python -m ferry.producer"
+_FIELDS = set(ProducerConfig.__dataclass_fields__)
 
 EXAMPLES = """\
 examples:
@@ -29,20 +43,31 @@ examples:
   python -m ferry.producer --connect tcp://127.0.0.1:5555 --dataset synthetic \\
       --dataset-arg length=10000 --dataset-arg 'shape=[13,299,299]' --dataset-arg delay=0.005
 
-Every flag can also come from the environment: FERRY_CONNECT (comma-separated), FERRY_DATASET,
-FERRY_DATASET_ARGS (JSON object), FERRY_TRANSFORM, FERRY_THREADS, FERRY_SLOTS, FERRY_CURVE_KEY,
-FERRY_CURVE_SERVER_KEY, FERRY_METRICS_PORT, FERRY_LOG_LEVEL, FERRY_COMPRESSION. A flag wins over its variable; a variable
-that does not parse is an error (exit status 2), even with --help.
-
   # CURVE: encrypted, and only producers whose keys the consumer authorized get work
   python -m ferry.producer --connect tcp://trainer:5555 --dataset synthetic \\
       --curve-key keys/producer.key_secret --curve-server-key keys/server.key
+
+Every flag can also come from the environment, as its help says: FERRY_ and the flag's name (FERRY_CONNECT
+comma-separated, FERRY_DATASET_ARGS a JSON object). A flag wins over its variable; a variable that does not
+parse is an error (exit status 2), even with --help.
+
 Exit status: 0 after SIGTERM/SIGINT (it says BYE first), 2 on a configuration error,
 3 when every consumer rejected it permanently.
 """
 
 
-def build_parser(prog: str = "python -m ferry.producer", env: Mapping[str, Any] | None = None) -> argparse.ArgumentParser:
+
+def _environment_only() -> str:
+    """The epilog's list of the variables that have no flag."""
+    lines = ["", "Variables without a flag (a loader's local mode sets the last three):"]
+    for setting in COMMAND_LINE.values():
+        if not setting.flag:
+            text = f"{setting.variable}: {setting.help(variable=False).replace('%%', '%')}"
+            lines += textwrap.wrap(text, 110, initial_indent="  ", subsequent_indent="      ")
+    return "\n".join(lines) + "\n"
+
+
+def build_parser(prog: str = PROG, env: Mapping[str, Any] | None = None) -> argparse.ArgumentParser:
     """The producer's flags; their defaults come from ``env``, the parsed variables of :func:`read_env`."""
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -51,64 +76,95 @@ def build_parser(prog: str = "python -m ferry.producer", env: Mapping[str, Any] 
             "Ferry consumers (RemoteLoader) over ZeroMQ. Consumers decide which samples form each batch; "
             "start as many producers as you like, on any host, in any order."
         ),
-        epilog=EXAMPLES,
+        epilog=EXAMPLES + _environment_only(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    env = (env or {}).get
-    parser.add_argument("--connect", action="append", metavar="ENDPOINT",
-                        help="consumer endpoint, tcp://HOST:PORT, tcp://HOST:PORT-PORT (a range of ranks) or "
-                             "ipc://PATH; repeat for several consumers [env FERRY_CONNECT]")
-    parser.add_argument("--dataset", default=env("FERRY_DATASET"), metavar="SPEC",
-                        help="a built-in dataset (synthetic, npy-folder, image-folder, packed) or package.module:callable that "
-                             "returns a map-style dataset [env FERRY_DATASET]")
-    parser.add_argument("--dataset-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="keyword argument for the dataset; VALUE is parsed as JSON when it parses, "
-                             "else taken as a string; repeatable [env FERRY_DATASET_ARGS, a JSON object]")
-    parser.add_argument("--transform", default=env("FERRY_TRANSFORM"), metavar="CALLABLE",
-                        help="package.module:callable applied to every sample before collation, e.g. a crop "
-                             "or a normalisation [env FERRY_TRANSFORM]")
-    parser.add_argument("--collate", default=env("FERRY_COLLATE"), metavar="CALLABLE",
-                        help="package.module:callable that collates a list of samples into a batch, in place of "
-                             "default_collate, like DataLoader's collate_fn (e.g. to pad sequences) "
-                             "[env FERRY_COLLATE]")
-    parser.add_argument("--init", default=env("FERRY_INIT"), metavar="CALLABLE",
-                        help="package.module:callable called once in this producer process with its worker id, "
-                             "like DataLoader's worker_init_fn [env FERRY_INIT]")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="seed of this process's random, numpy and torch generators (default: drawn from the "
-                             "OS, so no two producers share a stream); for reproducible augmentation use "
-                             "ferry.sample_info().seed in the dataset instead")
-    parser.add_argument("--threads", type=int, default=env("FERRY_THREADS", DEFAULT_THREADS),
-                        help=f"loader threads; the samples of a batch load concurrently (default {DEFAULT_THREADS})")
-    parser.add_argument("--slots", type=int, default=env("FERRY_SLOTS", DEFAULT_SLOTS),
-                        help=f"batches taken at once from each consumer (default {DEFAULT_SLOTS})")
-    parser.add_argument("--heartbeat", type=float, default=HEARTBEAT_S,
-                        help=f"seconds between heartbeats before the consumer sets its own (default {HEARTBEAT_S})")
-    parser.add_argument("--liveness", type=int, default=LIVENESS,
-                        help=f"heartbeats of silence before a consumer counts as gone (default {LIVENESS})")
-    parser.add_argument("--curve-key", default=env("FERRY_CURVE_KEY"), metavar="FILE",
-                        help="this producer's CURVE key pair (a .key_secret file from ferry keys); enables "
-                             "encryption and authentication [env FERRY_CURVE_KEY]")
-    parser.add_argument("--curve-server-key", default=env("FERRY_CURVE_SERVER_KEY"), metavar="FILE",
-                        help="the consumer's CURVE public key (server.key) [env FERRY_CURVE_SERVER_KEY]")
-    parser.add_argument("--metrics-port", type=int, default=env("FERRY_METRICS_PORT") or None,
-                        metavar="PORT", help="serve Prometheus metrics on this port (needs ferry[metrics]) "
-                                             "[env FERRY_METRICS_PORT]")
-    parser.add_argument("--compression", default=env("FERRY_COMPRESSION"), type=str.lower,
-                        choices=("auto", "lz4", "zstd", "none"),
-                        help="compress batch frames: none, lz4 or zstd override what the consumer's tasks ask for "
-                             "(RemoteLoader's compression=, default auto: the consumer decides); auto follows the "
-                             "consumer; lz4 needs ferry[lz4], zstd ferry[zstd] [env FERRY_COMPRESSION]")
-    parser.add_argument("--log-level", default=env("FERRY_LOG_LEVEL", "INFO"), type=str.upper, choices=LOG_LEVELS,
-                        help="log verbosity, in any case (default INFO) [env FERRY_LOG_LEVEL]")
+    env = env or {}
+    for dest, setting in COMMAND_LINE.items():
+        if not setting.flag:
+            continue
+        common = {"dest": dest, "metavar": setting.metavar or None, "help": setting.help()}
+        if setting.kind.repeated:  # combined with its variable afterwards (command_line_values)
+            parser.add_argument(setting.flag, action="append", default=[], **common)
+        else:
+            default = env.get(setting.variable, None if setting.default is REQUIRED else setting.default)
+            parser.add_argument(setting.flag, default=default, **common, **setting.kind.argparse())
     return parser
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m ferry.producer") -> int:
-    from ferry.common.datasets import parse_dataset_args
+def command_line_values(args: Mapping[str, Any], env: Mapping[str, Any]) -> dict[str, Any]:
+    """What the parsed flags (``args``) and variables (``env``, from :func:`read_env`) set, by
+    :data:`COMMAND_LINE` name; None where neither sets it. A flag wins over its variable.
+
+    Raises:
+        DatasetSpecError: a ``--dataset-arg`` that is not KEY=VALUE.
+    """
+    values = {}
+    for dest, setting in COMMAND_LINE.items():
+        variable = env.get(setting.variable)
+        if not setting.flag:
+            values[dest] = variable
+        elif setting.kind.repeated:
+            values[dest] = setting.kind.combine(variable, args[dest])
+        else:
+            values[dest] = args[dest]
+    return values
+
+
+def config_from_command_line(values: Mapping[str, Any]) -> ProducerConfig:
+    """The :class:`ProducerConfig` of :func:`command_line_values`; CURVE keys are loaded from their files.
+
+    Raises:
+        ConfigError: a value out of range, one CURVE key file without the other, or an unreadable key file.
+    """
+    given = {name: value for name, value in values.items() if name in _FIELDS and value is not None}
+    key, server_key = values.get("curve_key"), values.get("curve_server_key")
+    if key or server_key:
+        from ferry.common.security import CurveClient
+
+        if not (key and server_key):
+            raise ConfigError("CURVE needs both --curve-key and --curve-server-key")
+        given["curve"] = CurveClient.load(key, server_key)
+    given["worker_id"], given["num_workers"] = values.get("worker") or WORKER.default
+    return ProducerConfig(**given)
+
+
+def command_line(config: ProducerConfig, log_level: str = DEFAULT_LOG_LEVEL,
+                 environ: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The flags and ``FERRY_*`` variables with which ``python -m ferry.producer`` builds ``config``: what a
+    loader's local mode passes to a producer it starts by spec. Only what differs from the default is written,
+    as its flag where the option has one, else as its variable.
+
+    Args:
+        environ: an environment to pass on with the variables (a child's inherited one), less every variable
+            of the producer's (:data:`PRODUCER_ENV`), so that only ``config`` configures the producer.
+
+    Raises:
+        ConfigError: ``config`` holds what no command line can say (a callable hook, CURVE keys in memory).
+    """
+    if config.curve is not None:
+        raise ConfigError("CURVE keys in memory have no command line: start such a producer with --curve-key and "
+                          "--curve-server-key")
+    values = {name: getattr(config, name) for name in COMMAND_LINE if name in _FIELDS}
+    values.update(worker=(config.worker_id, config.num_workers), log_level=log_level)
+    argv: list[str] = []
+    env = {name: text for name, text in (environ or {}).items() if name not in PRODUCER_ENV}
+    for dest, setting in COMMAND_LINE.items():
+        value = values.get(dest)
+        if value is None or value == setting.default:
+            continue
+        if not setting.flag:
+            env[setting.variable] = setting.kind.format(value)
+            continue
+        for text in setting.kind.items(value) if setting.kind.repeated else [setting.kind.format(value)]:
+            argv += [f"{setting.flag}={text}"] if text.startswith("-") else [setting.flag, text]
+    return argv, env
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     from ferry.common.errors import FerryError
 
-    from ferry.producer import ProducerConfig, serve
+    from ferry.producer import serve
 
     try:
         env = read_env()  # before the flags, so that a bad variable is named even with --help
@@ -116,34 +172,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m ferry.producer") 
         print(f"ferry producer: error: {exc}", file=sys.stderr)
         return 2
     parser = build_parser(prog, env)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format=f"ferry-producer[{os.getpid()}] %(levelname)s %(message)s",
+    args = vars(parser.parse_args(argv))
+    logging.basicConfig(level=args["log_level"], format=f"ferry-producer[{os.getpid()}] %(levelname)s %(message)s",
                         stream=sys.stderr)
-    endpoints = args.connect or env.get("FERRY_CONNECT")
-    if not endpoints:
-        parser.error("--connect is required (or set FERRY_CONNECT)")
-    if not args.dataset:
-        parser.error("--dataset is required (or set FERRY_DATASET)")
+    for dest, setting in COMMAND_LINE.items():
+        if setting.default is REQUIRED and not (args[dest] or env.get(setting.variable)):
+            parser.error(f"{setting.flag} is required (or set {setting.variable})")
     try:
-        dataset_args = dict(env.get("FERRY_DATASET_ARGS", {}))
-        dataset_args.update(parse_dataset_args(args.dataset_arg))
-        curve = None
-        if args.curve_key or args.curve_server_key:
-            from ferry.common.security import CurveClient
-
-            if not (args.curve_key and args.curve_server_key):
-                raise ValueError("CURVE needs both --curve-key and --curve-server-key")
-            curve = CurveClient.load(args.curve_key, args.curve_server_key)
-        config = ProducerConfig(
-            endpoints=tuple(endpoints), dataset=args.dataset, dataset_args=dataset_args, threads=args.threads,
-            slots=args.slots, heartbeat=args.heartbeat, liveness=args.liveness,
-            exit_with_parent=env.get("FERRY_EXIT_WITH_PARENT", False), curve=curve,
-            transform=args.transform, metrics_port=args.metrics_port, shared_memory=env.get("FERRY_SHARED_MEMORY"),
-            unreachable_warning_s=env.get("FERRY_UNREACHABLE_WARNING_S", UNREACHABLE_WARNING_S),
-            init=args.init, collate=args.collate, seed=args.seed, compression=args.compression,
-            worker_id=env.get("FERRY_WORKER", (0, 1))[0], num_workers=env.get("FERRY_WORKER", (0, 1))[1],
-        )
-        return serve(config)
+        return serve(config_from_command_line(command_line_values(args, env)))
     except (FerryError, ValueError) as exc:
         print(f"ferry producer: error: {exc}", file=sys.stderr)
         return 2

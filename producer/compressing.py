@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from ferry.common import compression as comp
-from ferry.common.compression import MIN_FRAME_BYTES, compress_frame, decide_shuffle
+from ferry.common.compression import compress_frame, decide_shuffle
+from ferry.common.constants import MIN_COMPRESS_FRAME_BYTES
 
 log = logging.getLogger("ferry.producer")
 
@@ -64,7 +65,7 @@ class FrameCompressor:
         for node in leaves:
             first, count = node["f"], node.get("n", 1)
             itemsize = np.dtype(node["d"]).itemsize
-            if len(frames[first]) < MIN_FRAME_BYTES:
+            if len(frames[first]) < MIN_COMPRESS_FRAME_BYTES:
                 continue
             step = decide_shuffle(name, frames[first], itemsize)
             for index in range(first, first + count):

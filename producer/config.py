@@ -1,4 +1,10 @@
-"""The producer's configuration, validated up front, and the environment variables that may set it.
+"""The producer's configuration, each option declared once, and the environment variables that may set it.
+
+Every field of :class:`ProducerConfig` is declared by a :class:`~ferry.common.settings.Setting`: its check, its
+default, its doc and, for most, its command-line flag and ``FERRY_*`` variable. The options a loader's local
+producers take from the loader (threads, slots, heartbeat, liveness, the hooks) are the very declarations of the
+consumer's option groups (:mod:`ferry.common.settings`). :data:`COMMAND_LINE` lists what the command line sets
+(:mod:`ferry.producer.cli` builds its flags from it, and writes a config back as a command line for local mode).
 
 The environment is read only when :func:`read_env` is called (by the command line, before it parses its
 flags), never at import time.
@@ -8,175 +14,193 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
 
-from ferry.common import validate as check
-from ferry.common.constants import (
-    DEFAULT_SLOTS, DEFAULT_THREADS, HEARTBEAT_S, LIVENESS, MAX_HEARTBEAT_S, MAX_SLOTS, MAX_THREADS, MIN_HEARTBEAT_S,
-    MIN_LIVENESS,
-)
-from ferry.common.compression import MODES, require
+from ferry.common import settings as s
+from ferry.common.constants import DEFAULT_LOG_LEVEL, DEFAULT_UNREACHABLE_WARNING_S, LOG_LEVELS
 from ferry.common.endpoints import expand_endpoints
-from ferry.common.errors import ConfigError
+from ferry.common.errors import ConfigError, ConfigTypeError
+from ferry.common.settings import Setting, option
 
-__all__ = ["ProducerConfig", "expand_endpoints", "EnvVar", "PRODUCER_ENV", "read_env", "LOG_LEVELS"]
-
-#: The --log-level choices (given in any case).
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-#: Warn when no consumer answered for this long, by default. [Unit: second]
-UNREACHABLE_WARNING_S = 10.0
+__all__ = ["ProducerConfig", "expand_endpoints", "COMMAND_LINE", "PRODUCER_ENV", "read_env", "LOG_LEVELS"]
 
 
+# --- the kinds only a producer takes -----------------------------------------------------------------
+class _Endpoints(s.Kind):
+    """Consumer endpoints: one a ``--connect`` (repeated), or a comma-separated variable."""
+
+    expected, repeated = "comma-separated endpoints", True
+
+    def check(self, name: str, value: Any) -> tuple[str, ...]:
+        return expand_endpoints(list(value))
+
+    def parse(self, text: str) -> list[str]:
+        return [e.strip() for e in text.split(",") if e.strip()]
+
+    def combine(self, variable: Any, flags: list[str]) -> list[str] | None:
+        """The flags replace the variable."""
+        return flags or variable
+
+    def items(self, value: Any) -> list[str]:
+        return list(value)
+
+
+class _DatasetArgs(s.Kind):
+    """Keyword arguments of a dataset spec: ``--dataset-arg KEY=VALUE`` (repeated; VALUE is JSON when it parses),
+    or a JSON object in the variable."""
+
+    expected, repeated = "a JSON object", True
+
+    def check(self, name: str, value: Any) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            raise ConfigTypeError(f"{name} must be a dict of keyword arguments, got {value!r}")
+        return dict(value)
+
+    def parse(self, text: str) -> dict[str, Any]:
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError(text)
+        return value
+
+    def combine(self, variable: Any, flags: list[str]) -> dict[str, Any]:
+        """The flags add to (and override keys of) the variable."""
+        from ferry.common.datasets import parse_dataset_args
+
+        return {**(variable or {}), **parse_dataset_args(flags)}
+
+    def items(self, value: Any) -> list[str]:
+        try:
+            return [f"{key}={json.dumps(item)}" for key, item in value.items()]
+        except (TypeError, ValueError) as exc:
+            raise ConfigTypeError(f"dataset arguments on a command line must be JSON values ({exc}); a dataset "
+                                  "spec's dataset_args travel to its producers that way") from None
+
+
+class _TokenPath(s.Kind):
+    """A shared-memory slab: ``(path, token)``, written ``TOKEN:PATH``."""
+
+    expected = "TOKEN:PATH"
+
+    def check(self, name: str, value: Any) -> tuple[str, str]:
+        if not (isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, str) for v in value)):
+            raise ConfigError(f"{name} must be a (path, token) pair of strings, got {value!r}")
+        return tuple(value)
+
+    def parse(self, text: str) -> tuple[str, str]:
+        token, _, path = text.partition(":")
+        if not (token and path):
+            raise ValueError(text)
+        return path, token
+
+    def format(self, value: Any) -> str:
+        return f"{value[1]}:{value[0]}"
+
+
+class _Worker(s.Kind):
+    """``ID/COUNT``: a local producer's place among its loader's producers (set by the loader)."""
+
+    expected = "ID/COUNT"
+
+    def parse(self, text: str) -> tuple[int, int]:
+        worker_id, _, count = text.partition("/")
+        if not (worker_id.isdigit() and count.isdigit() and int(worker_id) < int(count)):
+            raise ValueError(text)
+        return int(worker_id), int(count)
+
+    def format(self, value: Any) -> str:
+        return f"{value[0]}/{value[1]}"
+
+
+# --- ProducerConfig -----------------------------------------------------------------------------------
+@s.documented
 @dataclass(frozen=True)
 class ProducerConfig:
-    """What a producer serves, where, and how hard.
+    """What a producer serves, where, and how hard; checked when built (a ConfigError names the field).
 
-    Args:
-        endpoints: consumer endpoints to connect to (port ranges allowed).
-        dataset: dataset spec (see :mod:`ferry.common.datasets`); ignored when a dataset object is given to
-            :func:`ferry.producer.serve`, except as the label it reports.
-        dataset_args: keyword arguments of the spec.
-        threads: loader threads running ``dataset[i]`` concurrently.
-        slots: batches this producer takes at once from each consumer.
-        heartbeat: seconds between PINGs until the consumer sets its own. [Unit: second]
-        liveness: heartbeats of silence after which a consumer is considered gone.
-        unreachable_warning_s: first warn when no consumer answered for this long (w), then after 3w, 6w and
-            every 30w more (see producer/connection.py). [Unit: second]
-        exit_with_parent: die with the parent process (local mode).
-        curve: CURVE client keys, or None for plaintext.
-        transform: a callable, or its ``package.module:callable`` spec, applied to every sample on the producer (disables the
-            built-in datasets' read-into-batch fast path, since samples must exist as objects).
-        shared_memory: ``(path, token)`` of the shared-memory slab of the consumer that started this
-            producer on its own machine (see :mod:`ferry.common.shm`); None over the network.
-        seed: seed of this process's ``random``, numpy and torch generators; None draws one from the OS.
-        worker_id, num_workers: this producer's place among the local producers of one loader, as
-            ``torch.utils.data.get_worker_info()`` reports it (0 and 1 for a producer started by hand).
-        init: a callable, or a ``package.module:callable`` spec, called once in the producer process with
-            ``worker_id`` after seeding, like DataLoader's ``worker_init_fn``.
-        collate: the batch's collate function (a callable, or a ``package.module:callable`` spec), run on
-            the producer in place of ``default_collate``, like DataLoader's ``collate_fn``. Its output may be
-            any tree of dicts, lists and tuples with array, tensor and scalar leaves.
-        compression: ``"lz4"``, ``"zstd"`` or ``"none"``: overrides the codec each consumer's tasks ask for;
-            None (the default) or ``"auto"`` follows the consumer (see producer/compressing.py).
+    The command line builds one from its flags and variables; local mode builds one from the loader's options;
+    :func:`ferry.producer.serve` takes one built by hand.
     """
 
-    endpoints: tuple[str, ...]
-    dataset: str
-    dataset_args: dict[str, Any] = field(default_factory=dict)
-    threads: int = DEFAULT_THREADS
-    slots: int = DEFAULT_SLOTS
-    heartbeat: float = HEARTBEAT_S
-    liveness: int = LIVENESS
-    unreachable_warning_s: float = UNREACHABLE_WARNING_S
-    exit_with_parent: bool = False
-    curve: Any = None
-    dataset_label: str = ""
-    transform: Any = None
-    metrics_port: int | None = None
-    shared_memory: tuple[str, str] | None = None
-    seed: int | None = None
-    worker_id: int = 0
-    num_workers: int = 1
-    init: Any = None
-    collate: Any = None
-    compression: str | None = None
+    endpoints: tuple[str, ...] = option(Setting(
+        _Endpoints(), "consumer endpoints, tcp://HOST:PORT, tcp://HOST:PORT-PORT (a range of ranks) or ipc://PATH; "
+        "repeat the flag for several consumers.", flag="--connect", metavar="ENDPOINT"))
+    dataset: str = option(Setting(
+        s.Text("a dataset spec", nonempty=False), "a built-in dataset (synthetic, npy-folder, image-folder, packed, tar-shards) or "
+        "package.module:callable that returns a dataset; only a label when serve() is given a dataset object.",
+        flag="--dataset", metavar="SPEC"))
+    dataset_args: dict[str, Any] = option(Setting(
+        _DatasetArgs(), "keyword arguments of the dataset spec: KEY=VALUE, VALUE parsed as JSON when it parses, "
+        "else taken as a string; repeatable (the variable: a JSON object).", {}, flag="--dataset-arg",
+        env="FERRY_DATASET_ARGS", metavar="KEY=VALUE"))
+    threads: int = option(s.THREADS)
+    slots: int = option(s.SLOTS)
+    heartbeat: float = option(s.HEARTBEAT)
+    liveness: int = option(s.LIVENESS)
+    unreachable_warning_s: float = option(Setting(
+        s.Real(0, low_open=True, expected="a number of seconds"), "first warn when no consumer answered for this "
+        "long (w), then after 3w, 6w and every 30w more (see producer/connection.py).",
+        DEFAULT_UNREACHABLE_WARNING_S, unit="second", env="FERRY_UNREACHABLE_WARNING_S"))
+    exit_with_parent: bool = option(Setting(s.Bool(), "die with the parent process (local mode).", False,
+                                            env="FERRY_EXIT_WITH_PARENT"))
+    curve: Any = option(Setting(s.Kind(), "CURVE client keys (a CurveClient), or None for plaintext; the command "
+                                "line loads them from --curve-key and --curve-server-key.", None, optional=True))
+    dataset_label: str = option(Setting(s.Kind(), "what the producer says it serves; by default ``dataset``.", ""))
+    transform: Any = option(s.TRANSFORM)
+    metrics_port: int | None = option(s.METRICS_PORT)
+    shared_memory: tuple[str, str] | None = option(Setting(
+        _TokenPath(), "the shared-memory slab of the loader that started this producer on its machine (see "
+        "ferry.common.shm): (path, token), TOKEN:PATH in the variable; None over the network.", None, optional=True,
+        env="FERRY_SHARED_MEMORY"))
+    seed: int | None = option(Setting(
+        s.Int(), "seed of this process's random, numpy and torch generators; by default (None) one is drawn from "
+        "the OS, so that no two producers share a stream. For reproducible augmentation use ferry.sample_info().seed in the "
+        "dataset instead.", None, optional=True, flag="--seed"))
+    worker_id: int = option(Setting(s.Int(0), "this producer's place among the local producers of one loader, as "
+                                    "torch.utils.data.get_worker_info() reports it.", 0))
+    num_workers: int = option(Setting(s.Int(1), "how many local producers that loader started.", 1))
+    init: Any = option(s.INIT)
+    collate: Any = option(s.COLLATE)
+    compression: str | None = option(Setting(
+        s.Compression(), "compress batch frames: lz4, zstd or none overrides the codec each consumer's tasks ask "
+        "for (RemoteLoader's compression=, by default auto: the consumer decides); auto, like the default (None), "
+        "follows the consumer; lz4 needs ferry[lz4], zstd ferry[zstd] (see producer/compressing.py).",
+        None, optional=True, flag="--compression"))
+    stderr_path: str | None = option(Setting(
+        s.Path(), "a FIFO that ferry.producer.serve makes this process's stderr (fd 2) before it does anything else "
+        "but freeze_inherited: set by the consumer's local mode, which reads the other end. None keeps the stderr "
+        "the process has.", None, optional=True))
+    freeze_inherited: bool = option(Setting(
+        s.Bool(), "move every object this process inherited into the garbage collector's permanent generation "
+        "(gc.freeze()) as the very first thing serve does, so that no collection walks (and so copies) the "
+        "parent's pages: set by local mode for a producer forked from the trainer.", False))
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "endpoints", expand_endpoints(list(self.endpoints)))
-        check.integer("threads", self.threads, low=1, high=MAX_THREADS)
-        check.integer("slots", self.slots, low=1, high=MAX_SLOTS)
-        check.number("heartbeat", self.heartbeat, low=MIN_HEARTBEAT_S, high=MAX_HEARTBEAT_S)
-        check.integer("liveness", self.liveness, low=MIN_LIVENESS)
-        check.number("unreachable_warning_s", self.unreachable_warning_s, low=0, low_open=True)
-        check.optional(check.integer, "metrics_port", self.metrics_port, low=0, high=65535)
-        if self.compression is not None:
-            check.choice("compression", self.compression, MODES)
-            require(self.compression)  # an explicit codec without its library: a ConfigError naming the package
+        s.check_fields(self)
+        if self.worker_id >= self.num_workers:
+            raise ConfigError(f"worker_id {self.worker_id} is not in range for num_workers {self.num_workers}")
         if not self.dataset_label:
             object.__setattr__(self, "dataset_label", self.dataset)
 
 
-# --- the environment ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class EnvVar:
-    """One environment variable: its name, how its text becomes a value, and what a good one looks like."""
+# --- the command line and the environment -------------------------------------------------------------
+LOG_LEVEL = Setting(s.Choice(LOG_LEVELS, fold=str.upper), "log verbosity, in any case.", DEFAULT_LOG_LEVEL,
+                    flag="--log-level")
+CURVE_KEY = Setting(s.Path(), "this producer's CURVE key pair (a .key_secret file from ferry keys); enables "
+                    "encryption and authentication.", None, optional=True, flag="--curve-key", metavar="FILE")
+CURVE_SERVER_KEY = Setting(s.Path(), "the consumer's CURVE public key (server.key).", None, optional=True,
+                           flag="--curve-server-key", metavar="FILE")
+WORKER = Setting(_Worker(), "this producer's worker_id/num_workers (set by a loader's local mode).", (0, 1),
+                 env="FERRY_WORKER")
 
-    name: str
-    parse: Callable[[str], Any]
-    expected: str
-
-    def read(self, environ: Mapping[str, str]) -> Any:
-        """The parsed value, or None when unset or empty. Raises ConfigError naming the variable."""
-        text = environ.get(self.name, "")
-        if not text.strip():
-            return None
-        try:
-            return self.parse(text.strip())
-        except (ValueError, TypeError):
-            raise ConfigError(f"environment variable {self.name}={text!r} is not {self.expected}") from None
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    value = json.loads(text)
-    if not isinstance(value, dict):
-        raise ValueError(text)
-    return value
-
-
-def _log_level(text: str) -> str:
-    if text.upper() not in LOG_LEVELS:
-        raise ValueError(text)
-    return text.upper()
-
-
-def _flag(text: str) -> bool:
-    if text not in ("0", "1"):
-        raise ValueError(text)
-    return text == "1"
-
-
-def _token_path(text: str) -> tuple[str, str]:
-    token, _, path = text.partition(":")
-    if not (token and path):
-        raise ValueError(text)
-    return path, token
-
-
-def _compression(text: str) -> str:
-    if text.lower() not in MODES:
-        raise ValueError(text)
-    return text.lower()
-
-
-def _worker(text: str) -> tuple[int, int]:
-    """``ID/COUNT``: a local producer's place among its loader's producers (set by the loader)."""
-    worker_id, _, count = text.partition("/")
-    if not (worker_id.isdigit() and count.isdigit() and int(worker_id) < int(count)):
-        raise ValueError(text)
-    return int(worker_id), int(count)
-
-
-#: Every environment variable of the producer's command line, by the flag (or setting) it stands for.
-PRODUCER_ENV: dict[str, EnvVar] = {v.name: v for v in (
-    EnvVar("FERRY_CONNECT", lambda t: [e.strip() for e in t.split(",") if e.strip()], "comma-separated endpoints"),
-    EnvVar("FERRY_DATASET", str, "a dataset spec"),
-    EnvVar("FERRY_DATASET_ARGS", _json_object, "a JSON object"),
-    EnvVar("FERRY_TRANSFORM", str, "package.module:callable"),
-    EnvVar("FERRY_THREADS", int, "an integer"),
-    EnvVar("FERRY_SLOTS", int, "an integer"),
-    EnvVar("FERRY_CURVE_KEY", str, "a file name"),
-    EnvVar("FERRY_CURVE_SERVER_KEY", str, "a file name"),
-    EnvVar("FERRY_METRICS_PORT", int, "a port number"),
-    EnvVar("FERRY_LOG_LEVEL", _log_level, f"one of {', '.join(LOG_LEVELS)} (any case)"),
-    EnvVar("FERRY_EXIT_WITH_PARENT", _flag, "0 or 1"),
-    EnvVar("FERRY_SHARED_MEMORY", _token_path, "TOKEN:PATH"),
-    EnvVar("FERRY_UNREACHABLE_WARNING_S", float, "a number of seconds"),
-    EnvVar("FERRY_INIT", str, "package.module:callable"),
-    EnvVar("FERRY_COLLATE", str, "package.module:callable"),
-    EnvVar("FERRY_WORKER", _worker, "ID/COUNT"),
-    EnvVar("FERRY_COMPRESSION", _compression, f"one of {', '.join(MODES)}"),
-)}
+#: What the command line sets, by where the value goes: a ProducerConfig field with a flag or a variable, or
+#: one of the command line's own (the log level, the CURVE key files, the worker id and count).
+COMMAND_LINE: dict[str, Setting] = {
+    **{f.name: s.setting_of(f) for f in fields(ProducerConfig) if s.setting_of(f).variable},
+    "curve_key": CURVE_KEY, "curve_server_key": CURVE_SERVER_KEY, "worker": WORKER, "log_level": LOG_LEVEL,
+}
+#: Every ``FERRY_*`` variable of the producer, with its setting.
+PRODUCER_ENV: dict[str, Setting] = {setting.variable: setting for setting in COMMAND_LINE.values()}
 
 
 def read_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -186,5 +210,5 @@ def read_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         ConfigError: a variable that does not parse; the message names it, its value and what it should be.
     """
     environ = os.environ if environ is None else environ
-    values = {name: var.read(environ) for name, var in PRODUCER_ENV.items()}
+    values = {name: setting.read(environ) for name, setting in PRODUCER_ENV.items()}
     return {name: value for name, value in values.items() if value is not None}

@@ -35,17 +35,20 @@ Events: :meth:`Connection.receive` (a parsed message), :meth:`~Connection.tick` 
 
 from __future__ import annotations
 
-import enum
 import logging
 import random
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Union
+from typing import Any, Callable, Iterable
 
 from ferry.common import protocol
 from ferry.common.constants import (
     AUTH_RETRY_FIRST_S, AUTH_RETRY_MAX_S, MAX_PENDING_TASKS, MAX_WELCOME_HEARTBEAT_S, MIN_WELCOME_HEARTBEAT_S,
 )
 from ferry.common.errors import ProtocolError
+
+# the actions this machine returns, declared in producer/actions.py (imported from here too)
+from ferry.producer.actions import (
+    Action, CheckAddress, FailTask, Log, Phase, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
+)
 
 __all__ = [
     "Phase", "Connection", "SendHello", "SendPing", "SendBye", "RunTask", "FailTask", "CheckAddress", "Stale",
@@ -58,71 +61,6 @@ EXIT_OK = 0
 EXIT_REJECTED = 3
 
 
-class Phase(enum.Enum):
-    GREETING = "greeting"
-    SERVING = "serving"
-    CLOSED = "closed"
-
-
-# --- actions: what the poll loop must do ---------------------------------------------------------------
-@dataclass(frozen=True)
-class SendHello:
-    """Say HELLO with this nonce; report the result with :meth:`Connection.sent` or ``hello_unsent``."""
-
-    nonce: int
-
-
-@dataclass(frozen=True)
-class SendPing:
-    """Send a PING; ``pending`` is this session's unanswered tasks (the loop adds its own figures)."""
-
-    pending: int
-
-
-@dataclass(frozen=True)
-class SendBye:
-    """Say BYE (the producer stops)."""
-
-
-@dataclass(frozen=True)
-class RunTask:
-    """Start the TASK in ``header`` (the loop maps its slot, submits it, then calls ``task_started``)."""
-
-    header: dict
-
-
-@dataclass(frozen=True)
-class FailTask:
-    """Answer the TASK in ``header`` with a FAIL at once, without running it: ``index`` is outside the
-    dataset (the consumer's plan is wrong; dropping the TASK would only have it re-issued)."""
-
-    header: dict
-    index: int
-    message: str
-
-
-@dataclass(frozen=True)
-class CheckAddress:
-    """Resolve this endpoint's host off the main loop; report with :meth:`Connection.address_checked`."""
-
-
-@dataclass(frozen=True)
-class Stale:
-    """A message of a session this connection has left (sent before the consumer saw our new HELLO); count it."""
-
-
-@dataclass(frozen=True)
-class Rebuild:
-    """Close this endpoint's socket and connect a fresh one."""
-
-
-@dataclass(frozen=True)
-class Log:
-    level: int
-    message: str
-
-
-Action = Union[SendHello, SendPing, SendBye, RunTask, FailTask, CheckAddress, Stale, Rebuild, Log]
 
 
 class Connection:

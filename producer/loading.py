@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ferry.common.constants import REMOTE_MESSAGE_CHARS, REMOTE_TRACEBACK_CHARS
+from ferry.common.remote_errors import exception_classes
 from ferry.common.sampleinfo import loading
 from ferry.common.shm import populate
 from ferry.producer.collate import RowLayout
@@ -22,6 +23,9 @@ __all__ = ["load_sample", "load_row", "read_row", "written_first", "BatchFailed"
 # a Job (ferry.producer.batcher) is passed in as ``job``: these functions read its ``seed`` and ``epoch``
 
 
+#: CPython 3.11's AST constructor keeps a recursion counter that threads compiling at once can upset (gh-106905);
+#: it then raises this SystemError for code that is fine. ``np.load`` compiles each .npy header
+#: (``ast.literal_eval``), so loading threads do hit it, rarely. A load that does is run once more.
 _AST_RACE = "AST constructor recursion depth mismatch"
 
 
@@ -113,9 +117,12 @@ def sample_file(dataset: Any, index: int) -> str | None:
 
 
 def error_record(index: int, exc: BaseException) -> dict[str, Any]:
+    """A FAIL's record of sample ``index``: its exception by name (type, class chain for the consumer to rebuild
+    the type from, message, traceback), never pickled."""
     return {
         "index": index,
         "exc_type": type(exc).__name__,
+        "exc_classes": exception_classes(exc),
         "message": str(exc)[:REMOTE_MESSAGE_CHARS],
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-REMOTE_TRACEBACK_CHARS:],
     }

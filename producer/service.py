@@ -9,7 +9,7 @@ the socket, log.
 
 Threads: the main loop (this module), plus the batcher's pools (:mod:`ferry.producer.batcher`). Shutdown order,
 on SIGTERM / SIGINT / ``stop()``: the main loop leaves its poll, says BYE on every serving connection,
-closes sockets with LINGER=0 (BYE_LINGER_MS where a BYE was queued: the frames still queued are dropped,
+closes sockets with LINGER=0 (PRODUCER_BYE_LINGER_MS where a BYE was queued: the frames still queued are dropped,
 which hands their pooled buffers back), stops the batcher (waits for running samples, cancels queued
 ones), then terminates its own zmq context.
 """
@@ -28,7 +28,7 @@ from typing import Any
 import zmq
 
 from ferry.common import protocol
-from ferry.common.constants import BYE_LINGER_MS, HEARTBEAT_S, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST
+from ferry.common.constants import PRODUCER_BYE_LINGER_MS, HEARTBEAT_S, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST
 from ferry.common.datasets import dataset_fingerprint
 from ferry.common.errors import ProtocolError
 from ferry.common.ratelimit import RateLimitedLog
@@ -237,7 +237,7 @@ class Producer:
         # linger), which hands their pooled buffers back. A batch job waiting for such a buffer would
         # otherwise hold the batcher's shutdown for BUFFER_ACQUIRE_TIMEOUT_S. Batch jobs never touch sockets.
         for link in self._links.values():
-            link.close(linger=BYE_LINGER_MS if link.said_bye else 0)  # let a BYE leave, bounded
+            link.close(linger=PRODUCER_BYE_LINGER_MS if link.said_bye else 0)  # let a BYE leave, bounded
         self._batcher.close()
         self._compressor.close()
         self._resolver.close()  # ends after the lookup in progress, if any (not waited for)

@@ -11,7 +11,7 @@ import torch
 from ferry.common.codec import Chunked, decode_tree, encode_tree, tree_signature
 from ferry.common.errors import ProtocolError
 from ferry.consumer.core import Delivery
-from ferry.consumer.staging.stagers import CpuStager
+from ferry.consumer.staging.tensors import CpuStager
 
 from .random_datasets import Point
 

@@ -223,3 +223,29 @@ def test_torch_types_other_than_tensors_are_not_arrays():
 
 def test_a_single_string_sample_has_a_signature():
     assert tree_signature(["a"], 1) == ("s", "str") and tree_signature([b"a"], 1) == ("s", "bytes")
+
+
+class Checked(__import__("collections").namedtuple("Checked", ["x", "n"])):
+    """A namedtuple whose own constructor refuses what it is sent (as PackedSequence's checks its fields)."""
+
+    def __new__(cls, *args, **kwargs):
+        raise AttributeError("Checked.__new__ ran on the receiver")
+
+
+def test_a_namedtuple_is_rebuilt_without_running_the_class_s_own_constructor():
+    sent = tuple.__new__(Checked, (np.arange(3, dtype=np.int32), 7))
+    spec, frames = encode_tree(sent)
+    got = decode_tree(spec, [bytes(f) for f in frames])
+    assert type(got) is Checked and got.n == 7 and got.x.tolist() == [0, 1, 2]
+
+
+def test_whatever_a_tree_provokes_while_decoding_is_a_protocol_error(monkeypatch):
+    import ferry.common.codec as codec
+
+    def broken(*args):
+        raise KeyError("a bug or a hostile tree")
+
+    monkeypatch.setattr(codec, "_namedtuple_class", broken)
+    spec = {"t": "n", "c": "m:C", "k": ["a"], "v": [1]}
+    with pytest.raises(ProtocolError, match="does not decode: KeyError"):
+        decode_tree(spec, [])

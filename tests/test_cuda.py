@@ -182,7 +182,7 @@ def test_the_staging_thread_pins_and_registers_on_the_loaders_device_not_gpu_0()
     and cudaHostRegister for a loader on cuda:1 would create a context on GPU 0 (in every DDP rank)."""
     import threading
 
-    from ferry.consumer.staging.stagers import _use_device
+    from ferry.consumer.staging.cuda import use_device as _use_device
 
     seen = []
 
@@ -197,7 +197,7 @@ def test_the_staging_thread_pins_and_registers_on_the_loaders_device_not_gpu_0()
 
 
 def test_device_guard_and_use_device_do_nothing_without_cuda_devices():
-    from ferry.consumer.staging.stagers import _use_device, device_guard
+    from ferry.consumer.staging.cuda import device_guard, use_device as _use_device
 
     _use_device(None)
     _use_device(torch.device("cpu"))

@@ -294,3 +294,46 @@ def test_task_ids_are_never_reused_across_runs():
     new = {t.task for t in d.assign(held=0, now=0.0)}
     assert len(new) == 4 and not old & new
     assert all(d.complete(task, b"a") is None for task in old)
+
+
+def test_the_first_tasks_are_dealt_one_to_each_producer_until_every_local_producer_is_live():
+    """As DataLoader hands its first tasks to every worker in turn: the first producer up takes one task, not
+    all of them, while the others start (issue 18: every producer's seed is seen)."""
+    d = Dispatcher(capacity=8, max_attempts=DEFAULT_MAX_ATTEMPTS, deal_to=3, deal_until=30.0)
+    d.add(producer(b"a", slots=4))
+    d.start_run(seqs(1, range(20)))
+    (first,) = d.assign(held=0, now=0.0)
+    assert first.peer == b"a"
+    assert d.complete(first.task, b"a") is not None
+    assert d.assign(held=1, now=0.05) == [], "a producer that had its task waits for the others to start"
+    d.add(producer(b"b", slots=4))
+    assert [t.peer for t in d.assign(held=1, now=0.1)] == [b"b"]
+    d.add(producer(b"c", slots=4))  # all three live: dealing is over, the slots are the bound again
+    assert len(d.assign(held=1, now=0.2)) == 8 - 1 - 1
+    assert max(len(p.in_flight) for p in d.producers.values()) > 1
+
+
+def test_dealing_ends_at_its_deadline_or_at_a_death_even_if_a_producer_never_comes():
+    for end in ("deadline", "death"):
+        d = Dispatcher(capacity=8, max_attempts=DEFAULT_MAX_ATTEMPTS, deal_to=2, deal_until=30.0)
+        d.add(producer(b"a", slots=4))
+        d.start_run(seqs(1, range(20)))
+        assert len(d.assign(held=0, now=1.0)) == 1
+        assert d.assign(held=0, now=2.0) == []
+        if end == "death":
+            d.end_dealing()
+        assert len(d.assign(held=0, now=30.0 if end == "deadline" else 2.0)) == 3
+
+
+def test_between_producers_with_as_many_free_slots_tasks_go_in_turn():
+    """One task at a time to idle producers goes round them, not always to the first one that joined."""
+    d = Dispatcher(capacity=1, max_attempts=DEFAULT_MAX_ATTEMPTS)
+    for name in (b"a", b"b", b"c"):
+        d.add(producer(name, slots=2))
+    d.start_run(seqs(1, range(9)))
+    peers = []
+    for _ in range(6):
+        (task,) = d.assign(held=0, now=0.0)
+        peers.append(task.peer)
+        assert d.complete(task.task, task.peer) is not None
+    assert peers == [b"a", b"b", b"c", b"a", b"b", b"c"]

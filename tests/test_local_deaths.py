@@ -9,6 +9,7 @@ import time
 import pytest
 
 from ferry import ProducerDiedError, ProducerStartupError, RemoteLoader
+from ferry.consumer.local import producers as local_producers
 from ferry.consumer.local.producers import describe_exit
 from tests.datasets import PairDataset
 
@@ -49,7 +50,10 @@ def test_sigkill_of_one_of_two_producers_is_logged_at_once_and_the_run_goes_on(k
 
 
 @pytest.mark.parametrize("kind", ["spec", "object", "spawn"])
-def test_sigkill_of_the_last_producer_raises_producer_died_error_within_2_s(kind):
+def test_sigkill_of_the_last_producer_past_its_respawn_bound_raises_producer_died_error_within_2_s(kind, monkeypatch):
+    """A dead producer is replaced (tests/test_respawn.py) within a bound; past it, here at once, the loop learns
+    of the death within 2 s."""
+    monkeypatch.setattr(local_producers, "RESPAWNS_PER_WINDOW", 0)
     dataset, args = _slow(kind)
     with RemoteLoader(dataset=dataset, dataset_args=args, local_producers=1, batch_size=4, timeout=30,
                       buffer_batches=2, mp_context=_context(kind)) as loader:
@@ -64,6 +68,7 @@ def test_sigkill_of_the_last_producer_raises_producer_died_error_within_2_s(kind
         assert time.monotonic() - killed < 2.0
     text = str(info.value)
     assert f"pid {victim}" in text and "killed by SIGKILL" in text and "mid-run" in text, text
+    assert "respawned 0 times in the last 60 s, the bound" in text, text
     assert not isinstance(info.value, ProducerStartupError)
 
 

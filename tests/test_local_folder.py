@@ -1,5 +1,7 @@
-"""Acceptance 5 (leftovers): the trainer's private folder goes away on SIGTERM and SIGINT, and one left by a
-SIGKILLed trainer is swept at the next start; a folder of a live process, or of no one we know, never is."""
+"""Acceptance 5 (leftovers): the trainer's private folder goes away when the trainer leaves through Python
+(close, exit, KeyboardInterrupt, its own handler's sys.exit), and one left by a trainer killed outright
+(SIGKILL, or SIGTERM's default action) is swept at the next start; a folder of a live process, or of no one
+we know, never is. No signal handler is installed for this, on any thread."""
 
 import os
 import signal
@@ -7,11 +9,14 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 
 import pytest
 
 from ferry import RemoteLoader
 from ferry.consumer.local import folder as local_folder
+
+from tests.datasets import PairDataset
 
 from .helpers import REPO, producer_env, wait_for
 
@@ -59,13 +64,7 @@ def _assert_all_gone(trainer, folder, pids):
         wait_for(lambda: local_folder._start_time(pid) is None, 15, f"producer {pid} to exit")
 
 
-@pytest.mark.parametrize("signum,mode,code", [
-    (signal.SIGTERM, "plain", -signal.SIGTERM),  # the default action: folder removed, then death by SIGTERM
-    (signal.SIGINT, "plain", None),  # KeyboardInterrupt: the loader's finalizer removes it on the way out
-    (signal.SIGTERM, "own-handler", 7),  # the program's handler still runs (chained)
-], ids=["sigterm", "sigint", "sigterm-own-handler"])
-def test_no_folder_remains_after_the_trainer_is_signalled(signum, mode, code):
-    trainer, folder, pids = _start_trainer(mode)
+def _stop(trainer, signum):
     try:
         trainer.send_signal(signum)
         rc = trainer.wait(30)
@@ -76,18 +75,27 @@ def test_no_folder_remains_after_the_trainer_is_signalled(signum, mode, code):
         trainer.stdout.close()
         stderr = trainer.stderr.read()
         trainer.stderr.close()
+    return rc, stderr
+
+
+@pytest.mark.parametrize("signum,mode,code", [
+    (signal.SIGINT, "plain", None),  # KeyboardInterrupt: the loader's finalizer removes it on the way out
+    (signal.SIGTERM, "own-handler", 7),  # the program's handler runs, as it would without Ferry; sys.exit
+], ids=["sigint", "sigterm-own-handler"])
+def test_no_folder_remains_after_a_signal_the_trainer_leaves_through_python_on(signum, mode, code):
+    trainer, folder, pids = _start_trainer(mode)
+    rc, stderr = _stop(trainer, signum)
     if code is not None:
         assert rc == code, stderr
     _assert_all_gone(trainer, folder, pids)
 
 
-def test_the_folder_of_a_sigkilled_trainer_is_swept_at_the_next_start():
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_the_folder_of_a_trainer_killed_outright_is_swept_at_the_next_start(signum):
     trainer, folder, pids = _start_trainer()
-    trainer.kill()
-    trainer.wait(30)
-    trainer.stdout.close()
-    trainer.stderr.close()
-    assert os.path.isdir(folder)  # nothing can run on SIGKILL
+    rc, stderr = _stop(trainer, signum)
+    assert rc == -signum, stderr  # SIGTERM's default action: the trainer dies of it, as without Ferry
+    assert os.path.isdir(folder)  # nothing of the trainer ran
     with RemoteLoader(dataset="synthetic", dataset_args={"length": 8, "shape": [2]}, local_producers=1,
                       batch_size=4, timeout=30) as loader:
         assert not os.path.exists(folder)
@@ -131,15 +139,52 @@ def test_sweep_takes_only_folders_whose_owner_is_surely_dead(tmp_path):
     assert (live / "keep.txt").read_text() == "x"
 
 
-def test_a_made_folder_names_its_owner_and_is_removed_with_its_handlers():
-    handler = signal.getsignal(signal.SIGTERM)
+def test_a_made_folder_names_its_owner_and_is_removed():
     folder = local_folder.create()
     try:
         assert os.path.basename(folder).startswith("ferry-")
         with open(os.path.join(folder, local_folder.OWNER_FILE)) as f:
             assert f.read().strip() == local_folder._identity(os.getpid())
-        assert signal.getsignal(signal.SIGTERM) is local_folder._on_signal
     finally:
         local_folder.remove(folder)
     assert not os.path.exists(folder)
-    assert signal.getsignal(signal.SIGTERM) is handler  # restored once no folder is left
+
+
+def _handlers():
+    return {signum: signal.getsignal(signum) for signum in signal.valid_signals()
+            if signum not in (signal.SIGKILL, signal.SIGSTOP)}
+
+
+def _build_use_and_close(seen):
+    with RemoteLoader(dataset=PairDataset(length=8), local_producers=1, batch_size=4, timeout=30) as loader:
+        seen.append(_handlers())
+        assert len(list(loader)) == 2
+    seen.append(_handlers())
+
+
+@pytest.mark.parametrize("where", ["main-thread", "other-thread"])
+def test_a_loader_leaves_every_signal_handler_as_it_was(where):
+    own = lambda signum, frame: None  # noqa: E731  the program's own handler, to be kept as it is
+    previous = signal.signal(signal.SIGUSR1, own)
+    try:
+        before = _handlers()
+        seen = []
+        if where == "main-thread":
+            _build_use_and_close(seen)
+        else:  # where signal.signal cannot be called at all: nothing may be left to undo there either
+            failure = []
+
+            def body():
+                try:
+                    _build_use_and_close(seen)
+                except BaseException as exc:
+                    failure.append(exc)
+
+            thread = threading.Thread(target=body, name="test-loader-thread")
+            thread.start()
+            thread.join(60)
+            assert not thread.is_alive() and not failure, failure
+        assert seen == [before, before]  # while the loader is open, and after it closed
+        assert before[signal.SIGUSR1] is own
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

@@ -41,6 +41,8 @@ def test_consumer_and_producer_metrics_are_scraped(endpoint, spawn):
         text = scrape(consumer_port)
         assert value(text, "ferry_consumer_batches_total") == 10
         assert value(text, "ferry_consumer_producers") == 1
+        assert value(text, "ferry_producers_connected") == 1  # the unprefixed names engines scale on
+        assert value(text, "ferry_stall_fraction") == value(text, "ferry_consumer_stall_fraction")
         assert "ferry_consumer_stall_fraction" in text and 'ferry_consumer_producer_batches_total{producer="' in text
         produced = wait_for(lambda: (lambda t: t if value(t, "ferry_producer_batches_sent_total") >= 10 else None)(
             scrape(producer_port)), 10, "the producer's figures")

@@ -135,9 +135,15 @@ def test_a_bad_option_raises_in_the_constructor_before_anything_starts(kwargs, b
 
 
 @pytest.mark.parametrize("forever", [0, 0.0, None])
-def test_timeout_zero_or_none_waits_forever(endpoint, spawn, forever):
-    with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, timeout=forever, dataset_len=20) as loader:
+def test_timeout_zero_or_none_means_wait_forever(endpoint, forever):
+    with RemoteLoader(endpoint=endpoint, batch_size=4, timeout=forever, dataset_len=20) as loader:
         assert loader.no_producer_timeout == loader.timeout == math.inf
+    with RemoteLoader(endpoint=endpoint, batch_size=4, no_producer_timeout=forever, dataset_len=20) as loader:
+        assert loader.no_producer_timeout == loader.timeout == math.inf
+
+
+def test_a_loader_that_waits_forever_outlasts_a_finite_timeout_then_serves(endpoint, spawn):
+    with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, timeout=None, dataset_len=20) as loader:
         got, failure = [], []
 
         def consume():
@@ -183,14 +189,16 @@ def test_the_old_local_and_transport_keywords_work_and_mean_the_groups(tmp_path)
                       task_timeout=9.0, max_batch_bytes=1 << 20, mp_context=None, producer_transform=None,
                       shared_memory=False) as loader:
         assert len(list(loader)) == 4  # 18 samples, batches of 4, the tail dropped
-        assert loader._options.transport == TransportOptions(heartbeat=0.2, liveness=7, task_timeout=9.0,
-                                                             max_batch_bytes=1 << 20)
-        assert loader._options.local == LocalOptions(count=1, threads=2, slots=3, shared_memory=False)
+        assert loader.transport == TransportOptions(heartbeat=0.2, liveness=7, task_timeout=9.0,
+                                                    max_batch_bytes=1 << 20)
+        assert loader.local == LocalOptions(count=1, threads=2, slots=3, shared_memory=False)
         assert loader.stats()["shared_batches"] == 0  # shared_memory=False was applied
     with RemoteLoader(**flat, local=LocalOptions(count=1, threads=2, slots=3, shared_memory=False),
                       transport=TransportOptions(heartbeat=0.2, liveness=7, task_timeout=9.0,
                                                  max_batch_bytes=1 << 20)) as grouped:
-        assert grouped._options == loader._options
+        assert (grouped.local, grouped.transport, grouped.curve) == (loader.local, loader.transport, None)
+        assert [getattr(grouped, k) for k in flat if hasattr(grouped, k)] == [getattr(loader, k) for k in flat
+                                                                               if hasattr(loader, k)]
         assert len(list(grouped)) == 4
 
 
@@ -200,9 +208,9 @@ def test_the_old_curve_keywords_work_and_mean_the_group(tmp_path, endpoint):
     assert out.returncode == 0, out.stderr
     secret, authorized = str(tmp_path / "keys" / "server.key_secret"), str(tmp_path / "keys" / "authorized")
     with RemoteLoader(endpoint=endpoint, curve_secret_key=secret, curve_authorized_keys=authorized) as loader:
-        assert loader._options.curve == CurveOptions(secret_key=secret, authorized_keys=authorized)
+        assert loader.curve == CurveOptions(secret_key=secret, authorized_keys=authorized)
     with RemoteLoader(endpoint=endpoint, curve=CurveOptions(secret, authorized)) as loader:
-        assert loader._options.curve == CurveOptions(secret_key=secret, authorized_keys=authorized)
+        assert loader.curve == CurveOptions(secret_key=secret, authorized_keys=authorized)
 
 
 @pytest.mark.parametrize("kwargs, clash", [
@@ -258,3 +266,36 @@ def test_a_malformed_torchrun_variable_is_named(monkeypatch, endpoint):
     monkeypatch.setenv("LOCAL_RANK", "one")
     with pytest.raises(ConfigError, match=r"LOCAL_RANK='one'"):
         RemoteLoader()
+
+
+def test_the_endpoint_comes_from_ferry_endpoint_when_not_given(monkeypatch):
+    """Engine files (a Kubernetes Job, a Slurm script) set where the trainer binds without editing the script."""
+    ports = [free_port(), free_port()]
+    monkeypatch.setenv("FERRY_ENDPOINT", f"tcp://127.0.0.1:{ports[0]}, tcp://127.0.0.1:{ports[1]}")
+    with RemoteLoader(batch_size=2, dataset_len=4) as loader:
+        assert loader.endpoints == (f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}")
+    with RemoteLoader(batch_size=2, dataset_len=4, endpoint=f"tcp://127.0.0.1:{ports[1]}") as loader:
+        assert loader.endpoints == (f"tcp://127.0.0.1:{ports[1]}",)  # the script's own choice wins
+    monkeypatch.setenv("FERRY_ENDPOINT", "not-an-endpoint")
+    with pytest.raises(ConfigError, match="FERRY_ENDPOINT"):
+        RemoteLoader(batch_size=2, dataset_len=4)
+
+
+def test_curve_comes_from_the_environment_when_the_script_gives_none(tmp_path, monkeypatch, endpoint):
+    """Engine files turn CURVE on (deploy/slurm, deploy/kubernetes) without editing the training script."""
+    out = subprocess.run([sys.executable, "-m", "ferry", "keys", str(tmp_path / "keys"), "--producer", "p"],
+                         capture_output=True, text=True, env=producer_env(), cwd=REPO, timeout=60)
+    assert out.returncode == 0, out.stderr
+    secret, authorized = str(tmp_path / "keys" / "server.key_secret"), str(tmp_path / "keys" / "authorized")
+    monkeypatch.setenv("FERRY_CURVE_SECRET_KEY", secret)
+    monkeypatch.setenv("FERRY_CURVE_AUTHORIZED_KEYS", authorized)
+    with RemoteLoader(endpoint=endpoint, batch_size=2, dataset_len=4) as loader:
+        assert loader.curve == CurveOptions(secret_key=secret, authorized_keys=authorized)
+    with RemoteLoader(endpoint=endpoint, batch_size=2, dataset_len=4, curve_secret_key=None) as loader:
+        assert loader.curve is None  # the script said no CURVE: the environment does not overrule it
+    with RemoteLoader(dataset="synthetic", dataset_args={"length": 4, "shape": [2]}, local_producers=1,
+                      batch_size=2) as loader:
+        assert loader.curve is None  # local mode never leaves the machine: the environment's keys do not apply
+    monkeypatch.delenv("FERRY_CURVE_AUTHORIZED_KEYS")
+    with pytest.raises(ConfigError, match="FERRY_CURVE_AUTHORIZED_KEYS is not set"):
+        RemoteLoader(endpoint=endpoint, batch_size=2, dataset_len=4)

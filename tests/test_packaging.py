@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -121,7 +122,12 @@ def test_python_m_ferry_producer_runs_from_anywhere():
 
 def test_the_wheel_holds_only_ferry(tmp_path):
     """Built from outside the checkout, the wheel's only top-level package is ``ferry/``."""
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", REPO, "-w", str(tmp_path), "--no-deps",
+    # from a clean copy: a build/ folder left in the checkout would put stale modules into the wheel (and the
+    # build would write one there)
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__",
+                                                                   ".mutation", "wheels"))
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "-w", str(tmp_path), "--no-deps",
                           "--no-build-isolation", "--quiet"], cwd=str(tmp_path), capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -134,3 +140,9 @@ def test_the_wheel_holds_only_ferry(tmp_path):
     for package in ("common", "consumer", "producer"):
         assert f"ferry/{package}/__init__.py" in names, f"ferry/{package} is missing from the wheel"
     assert "ferry/consumer/loader.py" in names and "ferry/producer/__main__.py" in names
+    # every module of the source folders, subpackages included (pyproject.toml lists packages one by one)
+    sources = {f"ferry/{os.path.relpath(os.path.join(root, name), REPO)}"
+               for top_folder in ("common", "consumer", "producer")
+               for root, _, files in os.walk(os.path.join(REPO, top_folder)) if "__pycache__" not in root
+               for name in files if name.endswith(".py")}
+    assert sources - set(names) == set(), "modules missing from the wheel (a package not listed in pyproject.toml?)"

@@ -23,7 +23,10 @@ from ferry.common import shm
 from ferry.common.codec import Chunked
 from ferry.consumer.core import Delivery
 from ferry.consumer.staging.pinning import HOST_REGISTER_PORTABLE, HostRegistry, page_aligned_buffer, page_span
-from ferry.consumer.staging.stagers import CpuStager, CudaStager, HostPool, staging_loop
+from ferry.consumer.staging.cuda import CudaStager
+from ferry.consumer.staging.hostpool import HostPool
+from ferry.consumer.staging.stagers import staging_loop
+from ferry.consumer.staging.tensors import CpuStager
 
 PAGE = mmap.PAGESIZE
 needs_shm = pytest.mark.usefixtures("needs_shared_memory")

@@ -1,7 +1,8 @@
 """Soak: producers are killed and restarted every few seconds while a slow loop trains, epoch after epoch.
 Every epoch is complete and exact; consumer and producer RSS and fd counts stay flat.
 
-The default suite runs 15 seconds; ``pytest -m soak`` runs 10 minutes (FERRY_SOAK_SECONDS overrides).
+The default suite runs 9 seconds, killing a producer every 0.5-1.5 s; ``pytest -m soak`` runs 10 minutes,
+killing one every 1-3 s (FERRY_SOAK_SECONDS overrides).
 """
 
 import os
@@ -30,7 +31,7 @@ def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def soak(endpoint: str, spawn, seconds: float) -> dict:
+def soak(endpoint: str, spawn, seconds: float, kill_every: tuple[float, float] = (1.0, 3.0)) -> dict:
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     args = {"length": LENGTH, "delay": 0.002}
@@ -39,7 +40,7 @@ def soak(endpoint: str, spawn, seconds: float) -> dict:
     kills = 0
     figures = []
     deadline = time.monotonic() + seconds
-    next_kill = time.monotonic() + rng.uniform(1, 3)
+    next_kill = time.monotonic() + rng.uniform(*kill_every)
     with RemoteLoader(endpoint=endpoint, batch_size=4, shuffle=True, seed=seed, heartbeat=0.2, timeout=30) as loader:
         wait_for(lambda: loader.stats()["producers"] == 2, 20, "2 producers")
         epoch = 0
@@ -54,7 +55,7 @@ def soak(endpoint: str, spawn, seconds: float) -> dict:
                     victim.close()
                     victim = spawn(endpoint, "tests.datasets:PairDataset", args, threads=2, slots=2)
                     kills += 1
-                    next_kill = time.monotonic() + rng.uniform(1, 3)
+                    next_kill = time.monotonic() + rng.uniform(*kill_every)
             expected = reference_batches(PairDataset(LENGTH), batch_size=4, drop_last=False, world_size=1, rank=0,
                                          shuffle=True, seed=seed, epoch=epoch)
             assert got == [e[1].tolist() for e in expected], f"epoch {epoch} not exact (seed {seed})"
@@ -78,8 +79,8 @@ def check_flat(result: dict) -> None:
     assert result["stats"]["reissued"] > 0
 
 
-def test_soak_15_seconds(endpoint, spawn):
-    check_flat(soak(endpoint, spawn, float(os.environ.get("FERRY_SOAK_SHORT_SECONDS", 15))))
+def test_soak_short(endpoint, spawn):
+    check_flat(soak(endpoint, spawn, float(os.environ.get("FERRY_SOAK_SHORT_SECONDS", 9)), kill_every=(0.5, 1.5)))
 
 
 @pytest.mark.soak

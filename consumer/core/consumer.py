@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from ferry.common import protocol
-from ferry.common.constants import DEFAULT_FRAME_BYTES
+from ferry.common.constants import DEAL_FIRST_TASKS_S, DEFAULT_FRAME_BYTES
 from ferry.common.errors import PoisonTaskError, ProtocolError, SampleIndexError, VersionMismatch
 
 from ferry.consumer.core.actions import Action, Deliver, Log, Send
@@ -59,6 +59,7 @@ class CoreConfig:
     dataset_spec: str | None = None  # admit only producers announcing this spec
     compression: str = "none"  # auto, lz4, zstd or none: each TASK names the codec for its batch
     codecs: tuple[str, ...] = ()  # the codecs this consumer can decompress (told in WELCOME)
+    local_producers: int = 0  # started with this loader: one first task to each, the rest when all are live
 
 
 class ConsumerCore:
@@ -69,7 +70,8 @@ class ConsumerCore:
         self.session = session
         self.counters = counters
         self.slab = slab
-        self.dispatcher = Dispatcher(config.capacity, config.max_attempts)
+        self.dispatcher = Dispatcher(config.capacity, config.max_attempts, deal_to=config.local_producers,
+                                     deal_until=now + DEAL_FIRST_TASKS_S)
         self.peers = Peers(self.dispatcher, dataset_len=config.dataset_len, fingerprint=config.fingerprint,
                            shm_token=slab.token if slab is not None else None, now=now,
                            dataset_spec=config.dataset_spec)
@@ -82,6 +84,10 @@ class ConsumerCore:
         self._asked: dict[int, str] = {}  # task id -> the codec its TASK named, for remote links under "auto"
         self._epoch = 0
         self._out: list[Action] = []
+        # producer time in use: slot occupancy integrated over time (see _finish), for the demand gauge
+        self.busy_s = 0.0  # full-producer seconds: a producer with every slot holding a task counts 1 a second
+        self._busy_now = 0.0  # full producers in use since the last event
+        self._busy_at = now
 
     @property
     def sequencer(self) -> Sequencer | None:
@@ -142,6 +148,7 @@ class ConsumerCore:
 
     def producer_died(self, name: str, why: str, now: float) -> list[Action]:
         """The producer process ``name`` (host:pid) died: lose it now, not after the liveness window."""
+        self.dispatcher.end_dealing()  # the producers the first tasks wait for may not all come
         for peer in [p.peer for p in self.dispatcher.producers.values() if p.name == name]:
             self._lose(peer, why, now, charge=True)
         return self._finish(now)
@@ -328,12 +335,18 @@ class ConsumerCore:
 
     # --- issuing and handing on ---------------------------------------------------------------------------
     def _finish(self, now: float) -> list[Action]:
-        """Every event ends here: issue what credits allow, hand on what is ready; the actions, in order."""
+        """Every event ends here: issue what credits allow, hand on what is ready; the actions, in order.
+
+        Producer occupancy changes only within events, so what it was since the last event is integrated here
+        first (``busy_s``: how many producers had every slot busy, over time), then taken anew."""
+        self.busy_s += max(0.0, now - self._busy_at) * self._busy_now
+        self._busy_at = now
         sequencer = self.sequencer
         if sequencer is not None:
             self._dispatch(sequencer, now)
             while (item := sequencer.take()) is not None:
                 self._out.append(Deliver(item))
+        self._busy_now = sum(min(len(p.in_flight), p.slots) / p.slots for p in self.dispatcher.producers.values())
         out, self._out = self._out, []
         return out
 
@@ -386,6 +399,7 @@ class ConsumerCore:
             "in_flight": self.dispatcher.in_flight,
             "queued": self.dispatcher.queued,
             "reissued": self.dispatcher.reissued,
+            "busy_s": self.busy_s + max(0.0, now - self._busy_at) * self._busy_now,
             "per_producer": self.peers.figures(now),
             "shared_memory": None if self.slab is None else {
                 "slots": self.slab.slots, "free": self.slab.free, "lost": self.slots.lost},

@@ -7,7 +7,7 @@ thread turns each into device tensors, the training thread yields it and gives i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Delivery", "EndOfRun", "is_eof"]

@@ -9,7 +9,13 @@
 * New seqs come from the run's :class:`~ferry.consumer.core.sequencers.Sequencer`; the seqs of a lost
   producer go back to the *front* of a re-issue queue, which goes first.
 * Credits: :meth:`assign` never lets ``in flight + held`` exceed the capacity, and never gives a producer
-  more than its ``slots``. A new task goes to the live producer with the most free slots.
+  more than its ``slots``. A new task goes to the live producer with the most free slots; between equals, to
+  the one given a task longest ago (in turn, as DataLoader hands tasks to its workers).
+* Dealing: a loader that started N local producers deals its first tasks one to each producer, and the rest
+  wait until N producers are live (or one of them died, or a deadline passed), as DataLoader hands its first
+  tasks to every worker in turn: the first producer to start does not take every task before the others have
+  started, so each of them serves (and its seed is seen, ``tests/test_producer_seeds.py``). It costs the
+  producers that started first at most the others' start-up, once per loader.
 * Attempts: each loss of a seq's task that may be the task's fault (its producer died or fell silent, it
   timed out, its answer was unusable) is an :class:`Attempt`, kept per seq for the run, across re-issues.
   A seq lost ``max_attempts`` times is *poisoned*: not queued again, but returned by :meth:`take_poisoned`
@@ -43,6 +49,7 @@ class ProducerInfo:
     pid: int = 0
     batches: int = 0
     bytes: int = 0
+    last_task: int = 0  # the id of the latest task it was given (ids only grow): ties go to the longest idle
 
     @property
     def identity(self) -> tuple[str, int]:
@@ -81,9 +88,13 @@ class Task:
 
 
 class Dispatcher:
-    def __init__(self, capacity: int, max_attempts: int) -> None:
+    """Args: ``capacity`` (credits), ``max_attempts``, and ``deal_to``: deal one task to each producer until that
+    many producers are live, :meth:`end_dealing` is called or the time ``deal_until`` has passed (0: no dealing)."""
+
+    def __init__(self, capacity: int, max_attempts: int, *, deal_to: int = 0, deal_until: float = 0.0) -> None:
         self.capacity = capacity
         self.max_attempts = max_attempts
+        self._deal_to, self._deal_until = deal_to, deal_until
         self.producers: dict[bytes, ProducerInfo] = {}
         self.tasks: dict[int, Task] = {}  # in flight, by task id
         self._ids = itertools.count(1)  # never restarted: a late answer of an older run is never a current task
@@ -196,10 +207,11 @@ class Dispatcher:
         out: list[Task] = []
         if sequencer is None:
             return out
+        dealing = self._dealing(now)
         while self.in_flight + held < self.capacity:
             speculate = self.in_flight + held < self.capacity - 1
-            for producer in sorted(self.producers.values(), key=lambda p: -p.free_slots):
-                if producer.free_slots <= 0:
+            for producer in sorted(self.producers.values(), key=lambda p: (-_room(p, dealing), p.last_task)):
+                if _room(producer, dealing) <= 0:
                     return out
                 seq = self._next_for(producer.peer, speculate)
                 if seq is not None:
@@ -209,9 +221,20 @@ class Dispatcher:
             task = Task(next(self._ids), sequencer.run, seq, producer.identity, producer.peer, now)
             self.tasks[task.task] = task
             producer.in_flight.add(task.task)
+            producer.last_task = task.task
             sequencer.issued(producer.peer, seq)
             out.append(task)
         return out
+
+    def _dealing(self, now: float) -> bool:
+        """Whether the first tasks are still dealt one to each producer; once over, over for good."""
+        if self._deal_to and (len(self.producers) >= self._deal_to or now >= self._deal_until):
+            self._deal_to = 0
+        return bool(self._deal_to)
+
+    def end_dealing(self) -> None:
+        """Stop dealing (a local producer died: the one it waits for may never come)."""
+        self._deal_to = 0
 
     def _next_for(self, peer: bytes, speculate: bool) -> int | None:
         """A re-issue first (those that became stale are dropped), then a new seq from the sequencer."""
@@ -239,3 +262,10 @@ class Dispatcher:
             return
         self._requeued.appendleft(task.seq)
         self.reissued += 1
+
+
+def _room(producer: ProducerInfo, dealing: bool) -> int:
+    """Tasks ``producer`` may take now: its free slots; while dealing, one if it has never had a task, else none."""
+    if dealing:
+        return 1 if producer.last_task == 0 else 0
+    return producer.free_slots

@@ -6,7 +6,8 @@
   be let in (CURVE).
 * A FAIL is one frame naming at least one sample error. What it raises in the training loop: a batch larger
   than ``max_batch_bytes`` or an index outside the dataset, whatever ``on_error`` says (no producer could do
-  better: :func:`unretryable`); otherwise the first sample's error, or nothing under ``on_error="skip"``.
+  better: :func:`unretryable`); otherwise the first sample's error (of its original type where that can be rebuilt:
+  :mod:`ferry.common.remote_errors`), or nothing under ``on_error="skip"``.
 
 A breach raises :class:`~ferry.common.errors.ProtocolError`; the core decides what it costs the peer.
 """
@@ -18,6 +19,7 @@ from typing import Any, Sequence
 
 from ferry.common.codec import decode_tree, tree_nbytes, tree_signature
 from ferry.common.errors import BatchTooLarge, ProtocolError, RemoteSampleError, SampleIndexError
+from ferry.common.remote_errors import typed_remote_error
 
 __all__ = ["Batch", "BatchDecoder", "check_fail", "unretryable", "sample_error", "skip_lines", "SKIPS_LOGGED"]
 
@@ -96,10 +98,12 @@ def unretryable(errors: list[dict[str, Any]], *, producer: str, epoch: int, seq:
 
 
 def sample_error(errors: list[dict[str, Any]], *, producer: str, epoch: int, seq: int) -> RemoteSampleError:
-    """The error a FAIL raises in the training loop: its first sample's."""
+    """The error a FAIL raises in the training loop: its first sample's, of its original type where that can be
+    rebuilt (a subclass of it and RemoteSampleError, :mod:`ferry.common.remote_errors`), else RemoteSampleError."""
     first = errors[0]
-    return RemoteSampleError(index=first["index"], producer=producer, exc_type=first["exc_type"],
-                             message=first["message"], traceback=first["traceback"], epoch=epoch, seq=seq)
+    return typed_remote_error(first.get("exc_classes", ()), index=first["index"], producer=producer,
+                              exc_type=first["exc_type"], message=first["message"], traceback=first["traceback"],
+                              epoch=epoch, seq=seq)
 
 
 def skip_lines(errors: list[dict[str, Any]], producer: str, skipped_before: int) -> list[str]:

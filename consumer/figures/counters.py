@@ -57,7 +57,9 @@ STATS: tuple[Figure, ...] = (
     Figure("batches", COUNTER, "batches yielded to the training loop"),
     Figure("bytes", COUNTER, "bytes of the batches yielded"),
     Figure("mb_per_s", GAUGE, "MB yielded per second of iteration"),
-    Figure("producers", GAUGE, "producers alive now"),
+    Figure("producers", GAUGE, "producers alive now", also="ferry_producers_connected"),
+    Figure("producers_needed", GAUGE, "producers of the current speed the loop needs to stop waiting (None until "
+           "known; consumer/figures/demand.py)", also="ferry_producers_needed"),
     Figure("producers_seen", COUNTER, "producers admitted since the start"),
     Figure("buffered", GAUGE, "batches received and not yet yielded"),
     Figure("in_flight", GAUGE, "tasks sent and not yet answered"),
@@ -65,7 +67,7 @@ STATS: tuple[Figure, ...] = (
     Figure("wait_s", COUNTER, "seconds the training loop waited for a batch"),
     Figure("active_s", COUNTER, "seconds of iteration"),
     Figure("step_s", GAUGE, "mean seconds of the training step between batches"),
-    Figure("stall_fraction", GAUGE, "wait_s / active_s"),
+    Figure("stall_fraction", GAUGE, "wait_s / active_s", also="ferry_stall_fraction"),
     Figure("epoch", GAUGE, "the epoch being iterated"),
     Figure("epoch_wait_s", GAUGE, "seconds waited in this epoch"),
     Figure("epoch_stall_fraction", GAUGE, "the stall fraction of this epoch"),
@@ -85,13 +87,16 @@ STATS: tuple[Figure, ...] = (
 )
 
 
-def stats_figures(c: Counters, io: dict[str, Any], *, capacity: int, epoch: int) -> dict[str, Any]:
-    """The ``stats()`` dict, from the training thread's counters and the io thread's snapshot ``io``."""
+def stats_figures(c: Counters, io: dict[str, Any], *, capacity: int, epoch: int,
+                  producers_needed: int | None = None) -> dict[str, Any]:
+    """The ``stats()`` dict, from the training thread's counters, the io thread's snapshot ``io`` and the demand
+    gauge's value."""
     values = {
         "batches": c.batches,
         "bytes": c.bytes_yielded,
         "mb_per_s": c.bytes_yielded / 1e6 / c.active_s if c.active_s > 0 else 0.0,
         "producers": io.get("producers", 0),
+        "producers_needed": producers_needed,
         "producers_seen": io.get("producers_seen", 0),
         "buffered": io.get("buffered", 0),
         "in_flight": io.get("in_flight", 0),

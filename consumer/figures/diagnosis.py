@@ -102,7 +102,7 @@ def diagnose(f: EpochFigures) -> str:
     return f"{text}: about {needed} producers would remove the stall"
 
 
-def _cpu_seconds(threads: tuple[threading.Thread, ...]) -> float | None:
+def cpu_seconds(threads: tuple[threading.Thread, ...]) -> float | None:
     """CPU time of these (live) threads, or None where the platform cannot tell."""
     total = 0.0
     try:
@@ -132,11 +132,11 @@ class EpochLog:
         self.startup_s = seconds
 
     def start_epoch(self) -> None:
-        self._cpu_at_start = _cpu_seconds(self._threads) if self._threads else None
+        self._cpu_at_start = cpu_seconds(self._threads) if self._threads else None
 
     def consumer_cpu_s(self) -> float | None:
         """CPU seconds of the consumer's threads since the epoch started, or None."""
-        now = _cpu_seconds(self._threads) if self._threads else None
+        now = cpu_seconds(self._threads) if self._threads else None
         return None if now is None or self._cpu_at_start is None else max(0.0, now - self._cpu_at_start)
 
     def end_epoch(self, epoch: int, figures: EpochFigures) -> str:

@@ -1,5 +1,7 @@
 """What a loader learns about each epoch, for people: why the loop waited, the periodic progress line, and
-the end-of-epoch diagnosis (:mod:`ferry.consumer.figures.diagnosis`). Everything here runs on the training thread.
+the end-of-epoch diagnosis (:mod:`ferry.consumer.figures.diagnosis`); and for engines, the demand gauge
+(:mod:`ferry.consumer.figures.demand`), sampled about once a second. Everything here runs on the training thread,
+except that ``stats()`` may read the gauge's value from another.
 """
 
 from __future__ import annotations
@@ -8,10 +10,14 @@ import logging
 import time
 from typing import Any, Callable
 
-from ferry.consumer.figures.diagnosis import EpochFigures, EpochLog, diagnose
-from ferry.consumer.figures.counters import Counters
+from ferry.consumer.figures.demand import DemandGauge, DemandSample
+from ferry.consumer.figures.diagnosis import EpochFigures, EpochLog, cpu_seconds, diagnose
+from ferry.consumer.figures.counters import Counters, stats_figures
 
-__all__ = ["EpochObserver", "WaitTally"]
+__all__ = ["EpochObserver", "WaitTally", "DEMAND_SAMPLE_S"]
+
+#: How often the demand gauge takes a sample, at most. [Unit: second]
+DEMAND_SAMPLE_S = 1.0
 
 log = logging.getLogger("ferry.consumer")
 
@@ -22,20 +28,22 @@ class EpochObserver:
     Args:
         counters: the loader's counters (time spent waiting and working in this epoch).
         snapshot: the io thread's snapshot (buffered, in flight, per-producer figures).
-        stats: the loader's ``stats()`` for the progress line (a weak view: no reference cycle).
         capacity: ``buffer_batches``.
         log_every: seconds between progress lines; None: never. [Unit: second]
         threads: the consumer's own threads, whose CPU time is the consumer's load.
     """
 
     def __init__(self, counters: Counters, snapshot: Callable[[], dict[str, Any]],
-                 stats: Callable[[], dict[str, Any]], *, capacity: int, log_every: float | None,
+                 *, capacity: int, log_every: float | None,
                  threads: tuple[Any, ...]) -> None:
-        self._counters, self._snapshot, self._stats = counters, snapshot, stats
+        self._counters, self._snapshot = counters, snapshot
         self._capacity, self._log_every = capacity, log_every
         self._waits = WaitTally({"per_producer": {}})
         self._epoch_log = EpochLog(threads)
+        self._threads = threads
         self._last_log = time.monotonic()
+        self.demand = DemandGauge()
+        self._last_sample = float("-inf")
 
     def started(self) -> None:
         """The first ``__next__`` of an epoch."""
@@ -68,13 +76,17 @@ class EpochObserver:
         )
 
     def progress(self, now: float, epoch: int, done: int, total: int) -> None:
-        """After each batch: one INFO line every ``log_every`` seconds."""
+        """After each batch: a demand sample every DEMAND_SAMPLE_S, one INFO line every ``log_every`` seconds."""
+        if now - self._last_sample >= DEMAND_SAMPLE_S:
+            self._last_sample = now
+            c, snap = self._counters, self._snapshot()
+            self.demand.add(DemandSample(at=now, batches=c.batches, wait_s=c.wait_s, active_s=c.active_s,
+                                         received=c.received, busy_s=snap.get("busy_s", 0.0),
+                                         consumer_cpu_s=cpu_seconds(self._threads)))
         if self._log_every is None or now - self._last_log < self._log_every:
             return
         self._last_log = now
-        s = self._stats()
-        if not s:
-            return
+        s = stats_figures(self._counters, self._snapshot(), capacity=self._capacity, epoch=epoch)
         log.info("ferry: epoch %d batch %d/%d | %.0f MB/s | stall %.1f %% | producers %d | buffered %d + in flight "
                  "%d of %d | re-issued %d, duplicates %d, invalid %d", epoch, done, total, s["mb_per_s"],
                  100 * s["epoch_stall_fraction"], s["producers"], s["buffered"], s["in_flight"], self._capacity,

@@ -1,7 +1,9 @@
 """The consumer's ROUTER socket with its context and CURVE authenticator. Only the io thread uses it.
 
 Sends never block: a peer that is gone (``ROUTER_MANDATORY``) or not reading makes :meth:`Router.send` return
-False. No message is larger than ``max_batch_bytes`` (``MAXMSGSIZE``: libzmq drops the connection instead).
+False. No *frame* is larger than ``max_batch_bytes`` (``MAXMSGSIZE``, which libzmq checks per frame of a
+multipart message, not on the message's total: a peer that sends a bigger frame loses its connection). The
+bound on a whole batch, whatever its frames, is the decoder's (``decode_tree(max_bytes=...)``).
 """
 
 from __future__ import annotations
@@ -11,18 +13,15 @@ from typing import Any, Iterable
 import zmq
 
 from ferry.common import protocol
-from ferry.common.constants import SOCKET_HWM
-from ferry.common.heap import keep_freed_memory
+from ferry.common.constants import CONSUMER_BYE_LINGER_MS, SOCKET_HWM
 from ferry.common.errors import ConfigError
 
-BYE_LINGER_MS = 200  # how long close() lets the BYEs leave
 
 
 class Router:
     def __init__(self, endpoints: Iterable[str], *, max_batch_bytes: int, curve: Any = None) -> None:
-        # libzmq mallocs every received frame: keep freed frames for reuse rather than a fresh mmap (a fault
-        # per page) each time. Frames stay below the mmap threshold by DEFAULT_FRAME_BYTES (common/constants.py)
-        keep_freed_memory()
+        # libzmq mallocs every received frame; ferry.keep_freed_memory(), the script's choice, keeps freed frames
+        # for reuse rather than a fresh mmap (a fault per page) each time (docs/tuning.md#frame-size)
         ctx = zmq.Context()
         auth = sock = None
         try:
@@ -71,7 +70,7 @@ class Router:
         peers = list(goodbye)
         for peer in peers:
             self.send(peer, [protocol.pack(protocol.BYE)])
-        self.sock.close(linger=BYE_LINGER_MS if peers else 0)
+        self.sock.close(linger=CONSUMER_BYE_LINGER_MS if peers else 0)
         if self._auth is not None:
             self._auth.stop()
         self._ctx.term()

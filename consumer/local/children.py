@@ -3,9 +3,9 @@
 :class:`Child` puts one interface over a ``subprocess.Popen`` (a dataset spec) and a ``multiprocessing``
 process (a dataset object): its stderr pipe and the ``producer-N.stderr`` file that captures it, the
 sentinel that becomes readable when it exits (``Process.sentinel``, or a ``pidfd``), stopping it, and the
-report of its death with the tail of its error output. :func:`start_with_stderr` starts a ``multiprocessing``
-process with a pipe as its fd 2. :class:`ferry.consumer.local.LocalProducers` owns the children and the
-thread that watches them.
+report of its death with the tail of its error output. :class:`ferry.consumer.local.LocalProducers` starts
+the children (a subprocess with ``stderr=PIPE``; a ``multiprocessing`` process with a FIFO it opens as its own
+fd 2) and owns the thread that watches them.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
 from typing import Any
 
 #: The tail of a dead producer's error output that its report quotes.
 STDERR_TAIL_LINES = 15
 STDERR_TAIL_CHARS = 2000
+
 
 def describe_exit(code: int) -> str:
     """``exit code 1``, or ``killed by SIGKILL`` for a negative (signal) code."""
@@ -30,41 +30,15 @@ def describe_exit(code: int) -> str:
         return f"killed by signal {-code}"
 
 
-_stderr_lock = threading.Lock()  # one redirection of our fd 2 at a time
-
-
-def start_with_stderr(process: Any, stderr_fd: int) -> None:
-    """Start a multiprocessing ``process`` with ``stderr_fd`` as its fd 2.
-
-    The child inherits fd 2 as it is when it is forked (or spawned: fds 0-2 pass through exec), so ours points
-    at the pipe for that moment only. This keeps the child's code the producer's own entry point
-    (:func:`ferry.producer.serve`); a wrapper here would make a spawned child import the consumer. Whatever
-    another thread writes to stderr in that moment goes through the pipe, and is still shown.
-    """
-    with _stderr_lock:
-        try:
-            saved: int | None = os.dup(2)
-        except OSError:  # we run with fd 2 closed: close it again afterwards
-            saved = None
-        try:
-            os.dup2(stderr_fd, 2)
-            process.start()
-        finally:
-            if saved is None:
-                os.close(2)
-            else:
-                os.dup2(saved, 2)
-                os.close(saved)
-
-
 class Child:
     """One producer process, behind one interface whatever started it, with its stderr pipe and capture."""
 
     def __init__(self, index: int, handle: Any, stderr_fd: int, sentinel: int | None, own_sentinel: bool,
-                 capture: Any) -> None:
+                 capture: Any, generation: int = 0) -> None:
         self.index = index
+        self.generation = generation  # 0: the first start of producer `index`; n: its n-th replacement
         self.handle = handle
-        self.stderr_fd = stderr_fd  # the read end of its stderr pipe, non-blocking
+        self.stderr_fd = stderr_fd  # the read end of its stderr pipe (or FIFO), non-blocking
         self.sentinel = sentinel  # readable once it has exited; None: poll its exit code
         self._own_sentinel = own_sentinel  # a pidfd of ours (a Process's sentinel belongs to the Process)
         self.capture = capture  # producer-N.stderr, unbuffered
@@ -86,6 +60,13 @@ class Child:
     def kill(self) -> None:
         if self.exitcode() is None:
             self.handle.kill()
+
+    def stop(self, timeout: float) -> None:
+        """SIGTERM (it says BYE and exits 0), then SIGKILL after ``timeout`` seconds; reaped either way."""
+        self.signal_stop()
+        if not self.wait(timeout):
+            self.kill()
+            self.wait(timeout)
 
     def wait(self, timeout: float) -> bool:
         if isinstance(self.handle, subprocess.Popen):
@@ -126,10 +107,12 @@ class Child:
         return "\n".join("    " + line for line in text.splitlines())
 
     def report(self) -> str:
-        return f"producer {self.index} (pid {self.pid}): {describe_exit(self.exit_code or 0)}; its last error " \
-               f"output:\n{self.tail()}"
+        restart = f", restart {self.generation}" if self.generation else ""
+        return f"producer {self.index} (pid {self.pid}{restart}): {describe_exit(self.exit_code or 0)}; its last " \
+               f"error output:\n{self.tail()}"
 
     def release(self) -> None:
+        """Close its pipe, capture file and sentinel (it has exited)."""
         for close in (lambda: os.close(self.stderr_fd), self.capture.close):
             try:
                 close()

@@ -1,0 +1,128 @@
+"""How one local producer process starts (docs/ARCHITECTURE.md#local-mode), through the producer's one public
+entry point, in one of two ways:
+
+* :class:`SpecLauncher`, for a dataset *spec* (a string): ``python -m ferry.producer …`` as a subprocess, with
+  the command line of its ``ProducerConfig`` and ``stderr=PIPE``. Nothing of the training script is
+  re-imported or pickled.
+* :class:`ObjectLauncher`, for a dataset *object*: a daemonic ``multiprocessing`` process running
+  :func:`ferry.producer.serve` (``fork`` by default on Linux, as DataLoader does). Its stderr is a FIFO in the
+  folder that ``serve`` makes its fd 2 as it starts. Daemonic, as DataLoader's workers are: a
+  ``multiprocessing`` child that used a loader exits without waiting for them (``multiprocessing`` joins
+  only non-daemonic children at exit; producers never start processes of their own, only threads).
+
+Each start is a *generation* of producer ``index``: 0 for the first, one more for each replacement of a
+producer that died. The process is seeded from ``(base seed, index, generation)``
+(:func:`ferry.common.sampleinfo.producer_seed`) and its error output is captured in
+``producer-<index>.stderr`` (generation 0) or ``producer-<index>.<generation>.stderr``. Every producer dies
+with the thread that started it (``PR_SET_PDEATHSIG``), so :class:`~ferry.consumer.local.LocalProducers`
+calls :meth:`launch` from its own long-lived thread only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import subprocess
+import sys
+from typing import Any
+
+from ferry.common.constants import LOCAL_PRODUCER_LOG_LEVEL
+from ferry.common.deferred_pickle import HOOKS, DeferredPickle, WithHooks
+from ferry.common.sampleinfo import producer_seed
+
+from ferry.consumer.local.children import Child, open_pidfd
+
+__all__ = ["SpecLauncher", "ObjectLauncher"]
+
+
+def _forks(ctx: Any) -> bool:
+    """Whether ``ctx`` forks; if so, the modules ``serve`` needs are imported first (``preload``), so that a
+    forked producer has none to import before its first batch. Its children freeze what they inherit
+    themselves (``ProducerConfig.freeze_inherited``): the trainer's collector is left as it is."""
+    if ctx.get_start_method() != "fork":
+        return False
+    from ferry.producer import preload
+
+    preload()
+    return True
+
+
+class _Launcher:
+    """What both kinds share: the folder, the producers' ProducerConfig, the base seed."""
+
+    def __init__(self, folder: str, config: Any, base_seed: int | None) -> None:
+        self.folder, self.config, self.base_seed = folder, config, base_seed
+
+    def path(self, index: int, generation: int, suffix: str) -> str:
+        tag = f"{index}" if generation == 0 else f"{index}.{generation}"
+        return os.path.join(self.folder, f"producer-{tag}.{suffix}")
+
+    def capture(self, index: int, generation: int) -> Any:
+        # appends only (O_APPEND), read back with pread: the watch thread writes while another thread reads
+        return open(self.path(index, generation, "stderr"), "a+b", buffering=0)
+
+    def configured(self, index: int, generation: int) -> Any:
+        """The config of producer ``index``'s ``generation``-th start: its worker id and its own seed."""
+        seed = producer_seed(self.base_seed, index, self.config.num_workers, generation)
+        return dataclasses.replace(self.config, worker_id=index, seed=seed)
+
+
+class SpecLauncher(_Launcher):
+    """``python -m ferry.producer`` subprocesses, with the command line of their ProducerConfig
+    (:func:`ferry.producer.command_line`); of the environment they inherit, the producer's own ``FERRY_*``
+    variables are left out, so that only the loader's options configure them."""
+
+    def launch(self, index: int, generation: int) -> Child:
+        from ferry.producer import command_line
+
+        log_level = os.environ.get("FERRY_LOG_LEVEL") or LOCAL_PRODUCER_LOG_LEVEL
+        argv, env = command_line(self.configured(index, generation), log_level, environ=os.environ)
+        capture = self.capture(index, generation)
+        try:
+            process = subprocess.Popen([sys.executable, "-m", "ferry.producer", *argv], env=env,
+                                       stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        except BaseException:
+            capture.close()
+            raise
+        stderr_fd = os.dup(process.stderr.fileno())
+        process.stderr.close()
+        os.set_blocking(stderr_fd, False)
+        return Child(index, process, stderr_fd, open_pidfd(process.pid), True, capture, generation)
+
+
+class ObjectLauncher(_Launcher):
+    """Daemonic ``multiprocessing`` processes (start method ``mp_context``, default ``fork`` on Linux) running
+    ``serve`` with ``dataset``."""
+
+    def __init__(self, folder: str, config: Any, dataset: Any, *, mp_context: str | None,
+                 base_seed: int | None) -> None:
+        self._ctx = multiprocessing.get_context(mp_context or ("fork" if sys.platform == "linux" else "spawn"))
+        super().__init__(folder, dataclasses.replace(config, freeze_inherited=_forks(self._ctx)), base_seed)
+        self._dataset = dataset
+
+    def launch(self, index: int, generation: int) -> Child:
+        """Its stderr is a FIFO in the folder, which ``serve`` opens as its fd 2 first thing
+        (``ProducerConfig.stderr_path``). We open the reading end first, so the child's open never waits;
+        nothing of ours is redirected, whatever the start method."""
+        from ferry.producer import serve
+
+        fifo = self.path(index, generation, "fifo")
+        config = dataclasses.replace(self.configured(index, generation), stderr_path=fifo)
+        # the dataset and its hooks in one pickle (WithHooks); the config carries neither
+        payload = DeferredPickle(WithHooks(self._dataset, **{h: getattr(config, h) for h in HOOKS}))
+        config = dataclasses.replace(config, **{h: None for h in HOOKS})
+        capture = self.capture(index, generation)
+        read_fd = -1
+        try:
+            os.mkfifo(fifo, 0o600)
+            read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # no writer yet: polls as not readable
+            process = self._ctx.Process(target=serve, args=(config, payload),
+                                        name=f"ferry-producer-{index}", daemon=True)
+            process.start()
+        except BaseException:
+            if read_fd >= 0:
+                os.close(read_fd)
+            capture.close()
+            raise
+        return Child(index, process, read_fd, process.sentinel, False, capture, generation)

@@ -1,0 +1,211 @@
+"""The resolution of RemoteLoader's keywords into one checked :class:`LoaderOptions`.
+
+Each keyword is checked by its declaration (:mod:`ferry.consumer.options.keywords`, and the groups' fields in
+:mod:`ferry.consumer.options.groups`); what is left here are the rules between keywords (a group and its flat
+keywords, ``batch_sampler`` and ``batch_size``, ``seed`` and ``generator``, CURVE and local mode …) and the
+defaults that come from the environment (torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``).
+:func:`resolve_options` checks everything before the loader starts any thread or process; torch is imported
+only to draw a seed from a ``generator``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ferry.common import validate as check
+from ferry.common.constants import DEFAULT_ENDPOINT
+from ferry.common.errors import ConfigError
+from ferry.common.endpoints import shift_port
+
+from ferry.consumer.options.groups import UNSET, CurveOptions, LocalOptions, TransportOptions
+from ferry.consumer.options.keywords import KEYWORDS
+
+__all__ = ["LoaderOptions", "resolve_options", "env_int"]
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """Every option of a RemoteLoader, checked and resolved (environment, defaults, groups)."""
+
+    endpoints: tuple[str, ...]  # to bind, before local mode adds its ipc socket; LOCAL_RANK applied
+    batch_size: int | None
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    generator: Any  # a torch.Generator: the producers' base seed is drawn from it (else from torch's RNG)
+    sampler: Any
+    batch_sampler: Any
+    rank: int
+    world_size: int
+    buffer_batches: int
+    in_order: bool
+    no_producer_timeout: float  # math.inf: wait forever
+    dataset_len: int | None
+    device: Any
+    pin_memory: bool | None
+    device_transform: Callable[[Any], Any] | None
+    dataset: Any
+    dataset_args: dict[str, Any] | None
+    on_error: str
+    log_every: float | None
+    metrics_port: int | None
+    local: LocalOptions | None
+    transport: TransportOptions
+    curve: CurveOptions | None
+
+
+#: Keywords that only their declaration checks; the others have rules between them, below.
+_CHECKED_ALONE = ("drop_last", "sampler", "batch_sampler", "buffer_batches", "in_order", "dataset", "dataset_args",
+                  "dataset_len", "pin_memory", "device_transform", "on_error", "log_every", "metrics_port")
+
+
+def _check(name: str, value: Any) -> Any:
+    """The keyword ``name``'s ``value`` (its declared default where UNSET), checked by its declaration."""
+    return KEYWORDS[name].check(name, KEYWORDS[name].default if value is UNSET else value)
+
+
+def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:
+    """An integer environment variable (torchrun's RANK, WORLD_SIZE, LOCAL_RANK), read when called."""
+    value = (os.environ if environ is None else environ).get(name, "")
+    if value.strip() == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def _endpoints(given: Mapping[str, Any], local: bool, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """What to bind: the given ones, else ``FERRY_ENDPOINT``'s, else the default (none in local mode, whose ipc
+    socket is added later)."""
+    endpoint, name = given["endpoint"], "endpoint"
+    if endpoint is UNSET:
+        from_env = (os.environ if environ is None else environ).get("FERRY_ENDPOINT", "")
+        endpoint, name = [e.strip() for e in from_env.split(",") if e.strip()] or UNSET, "FERRY_ENDPOINT"
+        bad = [e for e in (endpoint if endpoint is not UNSET else []) if "://" not in e]
+        if bad:
+            raise ConfigError(f"environment variable FERRY_ENDPOINT={from_env!r} is not a comma-separated list of "
+                              f"endpoints like tcp://*:5555 or ipc:///path ({bad[0]!r})")
+    if endpoint is UNSET:
+        return () if local else (shift_port(DEFAULT_ENDPOINT, env_int("LOCAL_RANK", 0)),)
+    endpoints = KEYWORDS["endpoint"].check(name, endpoint) or ()
+    local_rank = env_int("LOCAL_RANK", 0) if endpoints else 0
+    return tuple(shift_port(e, local_rank) for e in endpoints)
+
+
+def _no_producer_timeout(given: Mapping[str, Any]) -> float:
+    """``no_producer_timeout`` or its old name ``timeout``; None or 0 wait forever (math.inf)."""
+    named = [k for k in ("no_producer_timeout", "timeout") if given[k] is not UNSET]
+    if len(named) == 2:
+        raise ConfigError("timeout= and no_producer_timeout= both given: they are one option (timeout is the "
+                          "old name); give no_producer_timeout")
+    name = named[0] if named else "timeout"
+    value = _check(name, given[name])
+    return math.inf if value in (None, 0) else value
+
+
+def _sharding(given: Mapping[str, Any]) -> tuple[int, int]:
+    """``rank`` and ``world_size``, by default torchrun's ``RANK`` and ``WORLD_SIZE``."""
+    rank = env_int("RANK", 0) if given["rank"] is None else given["rank"]
+    world = env_int("WORLD_SIZE", 1) if given["world_size"] is None else given["world_size"]
+    rank, world = _check("rank", rank), _check("world_size", world)
+    if not 0 <= rank < world:
+        raise ConfigError(f"rank {rank} is not in range for world_size {world}")
+    return rank, world
+
+
+def _batching(given: Mapping[str, Any], shuffle: bool, drop_last: bool) -> int | None:
+    batch_size, sampler = given["batch_size"], given["sampler"]
+    if given["batch_sampler"] is not None:
+        if sampler is not None or shuffle or drop_last or batch_size not in (None, 1):
+            raise ConfigError("batch_sampler is mutually exclusive with batch_size, shuffle, sampler and drop_last")
+        return None
+    if batch_size is None:
+        raise ConfigError("batch_size=None (DataLoader's unbatched mode) is not supported: Ferry always sends "
+                          "batches. Use batch_size=1 and take sample [0] of each, or give a batch_sampler")
+    batch_size = _check("batch_size", given["batch_size"])
+    if sampler is not None and shuffle:
+        raise ConfigError("sampler is mutually exclusive with shuffle")
+    return batch_size
+
+
+def _seed(given: Mapping[str, Any]) -> int:
+    """``seed``, or one drawn from ``generator`` as DataLoader draws its shuffle from it; not both."""
+    generator = _check("generator", given["generator"])
+    if generator is None:
+        return _check("seed", given["seed"])
+    if given["seed"] is not UNSET:
+        raise ConfigError("seed= and generator= both given: the shuffle seed comes from one of them")
+    import torch
+
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def _local(given: Mapping[str, Any], dataset: Any) -> LocalOptions | None:
+    """The local producers, if any: ``local=`` or ``local_producers=N`` (0: none, the other flat keywords ignored)."""
+    count = given["local_producers"]
+    if count is not UNSET and given["local"] is None:  # the flat count's own rule: 0 is no local mode
+        count = check.integer("local_producers", count, low=0)
+    if given["local"] is None and count in (UNSET, 0):
+        for name, flag in (("collate_fn", "--collate"), ("producer_init", "--init")):
+            if given[name] not in (UNSET, None):
+                raise ConfigError(f"{name} applies to local producers (local_producers=N); producers on other "
+                                  f"hosts take {flag} package.module:function")
+        return None
+    if dataset is None:
+        raise ConfigError("local_producers needs a dataset (an object or a spec string)")
+    return LocalOptions.from_flat(given, given["local"], "local")
+
+
+#: The environment variables an engine's files set for CURVE (docs/deployment.md), by flat keyword.
+CURVE_ENV = {"curve_secret_key": "FERRY_CURVE_SECRET_KEY", "curve_authorized_keys": "FERRY_CURVE_AUTHORIZED_KEYS"}
+
+
+def _curve(given: Mapping[str, Any], local: LocalOptions | None,
+           environ: Mapping[str, str] | None = None) -> CurveOptions | None:
+    keys = [given[k] not in (UNSET, None, "") for k in ("curve_secret_key", "curve_authorized_keys")]
+    if given["curve"] is None and not any(keys) and local is None and given["curve_secret_key"] is UNSET:
+        # not given in the script: an engine's files may turn CURVE on (FERRY_CURVE_*), as FERRY_ENDPOINT binds
+        env = os.environ if environ is None else environ
+        found = {k: env.get(v, "").strip() for k, v in CURVE_ENV.items()}
+        if any(found.values()):
+            missing = [CURVE_ENV[k] for k, v in found.items() if not v]
+            if missing:
+                raise ConfigError(f"CURVE from the environment needs both {' and '.join(CURVE_ENV.values())}; "
+                                  f"{missing[0]} is not set")
+            return CurveOptions(secret_key=found["curve_secret_key"], authorized_keys=found["curve_authorized_keys"])
+    if given["curve"] is None and not any(keys):
+        return None
+    if given["curve"] is None and not all(keys):
+        raise ConfigError("CURVE needs both curve_secret_key and curve_authorized_keys")
+    curve = CurveOptions.from_flat(given, given["curve"], "curve")
+    if local is not None:
+        raise ConfigError("CURVE and local_producers cannot be combined: local producers connect over "
+                          "ipc://, which never leaves this machine; use CURVE for remote producers")
+    return curve
+
+
+def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
+    """Check every keyword of ``RemoteLoader(...)`` (as given, UNSET where not) and resolve them.
+
+    Raises:
+        ConfigTypeError: an option of the wrong type (also a TypeError).
+        ConfigError: an option out of range, a bad combination, or one option given twice (a ValueError).
+    """
+    shuffle = bool(_check("shuffle", given["shuffle"]))  # None: False
+    alone = {name: _check(name, given[name]) for name in _CHECKED_ALONE}
+    alone["metrics_port"] = alone["metrics_port"] or None  # 0: none
+    batch_size = _batching(given, shuffle, alone["drop_last"])
+    local = _local(given, alone["dataset"])
+    curve = _curve(given, local)
+    rank, world_size = _sharding(given)
+    return LoaderOptions(
+        **alone, endpoints=_endpoints(given, local is not None), batch_size=batch_size, shuffle=shuffle,
+        seed=_seed(given), generator=given["generator"], rank=rank, world_size=world_size,
+        no_producer_timeout=_no_producer_timeout(given), device=given["device"], local=local, curve=curve,
+        transport=TransportOptions.from_flat(given, given["transport"], "transport"),
+    )

@@ -1,0 +1,42 @@
+"""Seeds for every producer (issue 18, part 6), checked the way PyTorch's own ``test_dataloader.py`` checks its
+workers (``test_worker_seed``, ``test_worker_seed_reproducibility``): each of 6 local producers is seeded
+from ``(base seed, producer id)`` and loads a sample, so 6 distinct seeds come back, and two loaders built
+with the same generator state see the same ones. Real processes."""
+
+from __future__ import annotations
+
+import torch
+
+from ferry import RemoteLoader
+
+from tests.lifecycle_datasets import SynchronizedSeedDataset
+
+WORKERS = 6
+MASK = (1 << 63) - 1
+
+
+def _seeds(generator_seed: int) -> set[int]:
+    dataset = SynchronizedSeedDataset(WORKERS, WORKERS)
+    with RemoteLoader(dataset=dataset, local_producers=WORKERS, batch_size=1, timeout=30,
+                      generator=torch.Generator().manual_seed(generator_seed)) as loader:
+        seeds = {int(batch) for batch in loader}
+    assert -1 not in seeds, "a sample waited in vain for the others: fewer than 6 producers were loading"
+    return seeds
+
+
+def _base_seed(generator_seed: int) -> int:
+    """The producers' base seed: the generator's second draw (the first is the shuffle seed), as documented."""
+    generator = torch.Generator().manual_seed(generator_seed)
+    for _ in range(2):
+        drawn = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+    return drawn
+
+
+def test_each_of_6_producers_loads_a_sample_with_its_own_seed():
+    seeds = _seeds(42)
+    base = _base_seed(42)
+    assert seeds == {(base + worker) & MASK for worker in range(WORKERS)}
+
+
+def test_two_loaders_with_the_same_generator_state_see_the_same_seeds():
+    assert _seeds(7) == _seeds(7)
