@@ -1,8 +1,9 @@
 """Scenario 7: compression for slow links (issue 12, part 3; issue 17, part 4). ``python -m benchmarks --only 7``.
 
 Every row is Ferry with ``compression="auto"`` against ``compression=None``, side by side in one run: each
-system has its own loader(s) and producer(s); both are warmed alike (the warm-up is reported too: it holds
-epoch 0 and the first trials of "auto"), then they alternate, each measured first in half of the rounds.
+system has its own loader(s) and producer(s); both are warmed together, epoch by epoch (the warm-up is
+reported too: it holds epoch 0 and the first trials of "auto"), then they alternate, each measured first in
+half of the rounds.
 
 * a 1 Gbit/s link (a veth pair to a network namespace, shaped with ``tc tbf``), compressible tiles
   (whole-number float32, like satellite counts): auto should turn compression on (target ≥ 1.8× None);
@@ -166,10 +167,32 @@ def _rate(loader: RemoteLoader, epochs: int, seconds: float) -> float:
     return samples / (time.perf_counter() - began)
 
 
+def _warm(loaders: dict[str, RemoteLoader], seconds: float) -> dict[str, float]:
+    """Warm the loaders together: one epoch each in rounds whose order flips, until each has run at least
+    WARM_EPOCHS epochs and ``seconds`` of its own. Returns each one's samples per second (epoch 0 included).
+
+    Not one after the other: on this machine the loader warmed first then ran about 20 % slower than the
+    other over loopback, whatever it ran (``None`` against ``None``, 27 MB batches; gone with
+    ``MALLOC_ARENA_MAX=1``, both at the slower rate: which glibc arena each one's receiving thread got)."""
+    samples = {name: 0 for name in loaders}
+    spent = {name: 0.0 for name in loaders}
+    epochs = {name: 0 for name in loaders}
+    order = list(loaders)
+    while any(epochs[n] < WARM_EPOCHS or spent[n] < seconds for n in order):
+        for name in order:
+            began = time.perf_counter()
+            for batch in loaders[name]:
+                samples[name] += len(batch[1])
+            spent[name] += time.perf_counter() - began
+            epochs[name] += 1
+        order.reverse()
+    return {name: samples[name] / spent[name] for name in loaders}
+
+
 def _side_by_side(build: Callable[[Systems], None], repeats: int,
                   warm_s: float) -> tuple[dict[str, Figure], dict[str, Any], str]:
-    """Loaders "auto" and "none" built by ``build``: warmed for ``warm_s`` (each rate reported as "<name>
-    warm-up"; epoch 0 included), then alternating, each measurement whole epochs for at least a quarter of
+    """Loaders "auto" and "none" built by ``build``: warmed together for ``warm_s`` (each rate reported as
+    "<name> warm-up"; epoch 0 included), then alternating, each measurement whole epochs for at least a quarter of
     ``warm_s`` (an epoch over loopback lasts 0.1 s: too short to time on a shared machine). Returns
     (figures, auto's stats, its decisions)."""
     systems = Systems()
@@ -177,8 +200,7 @@ def _side_by_side(build: Callable[[Systems], None], repeats: int,
         with Decisions() as decisions:
             build(systems)
             systems.ready()
-            warm = {f"{name} warm-up": Figure([_rate(each, WARM_EPOCHS, warm_s)])
-                    for name, each in systems.loaders.items()}
+            warm = {f"{name} warm-up": Figure([rate]) for name, rate in _warm(systems.loaders, warm_s).items()}
             figures = alternate({name: (lambda l=each: _rate(l, 1, warm_s / 4))
                                  for name, each in systems.loaders.items()}, repeats)
         return {**figures, **warm}, systems.loaders["auto"].stats(), decisions.summary()
