@@ -189,23 +189,37 @@ def _warm(loaders: dict[str, RemoteLoader], seconds: float) -> dict[str, float]:
     return {name: samples[name] / spent[name] for name in loaders}
 
 
-def _side_by_side(build: Callable[[Systems], None], repeats: int,
+def _side_by_side(build: Callable[[Systems, tuple[str, ...]], None], repeats: int,
                   warm_s: float) -> tuple[dict[str, Figure], dict[str, Any], str]:
-    """Loaders "auto" and "none" built by ``build``: warmed together for ``warm_s`` (each rate reported as
-    "<name> warm-up"; epoch 0 included), then alternating, each measurement whole epochs for at least a quarter of
-    ``warm_s`` (an epoch over loopback lasts 0.1 s: too short to time on a shared machine). Returns
-    (figures, auto's stats, its decisions)."""
-    systems = Systems()
-    try:
-        with Decisions() as decisions:
-            build(systems)
-            systems.ready()
-            warm = {f"{name} warm-up": Figure([rate]) for name, rate in _warm(systems.loaders, warm_s).items()}
-            figures = alternate({name: (lambda l=each: _rate(l, 1, warm_s / 4))
-                                 for name, each in systems.loaders.items()}, repeats)
-        return {**figures, **warm}, systems.loaders["auto"].stats(), decisions.summary()
-    finally:
-        systems.close()
+    """Loaders "auto" and "none" built by ``build`` (given the order to build them in), in two halves that build
+    them in either order (the loader built first ran up to 25 % apart from the other here, whatever it ran: see
+    :func:`_warm`). In each half: warmed together for ``warm_s`` (each rate reported as "<name> warm-up";
+    epoch 0 included), then ``repeats / 2`` alternating rounds, each measurement whole epochs for at least a
+    quarter of ``warm_s`` (an epoch over loopback lasts 0.1 s: too short to time on a shared machine).
+    Returns (figures of both halves, auto's stats summed, its decisions per half)."""
+    figures = {name: Figure() for name in ("auto", "none")}
+    warm = {f"{name} warm-up": Figure() for name in ("auto", "none")}
+    stats = {"compressed_bytes": 0, "uncompressed_bytes": 0}
+    said = []
+    for order in (("auto", "none"), ("none", "auto")):
+        systems = Systems()
+        try:
+            with Decisions() as decisions:
+                build(systems, order)
+                systems.ready()
+                for name, rate in _warm(systems.loaders, warm_s).items():
+                    warm[f"{name} warm-up"].values.append(rate)
+                half = alternate({name: (lambda l=systems.loaders[name]: _rate(l, 1, warm_s / 4)) for name in order},
+                                 max(1, repeats // 2))
+            for name, figure in half.items():
+                figures[name].values.extend(figure.values)
+            auto = systems.loaders["auto"].stats()
+            for key in stats:
+                stats[key] += auto[key]
+            said.append(f"{order[0]} built first: {ratio(half['auto'], half['none']):.2f}, {decisions.summary()}")
+        finally:
+            systems.close()
+    return {**figures, **warm}, stats, "; ".join(said)
 
 
 def _turns(loaders: list[RemoteLoader], turn_s: float) -> float:
@@ -274,20 +288,20 @@ def compression_scenario(report: Report, sizes: Any) -> None:
     args = {"length": length, "shape": shape}
     sample_mb = float(np.prod(shape)) * 4 / 1e6
     tiles, noise = "benchmarks.compression:Tiles", "benchmarks.compression:Noise"
-    repeats = 2 * sizes.repeats  # even: each system is measured first in half of the rounds
+    repeats = 2 * sizes.repeats  # in two halves, each system measured first in half of each half's rounds
     rounds = 2 * ((sizes.repeats + 1) // 2)  # of the turn-taking row, whose rounds are long
     warm_s = sizes.turn_s
 
-    def remote_pair(host: str, ns: str | None, spec: str) -> Callable[[Systems], None]:
-        def build(systems: Systems) -> None:
-            for name, compression in (("auto", "auto"), ("none", None)):
-                systems.remote(name, compression, host, ns, spec, args)
+    def remote_pair(host: str, ns: str | None, spec: str) -> Callable[[Systems, tuple[str, ...]], None]:
+        def build(systems: Systems, order: tuple[str, ...]) -> None:
+            for name in order:
+                systems.remote(name, "auto" if name == "auto" else None, host, ns, spec, args)
         return build
 
-    def local_pair(systems: Systems) -> None:
+    def local_pair(systems: Systems, order: tuple[str, ...]) -> None:
         dataset = Tiles(length, tuple(shape))
-        for name, compression in (("auto", "auto"), ("none", None)):
-            systems.local(name, compression, dataset)
+        for name in order:
+            systems.local(name, "auto" if name == "auto" else None, dataset)
 
     shaped_cases = ("1 Gbit/s tbf-shaped veth link, compressible float32 tiles",
                     "1 Gbit/s link, two loaders taking 6 s turns (train / validation), compressible tiles",
