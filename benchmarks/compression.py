@@ -66,7 +66,7 @@ def _auto_vs_none(host: str, netns: str | None, spec: str, args: dict[str, Any],
         for name, compression in (("auto", "auto"), ("none", None)):
             endpoint = f"tcp://{host}:{free_port()}"
             loaders[name] = RemoteLoader(endpoint=endpoint, batch_size=BATCH, compression=compression,
-                                         buffer_batches=8, heartbeat=0.2, timeout=120, log_every=None)
+                                         buffer_batches=8, heartbeat=0.2, no_producer_timeout=120, log_every=None)
             producers.append(Producers(endpoint))
             producers[-1].add(1, spec, args, threads=2, slots=3, netns=netns)
         for each in loaders.values():

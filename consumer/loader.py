@@ -44,7 +44,7 @@ from ferry.consumer.planning import EpochPlanner
 from ferry.consumer.resume import RESUME_OPTIONS, ResumePoint, capture_state, restore_state
 from ferry.consumer.options import (
     UNSET, CurveOptions, LocalOptions, Option, TransportOptions, check_unknown_keywords, document_keywords,
-    resolve_options,
+    resolve_options, warn_excessive_producers,
 )
 from ferry.consumer.pipeline import Pipeline, resolve_device
 from ferry.consumer.figures.counters import Counters, WeakStats, stats_figures
@@ -81,9 +81,11 @@ class RemoteLoader:
 
     # the options, read-only: each reads the resolved options (consumer/options/read_only.py), nothing is copied
     batch_size, shuffle, seed, drop_last = Option(), Option(), Option(), Option()
-    sampler, batch_sampler, rank, world_size = Option(), Option(), Option(), Option()
+    sampler, batch_sampler, rank, world_size = Option(), Option(), Option(), Option()  # None: not given
+    dataset, generator = Option(), Option()  # as given: an object or a spec string; the user's torch.Generator
+    collate_fn = Option(lambda loader: loader._options.local.collate if loader._options.local else None)
     buffer_batches, in_order, no_producer_timeout = Option(), Option(), Option()  # math.inf: wait forever
-    timeout = Option(lambda loader: loader._options.no_producer_timeout)  # its old name
+    timeout = Option()  # DataLoader's: seconds for each batch; 0: no limit
     device, pin_memory, device_transform, on_error, log_every = Option(), Option(), Option(), Option(), Option()
     endpoints = Option(lambda loader: loader._endpoints)  # bound: the given ones and local mode's ipc socket
     local, transport, curve = Option(), Option(), Option()  # the groups as resolved (local and curve: None if off)
@@ -96,7 +98,7 @@ class RemoteLoader:
         sampler: Any = None, batch_sampler: Any = None,
         rank: int | None = None, world_size: int | None = None,
         buffer_batches: int = DEFAULT_BUFFER_BATCHES, in_order: bool = True,
-        no_producer_timeout: float | None = UNSET, timeout: float | None = UNSET,
+        no_producer_timeout: float | None = UNSET, timeout: float | None = 0,
         dataset: Any = None, dataset_args: dict[str, Any] | None = None, dataset_len: int | None = None,
         device: str | torch.device | None = None, pin_memory: bool | None = None,
         device_transform: Callable[[Any], Any] | None = None,
@@ -116,6 +118,7 @@ class RemoteLoader:
         given = {name: value for name, value in locals().items() if name not in ("self", "dataloader_options")}
         self._closed = True  # until fully built, so that close() on a half-built loader is safe
         opts = resolve_options(given)
+        warn_excessive_producers(opts.local, stacklevel=2)  # the script's line, as DataLoader's warning
         device, pin_memory = resolve_device(opts.device, opts.pin_memory)
         self._options = opts = dataclasses.replace(opts, device=device, pin_memory=bool(pin_memory))
 
@@ -131,8 +134,8 @@ class RemoteLoader:
         self._local, self._io, self._staging = pipeline.local, pipeline.io, pipeline.staging
         self._staging_stager = pipeline.stager
         self._planner = EpochPlanner(opts, self._io)
-        self._health = LoaderHealth(self._io, self._local, pipeline.staging_failure, self.endpoints, self.timeout,
-                                    pipeline.stop)
+        self._health = LoaderHealth(self._io, self._local, pipeline.staging_failure, self.endpoints,
+                                    self.no_producer_timeout, pipeline.stop)
         self._observer = EpochObserver(self._counters, self._io.snapshot,
                                        capacity=self.buffer_batches, log_every=self.log_every,
                                        threads=(self._io.thread, self._staging))
@@ -141,7 +144,7 @@ class RemoteLoader:
             staged=pipeline.staged, release=self._io.release, check_health=self._health.check,
             observer=self._observer, counters=self._counters, runs=self._runs,
             stream_for=lambda: torch.cuda.current_stream(device), device_transform=self.device_transform,
-            lease=lease,
+            lease=lease, timeout=self.timeout,
         )
         self._closed = False
         # run once, by close(), or when the last of the loader and its iterators is dropped, or at exit (atexit;

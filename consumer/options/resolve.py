@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -24,7 +25,7 @@ from ferry.common.endpoints import shift_port
 from ferry.consumer.options.groups import UNSET, CurveOptions, LocalOptions, TransportOptions
 from ferry.consumer.options.keywords import KEYWORDS
 
-__all__ = ["LoaderOptions", "resolve_options", "env_int"]
+__all__ = ["LoaderOptions", "resolve_options", "env_int", "warn_excessive_producers"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class LoaderOptions:
     buffer_batches: int
     in_order: bool
     no_producer_timeout: float  # math.inf: wait forever
+    timeout: float  # DataLoader's: seconds each batch may take to come; 0 (or math.inf): no limit
     dataset_len: int | None
     device: Any
     pin_memory: bool | None
@@ -60,7 +62,7 @@ class LoaderOptions:
 
 #: Keywords that only their declaration checks; the others have rules between them, below.
 _CHECKED_ALONE = ("drop_last", "sampler", "batch_sampler", "buffer_batches", "in_order", "dataset", "dataset_args",
-                  "dataset_len", "pin_memory", "device_transform", "on_error", "log_every", "metrics_port")
+                  "dataset_len", "pin_memory", "device_transform", "on_error", "log_every", "metrics_port", "timeout")
 
 
 def _check(name: str, value: Any) -> Any:
@@ -98,13 +100,8 @@ def _endpoints(given: Mapping[str, Any], local: bool, environ: Mapping[str, str]
 
 
 def _no_producer_timeout(given: Mapping[str, Any]) -> float:
-    """``no_producer_timeout`` or its old name ``timeout``; None or 0 wait forever (math.inf)."""
-    named = [k for k in ("no_producer_timeout", "timeout") if given[k] is not UNSET]
-    if len(named) == 2:
-        raise ConfigError("timeout= and no_producer_timeout= both given: they are one option (timeout is the "
-                          "old name); give no_producer_timeout")
-    name = named[0] if named else "timeout"
-    value = _check(name, given[name])
+    """``no_producer_timeout``; None or 0 wait forever (math.inf)."""
+    value = _check("no_producer_timeout", given["no_producer_timeout"])
     return math.inf if value in (None, 0) else value
 
 
@@ -151,6 +148,11 @@ def _local(given: Mapping[str, Any], dataset: Any) -> LocalOptions | None:
     if count is not UNSET and given["local"] is None:  # the flat count's own rule: 0 is no local mode
         count = check.integer("local_producers", count, low=0)
     if given["local"] is None and count in (UNSET, 0):
+        if given["mp_context"] not in (UNSET, None):
+            raise ConfigError(f"mp_context applies to local producers (local_producers=N), and this loader starts "
+                              f"none (local_producers={0 if count is UNSET else count}): nothing would use "
+                              f"mp_context={given['mp_context']!r}, as DataLoader refuses multiprocessing_context "
+                              f"with num_workers=0")
         for name, flag in (("collate_fn", "--collate"), ("producer_init", "--init")):
             if given[name] not in (UNSET, None):
                 raise ConfigError(f"{name} applies to local producers (local_producers=N); producers on other "
@@ -199,6 +201,7 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
     shuffle = bool(_check("shuffle", given["shuffle"]))  # None: False
     alone = {name: _check(name, given[name]) for name in _CHECKED_ALONE}
     alone["metrics_port"] = alone["metrics_port"] or None  # 0: none
+    alone["timeout"] = alone["timeout"] or 0.0  # None: no limit, as 0
     batch_size = _batching(given, shuffle, alone["drop_last"])
     local = _local(given, alone["dataset"])
     curve = _curve(given, local)
@@ -209,3 +212,21 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
         no_producer_timeout=_no_producer_timeout(given), device=given["device"], local=local, curve=curve,
         transport=TransportOptions.from_flat(given, given["transport"], "transport"),
     )
+
+
+def warn_excessive_producers(local: LocalOptions | None, stacklevel: int) -> None:
+    """A UserWarning when ``local`` starts more producer processes than the CPUs this process may use, as
+    DataLoader warns about ``num_workers`` (``check_worker_number_rationality``). ``stacklevel`` as for
+    :func:`warnings.warn`: the caller's caller's line is the script's ``RemoteLoader(...)``."""
+    if local is None:
+        return
+    affinity = getattr(os, "sched_getaffinity", None)
+    cpus = len(affinity(0)) if affinity is not None else os.cpu_count()
+    if cpus is not None and local.count <= cpus:
+        return
+    usable = ("the number of CPUs is not known" if cpus is None else f"this process may use {cpus} CPU(s)"
+              + ("" if affinity is not None else " (cpuset not taken into account)"))
+    warnings.warn(f"This RemoteLoader will start {local.count} local producer processes, and {usable}. Please be "
+                  f"aware that excessive producer creation might make loading slow or even freeze it; lower "
+                  f"local_producers if necessary (each producer also runs producer_threads={local.threads} "
+                  f"loading threads).", UserWarning, stacklevel=stacklevel + 1)

@@ -1,0 +1,156 @@
+"""DataLoader's attributes and meanings (issue 18, part 4): what a training script written for DataLoader reads and
+relies on means the same with RemoteLoader. One test (or more) per row of the issue's table, each of which
+failed before its fix:
+
+* ``timeout=`` is DataLoader's limit on each batch (a RuntimeError past it); ``no_producer_timeout`` keeps
+  Ferry's own meaning;
+* ``loader.dataset``, ``sampler``, ``batch_sampler``, ``collate_fn``, ``generator``, ``batch_size``, ``drop_last``
+  are readable and cannot be assigned;
+* ``mp_context`` takes a ``multiprocessing`` context object as well as a name, and is refused without local
+  producers;
+* more local producers than usable CPUs warns, as DataLoader does.
+
+Real producer processes (forked, one spawned) and real sockets; the CPU count alone is mocked in its unit test.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import SequentialSampler
+
+import ferry
+from ferry import ConfigError, ConfigTypeError, NoProducersError, RemoteLoader
+from ferry.common.constants import DEFAULT_TIMEOUT_S
+
+from . import parity_datasets as pd
+from .helpers import wait_for
+
+#: what every loader here shares: fast heartbeats, no progress lines, forked producers
+QUIET = {"heartbeat": 0.2, "log_every": None, "mp_context": "fork"}
+
+#: set to 1 by a test, in this process only: a forked producer inherits the change, a spawned one imports this
+#: module afresh and sees 0
+FORKED_MARK = 0
+
+
+class StartMethodProbe:
+    """Every sample is ``FORKED_MARK`` as the loading process sees it: 1 forked, 0 spawned."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> int:
+        return FORKED_MARK
+
+
+def flat(loader) -> list[int]:
+    """One epoch of a loader over ``Items(range(n))``, its samples in the order they came."""
+    return [int(i) for batch in loader for i in batch]
+
+
+# --- timeout ------------------------------------------------------------------------------------------------
+def test_timeout_is_a_limit_on_each_batch_then_a_runtime_error():
+    """DataLoader's test_timeout: timeout=1 and a 3 s batch (here 0.5 s and 1.5 s): a RuntimeError naming the
+    limit, as DataLoader's "DataLoader timed out after 1 seconds". The batch is not lost: once it is staged,
+    the next call returns it, and the epoch goes on in order."""
+    one_at_a_time = {"producer_threads": 1, "producer_slots": 1}
+    with RemoteLoader(dataset=pd.SlowFirst(6, 1.5), local_producers=1, batch_size=2, timeout=0.5, **one_at_a_time,
+                      **QUIET) as loader:
+        assert loader.timeout == 0.5 and loader.no_producer_timeout == DEFAULT_TIMEOUT_S
+        it = iter(loader)
+        began = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"^RemoteLoader timed out after 0.5 seconds") as info:
+            next(it)
+        assert isinstance(info.value, ferry.BatchTimeoutError) and "batch 0 of epoch 0" in str(info.value)
+        assert time.monotonic() - began >= 0.5
+        wait_for(lambda: loader.stats()["buffered"] >= 1, 30, "the slow batch to arrive")
+        assert [int(i) for i in next(it)] == [0, 1]
+        assert [int(i) for batch in it for i in batch] == [2, 3, 4, 5]
+
+
+def test_timeout_zero_is_no_limit_and_a_slow_batch_returns_normally():
+    with RemoteLoader(dataset=pd.SlowFirst(4, 1.0), local_producers=1, batch_size=2, timeout=0,
+                      producer_threads=1, producer_slots=1, **QUIET) as loader:
+        assert loader.timeout == 0
+        assert flat(loader) == [0, 1, 2, 3]
+
+
+def test_timeout_counts_even_while_no_producer_is_alive_and_no_producer_timeout_keeps_its_meaning(endpoint):
+    """With no producer at all the shorter of the two limits ends the wait, each with its own error. (A dataset
+    object says what remote producers must serve, so ``iter()`` plans at once, without waiting for a producer.)"""
+    dataset = pd.Items(range(8))
+    with RemoteLoader(endpoint=endpoint, dataset=dataset, batch_size=2, heartbeat=0.2, timeout=0.3) as loader:
+        with pytest.raises(ferry.BatchTimeoutError, match="timed out after 0.3 seconds"):
+            next(iter(loader))
+    with RemoteLoader(endpoint=endpoint, dataset=dataset, batch_size=2, heartbeat=0.2, timeout=30,
+                      no_producer_timeout=0.3) as loader:
+        with pytest.raises(NoProducersError, match=r"timeout=0.3"):
+            next(iter(loader))
+
+
+# --- attributes ---------------------------------------------------------------------------------------------
+def collate_tens(samples):
+    return torch.tensor(samples) * 10
+
+
+def test_dataloader_attributes_are_readable_and_cannot_be_assigned():
+    """torchvision's evaluate() reads ``data_loader.dataset``; DataLoader refuses to assign these (ValueError)."""
+    dataset, generator = pd.Items(range(12)), torch.Generator()
+    sampler = SequentialSampler(dataset)
+    with RemoteLoader(dataset=dataset, local_producers=1, batch_size=3, sampler=sampler, drop_last=True,
+                      collate_fn=collate_tens, generator=generator, **QUIET) as loader:
+        assert loader.dataset is dataset and loader.sampler is sampler and loader.batch_sampler is None
+        assert loader.collate_fn is collate_tens and loader.generator is generator
+        assert loader.batch_size == 3 and loader.drop_last is True
+        for name in ("dataset", "batch_size", "sampler", "batch_sampler", "drop_last", "collate_fn", "generator"):
+            with pytest.raises(ValueError, match=rf"RemoteLoader\.{name} cannot be changed"):
+                setattr(loader, name, {})
+        assert [b.tolist() for b in loader] == [[0, 10, 20], [30, 40, 50], [60, 70, 80], [90, 100, 110]]
+    batches = [[0, 1], [2]]
+    with RemoteLoader(dataset="synthetic", dataset_args={"length": 4, "shape": [2]}, local_producers=1,
+                      batch_sampler=batches, **QUIET) as loader:
+        assert loader.dataset == "synthetic" and loader.batch_sampler is batches and loader.batch_size is None
+        assert loader.collate_fn is None and loader.generator is None and loader.sampler is None
+
+
+# --- mp_context ---------------------------------------------------------------------------------------------
+def test_mp_context_takes_a_context_object_and_its_start_method_is_used(monkeypatch):
+    monkeypatch.setattr(f"{__name__}.FORKED_MARK", 1)
+    for method, mark in (("fork", 1), ("spawn", 0)):
+        context = multiprocessing.get_context(method)
+        with RemoteLoader(dataset=StartMethodProbe(), local_producers=1, batch_size=2, heartbeat=0.2,
+                          log_every=None, mp_context=context) as loader:
+            assert loader.local.mp_context is context
+            assert [int(i) for batch in loader for i in batch] == [mark, mark], method
+
+
+def test_mp_context_that_is_neither_a_name_nor_a_context_or_without_local_producers_is_refused(endpoint):
+    with pytest.raises(ConfigTypeError, match=r"mp_context must be a start method name .* or a multiprocessing "
+                                              r"context, got <object"):
+        RemoteLoader(dataset=pd.Items(range(4)), local_producers=1, mp_context=object())
+    with pytest.raises(ConfigError, match=r"mp_context must be one of"):
+        RemoteLoader(dataset=pd.Items(range(4)), local_producers=1, mp_context="bad")
+    for options in ({"local_producers": 0}, {"endpoint": endpoint}):
+        for context in ("spawn", multiprocessing.get_context("spawn")):
+            with pytest.raises(ConfigError, match=r"mp_context applies to local producers"):
+                RemoteLoader(dataset=pd.Items(range(4)), mp_context=context, **options)
+
+
+# --- more producers than CPUs -------------------------------------------------------------------------------
+def test_more_local_producers_than_usable_cpus_warns_as_dataloader_does(monkeypatch):
+    """The CPUs this process may use are mocked to one: two producers are then one too many (not 1000)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    with pytest.warns(UserWarning, match=r"will start 2 local producer processes.*1 CPU.*excessive") as caught:
+        RemoteLoader(dataset=pd.Items(range(4)), local_producers=2, **QUIET).close()
+    assert caught[0].filename == __file__, "the warning names the script's line that built the loader"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    with warnings.catch_warnings(record=True) as quiet:
+        warnings.simplefilter("always")
+        RemoteLoader(dataset=pd.Items(range(4)), local_producers=2, **QUIET).close()
+    assert not [w for w in quiet if "excessive" in str(w.message)]
