@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from ferry.common.constants import POLL_SLICE_S
 from ferry.common.errors import ConfigError
-from ferry.common.plan import build_plan, plan_length
+from ferry.common.plan import GeneratorOrder, build_plan, plan_length
 from ferry.common.shardplan import build_shard_plan, is_sharded, shard_names
 
 __all__ = ["EpochPlanner"]
@@ -23,6 +23,8 @@ class EpochPlanner:
     def __init__(self, opts: Any, io: Any) -> None:
         self._opts, self._io = opts, io
         self._shard_lengths: list[int] | None = None  # a local sharded dataset's ``shard_len``s, once read
+        # shuffle=True with generator=: DataLoader's permutations (the default plan only)
+        self._order = GeneratorOrder(opts.generator_state) if opts.generator_state is not None else None
 
     def build(self, epoch: int, check_health: Callable[[], None]) -> Any:
         """The plan of ``epoch``: an EpochPlan, or a ShardPlan for a sharded dataset."""
@@ -35,9 +37,12 @@ class EpochPlanner:
                                     shuffle=o.shuffle, seed=o.seed, drop_last=o.drop_last, rank=o.rank,
                                     world_size=o.world_size, lengths=self._shard_lengths)
         dataset_len = None if (o.sampler is not None or o.batch_sampler is not None) else self.dataset_len(check_health)
+        order = None
+        if self._order is not None and o.shuffle and dataset_len is not None:
+            order = self._order.permutation(epoch, dataset_len)
         return build_plan(epoch=epoch, dataset_len=dataset_len, batch_size=o.batch_size, shuffle=o.shuffle,
                           seed=o.seed, drop_last=o.drop_last, rank=o.rank, world_size=o.world_size,
-                          sampler=o.sampler, batch_sampler=o.batch_sampler)
+                          sampler=o.sampler, batch_sampler=o.batch_sampler, order=order)
 
     def length(self, epoch: int, check_health: Callable[[], None]) -> int:
         """Batches per epoch. For a sharded dataset only when it gives ``shard_len``, else TypeError."""

@@ -6,6 +6,7 @@ failed before its fix:
   Ferry's own meaning;
 * ``loader.dataset``, ``sampler``, ``batch_sampler``, ``collate_fn``, ``generator``, ``batch_size``, ``drop_last``
   are readable and cannot be assigned;
+* ``shuffle=True, generator=g`` gives DataLoader's order, epoch after epoch;
 * ``mp_context`` takes a ``multiprocessing`` context object as well as a name, and is refused without local
   producers;
 * more local producers than usable CPUs warns, as DataLoader does.
@@ -15,6 +16,7 @@ Real producer processes (forked, one spawned) and real sockets; the CPU count al
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import time
@@ -22,11 +24,12 @@ import warnings
 
 import pytest
 import torch
-from torch.utils.data import SequentialSampler
+from torch.utils.data import DataLoader, SequentialSampler
 
 import ferry
 from ferry import ConfigError, ConfigTypeError, NoProducersError, RemoteLoader
 from ferry.common.constants import DEFAULT_TIMEOUT_S
+from ferry.common.plan import GeneratorOrder, build_plan
 
 from . import parity_datasets as pd
 from .helpers import wait_for
@@ -52,6 +55,13 @@ class StartMethodProbe:
 def flat(loader) -> list[int]:
     """One epoch of a loader over ``Items(range(n))``, its samples in the order they came."""
     return [int(i) for batch in loader for i in batch]
+
+
+def dataloader_orders(n: int, epochs: int, seed: int) -> list[list[int]]:
+    """``DataLoader(shuffle=True, generator=Generator().manual_seed(seed))``'s samples, epoch by epoch."""
+    loader = DataLoader(pd.Items(range(n)), batch_size=4, shuffle=True,
+                        generator=torch.Generator().manual_seed(seed))
+    return [[int(i) for batch in loader for i in batch] for _ in range(epochs)]
 
 
 # --- timeout ------------------------------------------------------------------------------------------------
@@ -117,6 +127,47 @@ def test_dataloader_attributes_are_readable_and_cannot_be_assigned():
                       batch_sampler=batches, **QUIET) as loader:
         assert loader.dataset == "synthetic" and loader.batch_sampler is batches and loader.batch_size is None
         assert loader.collate_fn is None and loader.generator is None and loader.sampler is None
+
+
+# --- shuffle with a generator -------------------------------------------------------------------------------
+def test_shuffle_with_a_generator_gives_dataloaders_order_epoch_after_epoch():
+    # DataLoader draws the same numbers from its generator whatever num_workers is (each iteration: its workers'
+    # base seed, then RandomSampler's randperm), so num_workers=0 stands for all
+    expected = dataloader_orders(22, epochs=3, seed=7)
+    generator = torch.Generator().manual_seed(7)
+    with RemoteLoader(dataset=pd.Items(range(22)), local_producers=2, batch_size=4, shuffle=True,
+                      generator=generator, **QUIET) as loader:
+        assert [flat(loader) for _ in range(3)] == expected
+        # an epoch reached by set_epoch is the same epoch
+        loader.set_epoch(1)
+        assert flat(loader) == expected[1]
+        first = iter(loader)  # epoch 2: two batches, then save
+        taken = [int(i) for _ in range(2) for i in next(first)]
+        state = json.loads(json.dumps(loader.state_dict()))
+    assert taken == expected[2][:8]
+    # the loader drew one number from the generator (DataLoader's first draw), no more, however many epochs
+    reference = torch.Generator().manual_seed(7)
+    torch.empty((), dtype=torch.int64).random_(generator=reference)
+    assert torch.equal(generator.get_state(), reference.get_state())
+    # a resume, in a new loader with a generator in the same state: the rest of epoch 2
+    with RemoteLoader(dataset=pd.Items(range(22)), local_producers=1, batch_size=4, shuffle=True,
+                      generator=torch.Generator().manual_seed(7), **QUIET) as resumed:
+        resumed.load_state_dict(state)
+        assert flat(resumed) == expected[2][8:]
+
+
+def test_generator_order_on_several_ranks_is_dataloaders_permutation_split_as_distributed_sampler_splits():
+    """A unit (common/plan.py: GeneratorOrder): rank r of 2 gets DistributedSampler's share of the permutation
+    DataLoader draws, padded to an even split; an epoch replayed afresh equals the one reached in turn."""
+    expected = dataloader_orders(11, epochs=3, seed=5)
+    order = GeneratorOrder(torch.Generator().manual_seed(5).get_state())
+    assert order.permutation(2, 11).tolist() == expected[2]  # a jump: epochs 0 and 1 replayed
+    for epoch in range(3):
+        padded = expected[epoch] + expected[epoch][:1]  # 11 samples over 2 ranks: 6 each
+        for rank in range(2):
+            plan = build_plan(epoch=epoch, dataset_len=11, batch_size=4, shuffle=True, seed=0, drop_last=False,
+                              rank=rank, world_size=2, order=order.permutation(epoch, 11))
+            assert [i for s in range(len(plan)) for i in plan.batch(s)] == padded[rank::2]
 
 
 # --- mp_context ---------------------------------------------------------------------------------------------

@@ -107,8 +107,11 @@ KEYWORDS: dict[str, Setting] = {
     "seed": Setting(s.Int(MIN_SEED, MAX_SEED), "the shuffle seed. ``sample_info().seed`` on the producers derives "
                     "from it too.", 0),
     "drop_last": Setting(s.Bool(), "drop the tail that does not fill a batch (and the uneven tail across ranks)."),
-    "generator": Setting(_Generator(), "a ``torch.Generator`` to draw the shuffle seed (and the local producers' "
-                         "base seed) from, as DataLoader draws its shuffle from one; instead of ``seed``.",
+    "generator": Setting(_Generator(), "a ``torch.Generator``, instead of ``seed``: with ``shuffle=True`` each "
+                         "epoch's order is the one ``DataLoader(shuffle=True, generator=g)`` draws in that epoch "
+                         "(replayed from ``g``'s state when the loader is built, so ``set_epoch`` and a resume give "
+                         "it too). The loader draws one number from ``g`` when it is built (DataLoader's first "
+                         "draw): its ``seed`` and the local producers' base seed. See docs/porting.md.",
                          optional=True),
     "sampler": Setting(_Indices(), "a torch sampler (or any iterable of indices) instead of the default plan.",
                        optional=True),

@@ -37,7 +37,8 @@ class LoaderOptions:
     shuffle: bool
     seed: int
     drop_last: bool
-    generator: Any  # a torch.Generator: the producers' base seed is drawn from it (else from torch's RNG)
+    generator: Any  # the user's torch.Generator, or None
+    generator_state: Any  # its state when the loader was built (a ByteTensor), which the shuffle replays; or None
     sampler: Any
     batch_sampler: Any
     rank: int
@@ -130,16 +131,22 @@ def _batching(given: Mapping[str, Any], shuffle: bool, drop_last: bool) -> int |
     return batch_size
 
 
-def _seed(given: Mapping[str, Any]) -> int:
-    """``seed``, or one drawn from ``generator`` as DataLoader draws its shuffle from it; not both."""
+def _seed(given: Mapping[str, Any]) -> tuple[int, Any]:
+    """``seed``, or one drawn from ``generator``; not both. With a generator also its state before the draw, from
+    which the shuffle replays DataLoader's draws (:class:`ferry.common.plan.GeneratorOrder`).
+
+    The one draw is DataLoader's first from its generator (its workers' base seed, at its first ``iter()``): the
+    loader's ``seed`` and its local producers' base seed (consumer/pipeline.py).
+    """
     generator = _check("generator", given["generator"])
     if generator is None:
-        return _check("seed", given["seed"])
+        return _check("seed", given["seed"]), None
     if given["seed"] is not UNSET:
         raise ConfigError("seed= and generator= both given: the shuffle seed comes from one of them")
     import torch
 
-    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+    state = generator.get_state()  # a copy
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item()), state
 
 
 def _local(given: Mapping[str, Any], dataset: Any) -> LocalOptions | None:
@@ -206,11 +213,13 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
     local = _local(given, alone["dataset"])
     curve = _curve(given, local)
     rank, world_size = _sharding(given)
+    endpoints, no_producer_timeout = _endpoints(given, local is not None), _no_producer_timeout(given)
+    transport = TransportOptions.from_flat(given, given["transport"], "transport")
+    seed, generator_state = _seed(given)  # last: a generator is drawn from only once every option is good
     return LoaderOptions(
-        **alone, endpoints=_endpoints(given, local is not None), batch_size=batch_size, shuffle=shuffle,
-        seed=_seed(given), generator=given["generator"], rank=rank, world_size=world_size,
-        no_producer_timeout=_no_producer_timeout(given), device=given["device"], local=local, curve=curve,
-        transport=TransportOptions.from_flat(given, given["transport"], "transport"),
+        **alone, endpoints=endpoints, batch_size=batch_size, shuffle=shuffle, seed=seed, generator=given["generator"],
+        generator_state=generator_state, rank=rank, world_size=world_size, no_producer_timeout=no_producer_timeout,
+        device=given["device"], local=local, curve=curve, transport=transport,
     )
 
 
