@@ -34,7 +34,7 @@ import torch
 
 from ferry.common import validate as check
 from ferry.common.constants import DEFAULT_BUFFER_BATCHES, DEFAULT_LOG_EVERY_S
-from ferry.common.errors import LoaderClosedError
+from ferry.common.errors import ConfigError, LoaderClosedError
 
 from ferry.consumer.core import sequencer_for
 from ferry.consumer.epoch import EpochIterator, EpochParts, RunCounter
@@ -126,6 +126,7 @@ class RemoteLoader:
         self._runs = RunCounter()
         self._active: EpochIterator | None = None  # the newest iteration
         self._pending: ResumePoint | None = None  # where set_epoch or load_state_dict said the next one starts
+        self._pending_by = ""  # which of them said so, for a conflict with the sampler's own epoch
         lease = _Lease()
         # starts local producers, the io and staging threads; nothing it holds references `self`
         pipeline = Pipeline(opts, self._counters, device=self.device, pin_memory=self.pin_memory,
@@ -166,7 +167,33 @@ class RemoteLoader:
         return self._active
 
     def _next_start(self) -> ResumePoint:
-        """Where the next iteration starts."""
+        """Where the next iteration starts: :meth:`_own_next_start`, unless the script gave its sampler another
+        epoch since the loader last planned one (``sampler.set_epoch(e)``: consumer/planning.py), which wins.
+
+        Raises:
+            ConfigError: the sampler's epoch and the one ``set_epoch`` or ``load_state_dict`` gave the loader differ.
+        """
+        start = self._own_next_start()
+        given = self._planner.sampler_epoch.given()
+        if given is None or given == start.epoch:
+            return start
+        if self._pending is not None:
+            raise self._epoch_conflict(given, self._pending_by)
+        return ResumePoint(given, 0, (0, 0))
+
+    def _epoch_conflict(self, given: int, by: str) -> ConfigError:
+        return ConfigError(f"the sampler was given sampler.set_epoch({given}) and the loader {by}: the next epoch "
+                           f"is ambiguous. Give both the same epoch, or set it on one of them only")
+
+    def _set_pending(self, point: ResumePoint, by: str) -> None:
+        given = self._planner.sampler_epoch.given()
+        if given is not None and given != point.epoch:
+            raise self._epoch_conflict(given, by)
+        self._pending, self._pending_by = point, by
+
+    def _own_next_start(self) -> ResumePoint:
+        """Where the loader itself would start the next iteration: where set_epoch / load_state_dict said, else
+        after the last iteration (the same epoch again if it was abandoned)."""
         if self._pending is not None:
             return self._pending
         active = self._active
@@ -179,8 +206,13 @@ class RemoteLoader:
         return self._planner.length(self.epoch, self._health.until_timeout())
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch of the next iteration (the shuffle is seeded with ``seed + epoch``)."""
-        self._pending = ResumePoint(check.integer("epoch", epoch, low=0), 0, (0, 0))
+        """Set the epoch of the next iteration (the shuffle is seeded with ``seed + epoch``).
+
+        Raises:
+            ConfigError: the script gave its sampler another epoch (``sampler.set_epoch``) since it was last planned.
+        """
+        epoch = check.integer("epoch", epoch, low=0)
+        self._set_pending(ResumePoint(epoch, 0, (0, 0)), f"loader.set_epoch({epoch})")
 
     @property
     def epoch(self) -> int:
@@ -196,7 +228,7 @@ class RemoteLoader:
     def stats(self) -> dict[str, Any]:
         """Figures of this loader (lifetime counters; ``epoch_*`` for the current epoch)."""
         io = self._io.snapshot() if self._io is not None else {}
-        epoch = self._active.epoch if self._active is not None else self.epoch
+        epoch = self._active.epoch if self._active is not None else self._own_next_start().epoch
         return stats_figures(self._counters, io, capacity=self.buffer_batches, epoch=epoch,
                              producers_needed=self._observer.demand.value)
 
@@ -210,9 +242,11 @@ class RemoteLoader:
         """Resume: the next iteration yields batch ``batches_delivered`` of ``epoch`` onwards.
 
         Raises:
-            ConfigError: the state was saved by a loader with other options, or with ``in_order=False``.
+            ConfigError: the state was saved by a loader with other options, or with ``in_order=False``; or the
+                script gave its sampler another epoch (``sampler.set_epoch``) since it was last planned.
         """
-        self._pending = restore_state(state, self._resume_options(), self._samplers())
+        point = restore_state(state, self._resume_options(), self._samplers())
+        self._set_pending(point, f"load_state_dict (epoch {point.epoch}, batch {point.delivered})")
 
     def _resume_options(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in RESUME_OPTIONS}

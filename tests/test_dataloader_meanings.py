@@ -2,6 +2,8 @@
 relies on means the same with RemoteLoader. One test (or more) per row of the issue's table, each of which
 failed before its fix:
 
+* a user's ``sampler.set_epoch(e)`` (torchvision calls it, also after ``--resume``) is the epoch planned; a
+  conflict with ``loader.set_epoch`` or ``load_state_dict`` is an error naming both;
 * ``timeout=`` is DataLoader's limit on each batch (a RuntimeError past it); ``no_producer_timeout`` keeps
   Ferry's own meaning;
 * ``loader.dataset``, ``sampler``, ``batch_sampler``, ``collate_fn``, ``generator``, ``batch_size``, ``drop_last``
@@ -24,12 +26,13 @@ import warnings
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, SequentialSampler
 
 import ferry
 from ferry import ConfigError, ConfigTypeError, NoProducersError, RemoteLoader
 from ferry.common.constants import DEFAULT_TIMEOUT_S
 from ferry.common.plan import GeneratorOrder, build_plan
+from ferry.consumer.planning import SamplerEpoch
 
 from . import parity_datasets as pd
 from .helpers import wait_for
@@ -57,11 +60,80 @@ def flat(loader) -> list[int]:
     return [int(i) for batch in loader for i in batch]
 
 
+def distributed_order(n: int, epoch: int, seed: int) -> list[int]:
+    sampler = DistributedSampler(range(n), num_replicas=1, rank=0, shuffle=True, seed=seed)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
 def dataloader_orders(n: int, epochs: int, seed: int) -> list[list[int]]:
     """``DataLoader(shuffle=True, generator=Generator().manual_seed(seed))``'s samples, epoch by epoch."""
     loader = DataLoader(pd.Items(range(n)), batch_size=4, shuffle=True,
                         generator=torch.Generator().manual_seed(seed))
     return [[int(i) for batch in loader for i in batch] for _ in range(epochs)]
+
+
+# --- a user's sampler.set_epoch -----------------------------------------------------------------------------
+def test_the_epoch_a_distributed_sampler_was_given_is_the_epoch_planned_also_after_a_resume():
+    """torchvision's loop after ``--resume`` (start_epoch 5): ``train_sampler.set_epoch(epoch)`` before each
+    epoch. The loader's own counter starts at 0; the sampler's epoch wins, and the loader follows it."""
+    dataset = pd.Items(range(20))
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=3)
+    with RemoteLoader(dataset=dataset, local_producers=1, sampler=sampler, batch_size=4, **QUIET) as loader:
+        for epoch in (5, 6):
+            sampler.set_epoch(epoch)
+            assert loader.epoch == epoch
+            assert flat(loader) == distributed_order(20, epoch, seed=3), f"epoch {epoch}"
+        assert loader.state_dict()["epoch"] == 7
+        # a script that never calls set_epoch itself: the loader still gives its sampler each epoch in turn
+        assert flat(loader) == distributed_order(20, 7, seed=3) and sampler.epoch == 7
+
+
+def test_a_sampler_epoch_given_before_the_loader_was_built_counts():
+    dataset = pd.Items(range(12))
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=1)
+    sampler.set_epoch(4)
+    with RemoteLoader(dataset=dataset, local_producers=1, sampler=sampler, batch_size=4, **QUIET) as loader:
+        assert loader.epoch == 4 and flat(loader) == distributed_order(12, 4, seed=1)
+
+
+def test_a_sampler_epoch_that_conflicts_with_the_loaders_is_an_error_naming_both(endpoint):
+    """No producer is needed: the conflict is found before anything is planned."""
+    sampler = DistributedSampler(range(12), num_replicas=1, rank=0, shuffle=True, seed=1)
+    with RemoteLoader(endpoint=endpoint, sampler=sampler, batch_size=4, heartbeat=0.2) as loader:
+        sampler.set_epoch(5)
+        with pytest.raises(ConfigError, match=r"sampler\.set_epoch\(5\).*loader\.set_epoch\(3\)"):
+            loader.set_epoch(3)  # the sampler was given another epoch first: refused at once
+        loader.set_epoch(5)  # the same epoch on both is no conflict
+        assert loader.epoch == 5
+    sampler = DistributedSampler(range(12), num_replicas=1, rank=0, shuffle=True, seed=1)
+    with RemoteLoader(endpoint=endpoint, sampler=sampler, batch_size=4, heartbeat=0.2) as loader:
+        loader.set_epoch(3)
+        sampler.set_epoch(5)  # the other order: found when the next epoch is planned
+        with pytest.raises(ConfigError, match=r"sampler\.set_epoch\(5\).*loader\.set_epoch\(3\)"):
+            iter(loader)
+    sampler = DistributedSampler(range(12), num_replicas=1, rank=0, shuffle=True, seed=1)
+    with RemoteLoader(endpoint=endpoint, sampler=sampler, batch_size=4, heartbeat=0.2) as loader:
+        state = json.loads(json.dumps(dict(loader.state_dict(), epoch=2, batches_delivered=1)))
+        loader.load_state_dict(state)
+        sampler.set_epoch(5)
+        with pytest.raises(ConfigError, match=r"sampler\.set_epoch\(5\).*load_state_dict.*epoch 2"):
+            iter(loader)
+
+
+def test_the_epoch_is_read_from_a_batch_samplers_own_sampler_and_only_a_change_counts():
+    """A unit: which epoch counts as the script's own (consumer/planning.py: SamplerEpoch)."""
+    inner = DistributedSampler(range(8), num_replicas=1, rank=0, shuffle=True, seed=0)
+    epochs = SamplerEpoch(None, BatchSampler(inner, 2, False))
+    assert epochs.given() is None, "DistributedSampler's own start (0) is no epoch given"
+    inner.set_epoch(3)
+    assert epochs.given() == 3
+    epochs.planned(3)  # the loader planned it (and gave it to the sampler)
+    assert epochs.given() is None
+    inner.set_epoch(4)
+    assert epochs.given() == 4
+    unreadable = SamplerEpoch(SequentialSampler(range(8)), None)  # no epoch to read: nothing can be given
+    assert unreadable.given() is None
 
 
 # --- timeout ------------------------------------------------------------------------------------------------

@@ -113,7 +113,11 @@ KEYWORDS: dict[str, Setting] = {
                          "it too). The loader draws one number from ``g`` when it is built (DataLoader's first "
                          "draw): its ``seed`` and the local producers' base seed. See docs/porting.md.",
                          optional=True),
-    "sampler": Setting(_Indices(), "a torch sampler (or any iterable of indices) instead of the default plan.",
+    "sampler": Setting(_Indices(), "a torch sampler (or any iterable of indices) instead of the default plan. One "
+                       "with ``set_epoch`` gets each epoch's number before it is planned; an epoch the script gave "
+                       "it itself (``sampler.set_epoch(e)``, read from its ``epoch`` as DistributedSampler keeps it) "
+                       "is the epoch planned, and one that conflicts with ``loader.set_epoch`` or "
+                       "``load_state_dict`` is a ConfigError naming both.",
                        optional=True),
     "batch_sampler": Setting(_Indices(), "an iterable of index lists, used as given; excludes batch_size / sampler "
                              "/ shuffle / drop_last.", optional=True),
