@@ -172,7 +172,7 @@ def test_timeout_counts_even_while_no_producer_is_alive_and_no_producer_timeout_
             next(iter(loader))
     with RemoteLoader(endpoint=endpoint, dataset=dataset, batch_size=2, heartbeat=0.2, timeout=30,
                       no_producer_timeout=0.3) as loader:
-        with pytest.raises(NoProducersError, match=r"timeout=0.3"):
+        with pytest.raises(NoProducersError, match=r"no_producer_timeout=0.3"):
             next(iter(loader))
 
 

@@ -21,7 +21,7 @@ def test_no_producers_names_the_endpoint_and_the_count_seen(endpoint):
             next(iter(loader))
         assert time.monotonic() - started < 10
     message = str(info.value)
-    assert endpoint in message and "seen 0 producer(s)" in message and "timeout=0.5" in message
+    assert endpoint in message and "seen 0 producer(s)" in message and "no_producer_timeout=0.5" in message
 
 
 def test_no_producers_after_the_last_one_left(endpoint, spawn):

@@ -172,7 +172,7 @@ def test_a_loader_that_waits_forever_outlasts_a_finite_timeout_then_serves(endpo
 def test_a_finite_no_producer_timeout_still_fires(endpoint):
     with RemoteLoader(endpoint=endpoint, batch_size=4, no_producer_timeout=0.5, dataset_len=8) as loader:
         assert loader.no_producer_timeout == 0.5 and loader.timeout == 0
-        with pytest.raises(NoProducersError, match=r"timeout=0.5"):
+        with pytest.raises(NoProducersError, match=r"no_producer_timeout=0.5"):
             next(iter(loader))
 
 
