@@ -206,7 +206,8 @@ class RemoteLoader:
         return self._planner.length(self.epoch, self._health.until_timeout())
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch of the next iteration (the shuffle is seeded with ``seed + epoch``).
+        """Set the epoch of the next iteration (its shuffle: DistributedSampler's for ``seed + epoch``, or with a
+        ``generator`` what DataLoader draws in its ``epoch``-th iteration).
 
         Raises:
             ConfigError: the script gave its sampler another epoch (``sampler.set_epoch``) since it was last planned.
@@ -216,7 +217,11 @@ class RemoteLoader:
 
     @property
     def epoch(self) -> int:
-        """The epoch being iterated, or the next one once it ran out."""
+        """The epoch being iterated, or the next one once it ran out (or the one the script gave its sampler since).
+
+        Raises:
+            ConfigError: that epoch and the one ``set_epoch`` or ``load_state_dict`` gave the loader differ.
+        """
         return self._next_start().epoch
 
     def diagnosis(self) -> str:
