@@ -65,9 +65,8 @@ class GeneratorOrder:
     order, and once its iterator runs out a second one (its tail, ``randperm(n)[:num_samples % n]``, empty here).
     Epoch ``e``'s order is therefore that of DataLoader's ``e``-th iteration (from 0) when each one before it ran
     to its end and nothing else drew from ``g`` in between, whichever way ``e`` is reached here (in turn,
-    ``set_epoch``, a resume). The state at
-    the start of each epoch replayed so far is kept (about 5 KB each), so epochs in turn cost one ``randperm``
-    each and a jump replays only the epochs never reached before.
+    ``set_epoch``, a resume). The state at the start of each epoch replayed so far is kept (about 5 KB each), so
+    epochs in turn cost two ``randperm`` each and a jump replays only the epochs never reached before.
     """
 
     def __init__(self, state: Any) -> None:

@@ -158,8 +158,8 @@ def _local(given: Mapping[str, Any], dataset: Any) -> LocalOptions | None:
         if given["mp_context"] not in (UNSET, None):
             raise ConfigError(f"mp_context applies to local producers (local_producers=N), and this loader starts "
                               f"none (local_producers={0 if count is UNSET else count}): nothing would use "
-                              f"mp_context={given['mp_context']!r}, as DataLoader refuses multiprocessing_context "
-                              f"with num_workers=0")
+                              f"mp_context={given['mp_context']!r} (DataLoader refuses multiprocessing_context "
+                              f"with num_workers=0 too)")
         for name, flag in (("collate_fn", "--collate"), ("producer_init", "--init")):
             if given[name] not in (UNSET, None):
                 raise ConfigError(f"{name} applies to local producers (local_producers=N); producers on other "
