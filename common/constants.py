@@ -76,6 +76,12 @@ MAX_SLOTS = 64
 DEFAULT_THREADS = 4
 #: ZeroMQ high-water marks. They are a sanity bound only; credits keep queues far below them.
 SOCKET_HWM = 1000
+#: Messages the consumer's ROUTER queues from one peer before libzmq stops reading that connection (TCP then
+#: holds the sender back). A producer that follows the protocol has at most its credits (MAX_SLOTS batches) and
+#: a few control messages a heartbeat outstanding, so this never holds one back; a peer that floods the consumer
+#: is held to this many messages (each at most max_batch_bytes) in memory, where SOCKET_HWM let 1000 pile up
+#: (tests/test_fuzz.py measured the consumer's RSS peaking 150 MB above its start under attack with 1000).
+CONSUMER_RCVHWM = 2 * MAX_SLOTS
 
 # --- message bounds (validation) ---------------------------------------------------------------------
 #: Largest batch a consumer accepts by default. It is the consumer's ZMQ_MAXMSGSIZE (libzmq drops a
