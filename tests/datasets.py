@@ -66,3 +66,16 @@ class PidDataset(PairDataset):
     def __getitem__(self, index: int):
         array, i = super().__getitem__(index)
         return array, i, os.getpid()
+
+
+class ClassSorted:
+    """Sample i is (int64 [i], i // per_class): as ImageFolder orders a folder, class after class."""
+
+    def __init__(self, length: int = 96, per_class: int = 15) -> None:
+        self.length, self.per_class = int(length), int(per_class)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        return np.array([index], dtype=np.int64), index // self.per_class
