@@ -1,8 +1,9 @@
 """Which batches make up an epoch: DistributedSampler's plan over sample indices (:mod:`ferry.common.plan`), or
 the plan over a sharded dataset's shards (:mod:`ferry.common.shardplan`), and how many batches that is.
 
-The dataset's length (or shard count) may only be known once the first producer said HELLO; every wait for
-it is bounded and checks the loader's health through the ``check_health`` callback the caller passes.
+The dataset's length (or shard count) may only be known once the first producer said HELLO; so may a sharded
+dataset's shard lengths, from which ``len()`` is computed: the loader does not build a spec's dataset (it may need
+files only producers have), so producers announce them (HELLO ``shard_lens``). Every wait for them is bounded and checks the loader's health through the ``check_health`` callback the caller passes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ class EpochPlanner:
 
     def __init__(self, opts: Any, io: Any) -> None:
         self._opts, self._io = opts, io
-        self._shard_lengths: list[int] | None = None  # a local sharded dataset's ``shard_len``s, once read
+        # each shard's samples, once known: a dataset object's ``shard_len``s, or what its producers announced
+        self._shard_lengths: list[int] | None = None
 
     def build(self, epoch: int, check_health: Callable[[], None]) -> Any:
         """The plan of ``epoch``: an EpochPlan, or a ShardPlan for a sharded dataset."""
@@ -31,7 +33,10 @@ class EpochPlanner:
             if o.sampler is not None or o.batch_sampler is not None:
                 raise ConfigError("a sharded dataset is planned over its shards: sampler and batch_sampler do "
                                   "not apply (use shuffle and seed)")
-            return build_shard_plan(epoch=epoch, shard_count=self.dataset_len(check_health), batch_size=o.batch_size,
+            shard_count = self.dataset_len(check_health)
+            if self._shard_lengths is None:  # a spec: the lengths come with the producers' HELLO (common/protocol.py)
+                self._shard_lengths = self._io.shard_lengths()
+            return build_shard_plan(epoch=epoch, shard_count=shard_count, batch_size=o.batch_size,
                                     shuffle=o.shuffle, seed=o.seed, drop_last=o.drop_last, rank=o.rank,
                                     world_size=o.world_size, lengths=self._shard_lengths)
         dataset_len = None if (o.sampler is not None or o.batch_sampler is not None) else self.dataset_len(check_health)
