@@ -79,3 +79,21 @@ class ClassSorted:
 
     def __getitem__(self, index: int):
         return np.array([index], dtype=np.int64), index // self.per_class
+
+
+class UserFolder:
+    """A user's folder dataset laid out as torchvision's DatasetFolder (``root``, ``classes``, ``samples``), with no
+    fingerprint of its own: sample i is (the .npy file's array, its class)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+        self.samples = [(os.path.join(root, c, f), label) for label, c in enumerate(self.classes)
+                        for f in sorted(os.listdir(os.path.join(root, c)))]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int):
+        path, label = self.samples[index]
+        return np.load(path), label

@@ -12,7 +12,10 @@ A *spec* names a map-style dataset (``__len__`` + ``__getitem__``), or a sharded
 
 Every dataset has a *fingerprint*: a short string that two producers of the same data agree on. A
 dataset may define ``fingerprint`` (a str attribute or a method); otherwise it is the class's qualified
-name and the length. The consumer rejects a producer whose fingerprint differs from the first one's.
+name, the length and, for a folder dataset laid out as torchvision's ``DatasetFolder`` (``root`` and
+``samples``, a list of ``(path, label)``), a digest of each file's relative path, label and size. The
+built-in datasets cover their content (files, or shard names and sizes) and their decoding options. The
+consumer rejects a producer whose fingerprint differs from the first one's.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import importlib
 import json
 from typing import Any, Callable, Iterable
 
-from ferry.common.datasets.folders import scan_class_folders
+from ferry.common.datasets.folders import files_digest, folder_samples, scan_class_folders
 from ferry.common.datasets.images import ImageFolderDataset
 from ferry.common.datasets.npy import NpyFolderDataset, read_npy_header, read_npy_into
 from ferry.common.datasets.packed import PackedDataset
@@ -174,7 +177,8 @@ def parse_dataset_args(pairs: Iterable[str]) -> dict[str, Any]:
 
 
 def dataset_fingerprint(dataset: Any) -> str:
-    """The dataset's own ``fingerprint`` if it has one, else its class's qualified name and its length."""
+    """The dataset's own ``fingerprint`` if it has one, else its class's qualified name and its length, and for
+    a folder dataset a digest of its files (see the module docstring)."""
     own = getattr(dataset, "fingerprint", None)
     if callable(own):
         own = own()
@@ -185,4 +189,6 @@ def dataset_fingerprint(dataset: Any) -> str:
     cls = type(dataset)
     # a class defined in the training script is __main__.X there and __mp_main__.X in a spawned producer
     module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
-    return f"{module}.{cls.__qualname__}:{len(dataset)}"
+    folder = folder_samples(dataset)
+    files = f":files={files_digest(*folder)}" if folder is not None else ""
+    return f"{module}.{cls.__qualname__}:{len(dataset)}{files}"
