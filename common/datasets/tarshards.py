@@ -1,4 +1,4 @@
-"""The ``tar-shards`` dataset: a sharded (streaming) source in the WebDataset convention, and its writer.
+"""The ``tar-shards`` dataset: a sharded (streaming) source in the WebDataset convention.
 
 A shard is a ``.tar`` file; its members are grouped into samples by *key*: the member's path up to the first
 dot of its file name (``000017.npy`` and ``000017.cls`` are one sample, key ``000017``), in the order they
@@ -6,7 +6,8 @@ appear. Each member is decoded by its last extension:
 
 * ``.npy``: the array (``allow_pickle=False``);
 * ``.png``, ``.jpg``, ``.jpeg``, ``.tif``, ``.tiff``: the image as image-folder reads it, channels first
-  (C, H, W) in the file's dtype (Pillow or tifffile: ``pip install 'ferry[images]'``);
+  (C, H, W) in the file's dtype, with the same ``mode``, ``resize`` and ``crop`` options (:mod:`.decoding`;
+  Pillow or tifffile: ``pip install 'ferry[images]'``);
 * ``.cls``: an int label (decimal text);
 * anything else: the member's bytes.
 
@@ -14,11 +15,14 @@ A sample of one array (or image) and a ``.cls`` is ``(array, label)``, as npy-fo
 it; a sample of one member is that value; any other sample is a dict from extension to value.
 
 Shard names are the files' paths relative to the folder the glob's matches share, so producers that mount
-the data in different places still agree on them. ``shard_len`` counts a shard's keys by reading the tar's
-headers (member data is skipped), so ``len(loader)`` is known.
+the data in different places still agree on them; the fingerprint covers the names, the files' sizes, the
+shuffle buffer and the decoding options. ``shard_len`` comes from :data:`SHARD_INDEX` in that folder (wids'
+shard index, which ``ferry pack --format tar`` writes) for each shard it lists at its current size, else from
+counting the tar's headers (member data is skipped); producers announce the lengths, so ``len(loader)`` is
+known. ``shuffle_buffer`` shuffles within each shard (:mod:`ferry.common.shardplan`).
 
-:func:`pack_tar` (``ferry pack --format tar``) writes any map-style dataset of ``(array, label)`` samples (or
-bare arrays) as such shards: ``shard-00000.tar`` … with members ``<index>.npy`` and ``<index>.cls``.
+The writer, :func:`~ferry.common.datasets.tarpack.pack_tar` (``ferry pack --format tar``), is in
+:mod:`.tarpack`.
 """
 
 from __future__ import annotations
