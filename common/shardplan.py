@@ -35,8 +35,8 @@ from ferry.common.constants import MAX_ANNOUNCED_SHARDS
 from ferry.common.errors import ConfigError, ConfigTypeError
 from ferry.common.plan import distributed_indices
 
-__all__ = ["SHARD_STRIDE", "shuffle_buffer", "shuffled", "is_sharded", "check_sharded", "shard_names", "shard_fingerprint",
-           "announced_shard_lengths", "ShardPlan", "build_shard_plan", "encode_seq", "decode_seq"]
+__all__ = ["SHARD_STRIDE", "shuffle_buffer", "shuffled", "is_sharded", "check_sharded", "shard_names",
+           "shard_fingerprint", "announced_shard_lengths", "ShardPlan", "build_shard_plan", "encode_seq", "decode_seq"]
 
 #: seq = position * SHARD_STRIDE + batch: room for 2**32 batches per shard and 2**30 shard positions.
 SHARD_STRIDE = 1 << 32

@@ -2,8 +2,9 @@
 the plan over a sharded dataset's shards (:mod:`ferry.common.shardplan`), and how many batches that is.
 
 The dataset's length (or shard count) may only be known once the first producer said HELLO; so may a sharded
-dataset's shard lengths, from which ``len()`` is computed: the loader does not build a spec's dataset (it may need
-files only producers have), so producers announce them (HELLO ``shard_lens``). Every wait for them is bounded and checks the loader's health through the ``check_health`` callback the caller passes.
+dataset's shard lengths, from which ``len()`` is computed: the loader does not build a spec's dataset (it may
+need files only producers have), so producers announce them (HELLO ``shard_lens``). Every wait for them is
+bounded and checks the loader's health through the ``check_health`` callback the caller passes.
 """
 
 from __future__ import annotations

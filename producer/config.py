@@ -12,7 +12,6 @@ flags), never at import time.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
@@ -20,7 +19,7 @@ from typing import Any, Mapping
 from ferry.common import settings as s
 from ferry.common.constants import DEFAULT_LOG_LEVEL, DEFAULT_UNREACHABLE_WARNING_S, LOG_LEVELS
 from ferry.common.endpoints import expand_endpoints
-from ferry.common.errors import ConfigError, ConfigTypeError
+from ferry.common.errors import ConfigError
 from ferry.common.settings import Setting, option
 
 __all__ = ["ProducerConfig", "expand_endpoints", "COMMAND_LINE", "PRODUCER_ENV", "read_env", "LOG_LEVELS"]

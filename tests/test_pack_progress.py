@@ -20,8 +20,9 @@ LINE = re.compile(r"^\s+(\d+)% (\d+)/(\d+) samples, [\d.]+ MB/s, (\d+:\d\d:\d\d|
 
 @pytest.mark.parametrize("fmt", ["tar", "packed"])
 def test_off_a_terminal_a_line_every_few_percent(tmp_path, fmt):
-    run = subprocess.run([sys.executable, "-m", "ferry", "pack", "--format", fmt, "--dataset", "tests.datasets:ClassSorted",
-                          "--dataset-arg", "length=400", "--shard-samples", "50", str(tmp_path / "out")],
+    run = subprocess.run([sys.executable, "-m", "ferry", "pack", "--format", fmt, "--dataset",
+                          "tests.datasets:ClassSorted", "--dataset-arg", "length=400", "--shard-samples", "50",
+                          str(tmp_path / "out")],
                          capture_output=True, text=True, env=producer_env(), cwd=REPO, timeout=120)
     assert run.returncode == 0, run.stderr
     progress = [LINE.match(line) for line in run.stdout.splitlines() if LINE.match(line)]

@@ -94,7 +94,8 @@ class ImageDecoding:
         """
         if mode is not None and mode not in MODES:
             raise DatasetError(f"mode must be one of Pillow's {sorted(MODES)} (or None: the file's own), got {mode!r}")
-        return cls(mode, _size(resize, "resize", single=True), _size(crop, "crop", single=False))  # type: ignore[arg-type]
+        crop_size = _size(crop, "crop", single=False)
+        return cls(mode, _size(resize, "resize", single=True), crop_size)  # type: ignore[arg-type]
 
     def describe(self) -> str:
         """The options that change something, for a fingerprint: "" when none does."""

@@ -151,11 +151,13 @@ def _local(given: Mapping[str, Any], dataset: Any) -> LocalOptions | None:
     if count is not UNSET and given["local"] is None:  # the flat count's own rule: 0 is no local mode
         count = check.integer("local_producers", count, low=0)
     if given["local"] is None and count in (UNSET, 0):
-        for name, flag in (("collate_fn", "--collate"), ("producer_init", "--init"), ("collate_args", "--collate-arg"),
-                           ("producer_transform_args", "--transform-arg")):
-            if given[name] not in (UNSET, None):
+        for name, flag in (("collate_fn", "--collate package.module:function"),
+                           ("producer_init", "--init package.module:function"),
+                           ("collate_args", "--collate-arg KEY=VALUE"),
+                           ("producer_transform_args", "--transform-arg KEY=VALUE")):
+            if given[name] is not UNSET and given[name] not in (None, {}):
                 raise ConfigError(f"{name} applies to local producers (local_producers=N); producers on other "
-                                  f"hosts take {flag} package.module:function")
+                                  f"hosts take {flag}")
         return None
     if dataset is None:
         raise ConfigError("local_producers needs a dataset (an object or a spec string)")
