@@ -224,7 +224,7 @@ def step_times(device: torch.device | None, size: int, steps: int, batch_shape: 
     length = steps + 8  # an epoch covers the warm-up and the timed steps
     with RemoteLoader(dataset="synthetic", dataset_args={"length": length, "shape": list(batch_shape),
                                                          "dtype": "uint8"},
-                      local_producers=2, batch_size=1, device=device, timeout=120) as loader:
+                      local_producers=2, batch_size=1, device=device, no_producer_timeout=120) as loader:
         batches = list(loader)  # warm-up epoch: producers, pools, allocator, registrations
         on_device = [b[0].to(dev) for b in batches]
         for x in on_device[:4]:

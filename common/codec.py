@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import sys
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -163,7 +164,9 @@ def decode_tree(spec: Any, frames: Sequence[Any], max_bytes: int | None = None, 
 
     ``max_bytes`` bounds the total length of the frames (the batch's array bytes). ``region`` is the
     task's shared-memory slot (a uint8 array), where ``"m"`` leaves are views; without one they are an error.
-    ``compressed``, a list ``[wire, raw]``, is increased by the wire and raw bytes of compressed frames.
+    ``compressed``, a list ``[wire, raw, seconds]``, is increased by the wire and raw bytes of compressed frames
+    and the seconds spent decompressing them (wall time on the calling thread: the consumer's io thread, whose
+    cost "auto" compression weighs).
 
     Raises:
         ProtocolError: the spec or the frames are malformed; the message says what and where.
@@ -194,7 +197,7 @@ class _Decoder:
         self.leaves = 0
         self.max_bytes = max_bytes
         self.budget: Any = None  # the raw-size bound of compressed frames, made at the first one
-        self.compressed: list[int] | None = None  # [wire, raw] bytes of compressed frames, counted if given
+        self.compressed: list[Any] | None = None  # [wire, raw, seconds] of compressed frames, counted if given
 
     def node(self, node: Any, depth: int, path: str) -> Any:
         if depth > MAX_TREE_DEPTH:
@@ -256,14 +259,17 @@ class _Decoder:
         if self.budget is None:
             self.budget = Budget(self.max_bytes, used=sum(len(f) for f in self.frames))
         leaf = decode_leaf(np_dtype, tuple(shape), self.frames[index : index + count], node["z"], path, self.budget)
+        # decompressed here, on the io thread: a stream that lies fails as this producer's ProtocolError (its
+        # task re-issued, the producer rejected) instead of failing later in staging, where the batch is out
+        # of the reorder buffer and could not be re-issued. The time it takes is counted: "auto" keeps a codec
+        # only while the io thread decompresses faster than the link delivered without it.
+        began = time.perf_counter()
+        array = leaf.assemble_into(np.empty(leaf.nbytes, np.uint8))
         if self.compressed is not None:
             self.compressed[0] += leaf.wire_nbytes
             self.compressed[1] += leaf.raw_compressed
-        # decompressed here, on the io thread: a stream that lies fails as this producer's ProtocolError (its
-        # task re-issued, the producer rejected) instead of failing later in staging, where the batch is out
-        # of the reorder buffer and could not be re-issued. "auto" compresses only links slower than the
-        # decompress rate, so the io thread keeps up with the link.
-        return leaf.assemble_into(np.empty(leaf.nbytes, np.uint8))
+            self.compressed[2] += time.perf_counter() - began
+        return array
 
 
 _made_classes: dict[tuple[str, tuple[str, ...]], type] = {}

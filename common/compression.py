@@ -15,18 +15,15 @@ result must have exactly that size. It happens on the io thread, as the batch is
 (:meth:`CompressedLeaf.assemble_into`), so that a stream that lies costs its producer its place and its task is
 re-issued, like any other unusable batch.
 
-``"auto"`` (:func:`choose_codec`) turns compression on only when it delivers more raw bytes per second than the
-link alone: for each codec, ``min(link × ratio, compress rate × threads, decompress rate)`` against ``link``.
-It is off without measuring for loopback, ipc and inproc endpoints (:func:`is_local_endpoint`).
-
-The producer's side (the thread pool that compresses a batch's frames, the rates it measures, the link meter)
-is :mod:`ferry.producer.compressing`. The codec libraries are optional extras (``pip install 'ferry[lz4]'``, ``'ferry[zstd]'``); this module imports
-without them, and :func:`require` names the missing package.
+Which codec a batch uses is the consumer's to say, in each TASK; under ``"auto"`` it decides from what it
+sees (:mod:`ferry.consumer.core.compression`). The producer's side (the thread pool that compresses a batch's
+frames, the codec of each task) is :mod:`ferry.producer.compressing`. The codec libraries are optional
+extras (``pip install 'ferry[lz4]'``, ``'ferry[zstd]'``); this module imports without them, and
+:func:`require` names the missing package.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 from typing import Any, Sequence
 
@@ -37,19 +34,17 @@ from ferry.common.errors import ConfigError, ProtocolError
 __all__ = [
     "MODES", "CODECS", "SHRINK_RATIO", "available", "require", "check_mode", "codec",
     "shuffle", "unshuffle", "compress_frame", "decide_shuffle", "CompressedLeaf", "Budget", "decode_leaf",
-    "choose_codec", "is_local_endpoint", "CompressionUnavailable",
+    "CompressionUnavailable",
 ]
 
 #: What a user may ask for (``None`` is spelled "none" on the wire and on the command line).
 MODES = ("auto", "lz4", "zstd", "none")
-#: The codecs, in order of preference when both pay the same.
+#: The codecs, cheapest first.
 CODECS = ("lz4", "zstd")
 #: A compressed frame travels only if it is at most this fraction of its raw size.
 SHRINK_RATIO = 0.9
 #: The prefix of a leaf's first frame on which the shuffle is decided (both ways compressed). [Unit: byte]
 SHUFFLE_SAMPLE_BYTES = 64 << 10
-#: "auto" compresses only when the delivered rate beats the link alone by this factor (hysteresis for noise).
-AUTO_MARGIN = 1.1
 _PACKAGES = {"lz4": ("lz4", "ferry[lz4]"), "zstd": ("zstandard", "ferry[zstd]")}
 _ZSTD_LEVEL = 1
 
@@ -295,44 +290,3 @@ def _expand(buffer: Any, name: str | None, step: int, raw: int, out: np.ndarray,
         unshuffle(data, step, out)
     else:
         out[...] = np.frombuffer(data, dtype=np.uint8)
-
-
-# --- the "auto" rule ------------------------------------------------------------------------------
-def choose_codec(link_rate: float | None, rates: dict[str, tuple[float, float, float]], threads: int,
-                 margin: float = AUTO_MARGIN) -> str | None:
-    """The codec that delivers the most raw bytes per second over a link of ``link_rate`` wire bytes/s, or None
-    when none beats the link alone by ``margin``. A pure function.
-
-    For each codec, with its measured compress rate ``c`` per thread, ratio ``r`` and decompress rate ``d``:
-    delivered = ``min(link_rate × r, c × threads, d)``; uncompressed delivers ``link_rate``. Unknown link rate:
-    None (the link never backed up, so it is not what limits this producer).
-    """
-    if link_rate is None or link_rate <= 0:
-        return None
-    best, best_rate = None, link_rate * margin
-    for name in CODECS:
-        if name not in rates:
-            continue
-        compress, ratio, decompress = rates[name]
-        delivered = min(link_rate * ratio, compress * max(1, threads), decompress)
-        if delivered > best_rate:
-            best, best_rate = name, delivered
-    return best
-
-
-def is_local_endpoint(endpoint: str) -> bool:
-    """True for endpoints on this machine, where compression never pays: ipc, inproc, tcp to loopback."""
-    scheme, _, rest = endpoint.partition("://")
-    if scheme in ("ipc", "inproc"):
-        return True
-    if scheme != "tcp":
-        return False
-    host = rest.rsplit(":", 1)[0].strip("[]")
-    if ";" in host:  # tcp://source;dest: the destination counts
-        host = host.split(";", 1)[1]
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

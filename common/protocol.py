@@ -16,10 +16,11 @@ MAX_ANNOUNCED_SHARDS shards, ``shard_lens``: the samples of each shard, so that 
 the dataset).
 Optional: WELCOME ``frame_bytes`` (leaves up to that many bytes travel as one frame; without it, the
 producer splits leaves over FRAME_CHUNK_BYTES), HELLO ``shm`` (the token of the consumer's shared-memory
-slab the producer mapped) and TASK
-``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written; see :mod:`ferry.common.shm`). A
-sample error of a BATCH or FAIL may name its exception's classes (``exc_classes``, a list of
-``module:qualname``): names only, from which the consumer rebuilds the type (:mod:`ferry.common.remote_errors`).
+slab the producer mapped), TASK ``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written;
+see :mod:`ferry.common.shm`) and TASK ``compression`` (the codec of that task's batch frames, one of the
+WELCOME's ``codecs``; see :mod:`ferry.consumer.core.compression`). A sample error of a BATCH or FAIL may name
+its exception's classes (``exc_classes``, a list of ``module:qualname``): names only, from which the consumer
+rebuilds the type (:mod:`ferry.common.remote_errors`).
 """
 
 from __future__ import annotations
@@ -126,16 +127,15 @@ SCHEMAS: dict[str, dict[str, Check]] = {
 #: Optional fields, checked when present.
 OPTIONAL: dict[str, dict[str, Check]] = {
     HELLO: {"shm": _str},
-    # what the consumer asks producers to do with batch frames, and the codecs it can decompress
     # the largest array leaf the consumer wants as one frame; the producer clamps it (MIN/MAX_FRAME_BYTES)
     WELCOME: {"frame_bytes": lambda v: _uint(v) and v > 0,
               "max_batch_bytes": lambda v: _uint(v) and v > 0,  # the largest batch it accepts: a bigger one FAILs
-              "compression": lambda v: v in ("auto", "lz4", "zstd", "none"),
+              # the codecs the consumer can decompress: a producer's --compression never sends another
               "codecs": lambda v: isinstance(v, list) and len(v) <= 8 and all(_str(c) for c in v)},
     TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0,
            "seed": _uint,  # the loader's seed, from which each sample's sample_info().seed is derived
-           # seconds the consumer's training loop has waited for batches so far ("auto" compression's trials)
-           "waited": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e12,
+           # the codec for this task's batch frames (absent: none); the consumer decides, "auto" included
+           "compression": lambda v: v in ("lz4", "zstd"),
            # a sharded dataset's task: [batch k, batch_size, drop_last, shuffle] of the shard indices[0] names
            "shard": lambda v: isinstance(v, list) and len(v) == 4 and all(_uint(x) for x in v) and v[1] > 0},
     # a sharded dataset's answer: its sample count (0: the shard has no such batch) and whether it is the last

@@ -68,8 +68,7 @@ class Job:
     seed: int = 0  # the loader's seed: sample_info().seed derives from (seed, epoch, index)
     shard: Any = None  # a sharded dataset's task: [k, batch_size, drop_last] of shard indices[0] (producer/shards.py)
     frame_bytes: int = FRAME_CHUNK_BYTES  # array leaves up to this travel as one frame (the consumer's WELCOME)
-    compress: str | None = None  # the codec of this batch's frames (producer/compressing.py), None: raw
-    probe: tuple[str, ...] = ()  # codecs to measure on this batch's data, for "auto"
+    compress: str | None = None  # the codec of this batch's frames (its TASK's; producer/compressing.py), None: raw
     max_batch_bytes: int | None = None  # the consumer's bound (its WELCOME): a larger batch is answered by a FAIL
 
 
@@ -82,7 +81,6 @@ class Outcome:
     failed: bool = False
     buffer: Any = None  # a pooled batch buffer to give back once ZeroMQ has sent it
     buffer_frames: int = 0  # how many frames after the header are views of `buffer`
-    raw_bytes: int = 0  # its frames' bytes before compression (what the link delivers of the batch)
 
 
 class Batcher:
@@ -317,7 +315,6 @@ class Batcher:
         ``untracked`` are views of ``pooled``. Should any step raise, ``pooled`` goes back to the pool first."""
         try:
             spec, frames = encode_tree(tree, chunk_bytes=job.frame_bytes, slot=job.slot)
-            raw = sum(len(f) for f in frames)
             spec, frames, pooled, views = self._compress(job, spec, frames, pooled, len(frames) - untracked)
             header = protocol.pack(protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq,
                                    tree=spec, errors=errors)
@@ -325,10 +322,10 @@ class Batcher:
             if pooled is not None:
                 self.pool.release(pooled)
             raise
-        return Outcome(job, [header, *frames], buffer=pooled, buffer_frames=views, raw_bytes=raw)
+        return Outcome(job, [header, *frames], buffer=pooled, buffer_frames=views)
 
     def _compress(self, job: Job, spec: Any, frames: list[Any], pooled: Any, views: int) -> tuple[Any, list[Any], Any, int]:
-        """Probe and compress the batch's frames as the job says (common/compression.py). The first ``views``
+        """Compress the batch's frames as the job says (common/compression.py). The first ``views``
         frames are views of ``pooled``: once every one of them is replaced by compressed bytes, the buffer is
         back in the pool at once (nothing sent reads it); else it stays tracked. Slot leaves have no frames.
 
@@ -340,13 +337,7 @@ class Batcher:
         if job.max_batch_bytes is not None and size > job.max_batch_bytes:  # the caller gives ``pooled`` back
             raise BatchTooLarge(f"a batch of {size} bytes ({len(job.indices)} samples) exceeds the consumer's "
                                 f"max_batch_bytes={job.max_batch_bytes}: raise max_batch_bytes or lower batch_size")
-        if self._compressor is None or not frames:
-            return spec, frames, pooled, views
-        if job.probe:
-            from ferry.producer.compressing import frame_itemsizes
-
-            self._compressor.probe(frames, frame_itemsizes(spec), job.probe)
-        if job.compress is None:
+        if self._compressor is None or not frames or job.compress is None:
             return spec, frames, pooled, views
         result = self._compressor.apply(job.compress, spec, frames)
         if pooled is not None and all(i in result.compressed for i in range(views) if len(frames[i])):

@@ -132,9 +132,9 @@ class ProducerConfig:
     collate: Any = option(s.COLLATE)
     collate_args: dict[str, Any] = option(s.COLLATE_ARGS)
     compression: str | None = option(Setting(
-        s.Compression(), "compress batch frames: auto, lz4, zstd or none overrides what each consumer asks for "
-        "(RemoteLoader's compression=, by default auto: only when the measured link is slower than compressing); "
-        "lz4 needs ferry[lz4], zstd ferry[zstd]. By default (None) the consumer decides (see producer/compressing.py).",
+        s.Compression(), "compress batch frames: lz4, zstd or none overrides the codec each consumer's tasks ask "
+        "for (RemoteLoader's compression=, by default auto: the consumer decides); auto, like the default (None), "
+        "follows the consumer; lz4 needs ferry[lz4], zstd ferry[zstd] (see producer/compressing.py).",
         None, optional=True, flag="--compression"))
     stderr_path: str | None = option(Setting(
         s.Path(), "a FIFO that ferry.producer.serve makes this process's stderr (fd 2) before it does anything else "

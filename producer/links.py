@@ -18,7 +18,7 @@ from ferry.common.constants import (
 )
 from ferry.common.errors import ConfigError
 
-from ferry.producer.compressing import LinkCompression
+from ferry.producer.compressing import LinkCodec
 from ferry.producer.connection import Connection
 
 __all__ = ["Link", "announced_frame_bytes"]
@@ -31,7 +31,7 @@ class Link:
     key: int
     endpoint: str
     conn: Connection
-    compression: LinkCompression  # the codec of this connection, and its link measurements
+    compression: LinkCodec  # the codec of each task's batch on this connection
     ctx: zmq.Context
     poller: zmq.Poller
     curve: Any = None  # the producer's CurveClient, or None

@@ -37,7 +37,7 @@ from ferry.common.waker import Waker
 
 from ferry.producer.batcher import Batcher, Job, Outcome
 from ferry.producer.buffers import tracked
-from ferry.producer.compressing import FrameCompressor, LinkCompression
+from ferry.producer.compressing import FrameCompressor, LinkCodec
 from ferry.producer.config import ProducerConfig
 from ferry.producer.connection import (
     EXIT_OK, Action, CheckAddress, Connection, FailTask, Log, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
@@ -166,7 +166,7 @@ class Producer:
             elif isinstance(action, SendPing):
                 self._send(link, [protocol.pack(protocol.PING, load={
                     "pending": action.pending, "sent": self.batches_sent,
-                    "compression": link.compression.codec or "off"})])
+                    "compression": link.compression.last or "off"})])
             elif isinstance(action, RunTask):
                 self._run_task(link, action.header)
             elif isinstance(action, FailTask):
@@ -190,11 +190,11 @@ class Producer:
             except ValueError as exc:
                 raise ProtocolError(str(exc)) from None
         link.conn.task_started()
-        codec, probe = link.compression.task(header.get("waited"), header["epoch"])
         self._batcher.submit(
             Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
-                header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"), compress=codec,
-                probe=probe, frame_bytes=link.frame_bytes, max_batch_bytes=link.max_batch_bytes)
+                header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"),
+                compress=link.compression.task(header), frame_bytes=link.frame_bytes,
+                max_batch_bytes=link.max_batch_bytes)
         )
 
     # --- sockets ------------------------------------------------------------------------------------
@@ -203,7 +203,7 @@ class Producer:
         conn = Connection(endpoint, now=time.monotonic(), heartbeat=cfg.heartbeat, liveness=cfg.liveness,
                           unreachable_warning_s=cfg.unreachable_warning_s, dataset_len=self.dataset_len)
         link = Link(key=next(self._keys), endpoint=endpoint, conn=conn, ctx=self._ctx, poller=self._poller,
-                    compression=LinkCompression(endpoint, cfg.compression, self._compressor, slots=cfg.slots),
+                    compression=LinkCodec(endpoint, cfg.compression),
                     curve=cfg.curve)
         link.open()
         return link
@@ -241,8 +241,6 @@ class Producer:
         for link in self._links.values():
             link.close(linger=PRODUCER_BYE_LINGER_MS if link.said_bye else 0)  # let a BYE leave, bounded
         self._batcher.close()
-        for link in self._links.values():
-            link.compression.close()
         self._compressor.close()
         self._resolver.close()  # ends after the lookup in progress, if any (not waited for)
         self._ctx.term()
@@ -258,7 +256,7 @@ class Producer:
             try:
                 header = protocol.parse_header(frames[0])
                 actions = link.conn.receive(header, len(frames), time.monotonic())
-                if header["type"] == protocol.WELCOME:  # accepted: the consumer's compression wish, frame bound
+                if header["type"] == protocol.WELCOME:  # accepted: the codecs the consumer has, its frame bound
                     link.compression.welcome(header)
                     link.frame_bytes = announced_frame_bytes(header)
                     link.max_batch_bytes = header.get("max_batch_bytes")
@@ -281,21 +279,15 @@ class Producer:
                 continue  # the session it belonged to is gone
             link.conn.task_finished()
             frames, tracker = outcome.frames, None
-            meter = link.compression.meter if not outcome.failed else None
-            count = len(frames) - 1 if meter is not None else outcome.buffer_frames if outcome.buffer is not None else 0
-            if count:  # the pooled buffer's views, or every frame of a link whose drain rate is measured
+            count = outcome.buffer_frames if outcome.buffer is not None else 0
+            if count:  # the pooled buffer's views: it goes back to the pool once ZeroMQ has sent them
                 frames, tracker = tracked(frames, count)
-            sent_at = time.perf_counter()
             sent = self._send(link, frames)
             del frames
             self._release(outcome, tracker if sent else None)
             if sent and not outcome.failed:
-                wire = sum(len(f) for f in outcome.frames[1:])
-                if meter is not None and tracker is not None:
-                    meter.sent(tracker, wire, sent_at)
-                    link.compression.delivered.sent(outcome.raw_bytes)
                 self.batches_sent += 1
-                self.bytes_sent += wire
+                self.bytes_sent += sum(len(f) for f in outcome.frames[1:])
                 if outcome.job.slot is not None and outcome.job.slot.used:
                     self.shared_batches += 1
                     self.bytes_sent += outcome.job.slot.used

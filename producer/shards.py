@@ -110,12 +110,11 @@ class ShardRunner:
             return _outcome(job, [header])
         tree = self._collate(samples)
         spec, frames = encode_tree(tree, chunk_bytes=job.frame_bytes, slot=job.slot)
-        raw = sum(len(f) for f in frames)
         if self._compress is not None:
             spec, frames = self._compress(job, spec, frames)
         header = protocol.pack(protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq,
                                tree=spec, errors=[], count=len(samples), last=last)
-        return _outcome(job, [header, *frames], raw)
+        return _outcome(job, [header, *frames])
 
     def _read(self, shard: int, k: int, batch_size: int, job: Any) -> list[Any]:
         start = k * batch_size
@@ -198,7 +197,7 @@ def _close(cursor: _Cursor | None) -> None:
         close()
 
 
-def _outcome(job: Any, frames: list[Any], raw_bytes: int = 0) -> Any:
+def _outcome(job: Any, frames: list[Any]) -> Any:
     from ferry.producer.batcher import Outcome
 
-    return Outcome(job, frames, raw_bytes=raw_bytes)
+    return Outcome(job, frames)

@@ -130,9 +130,10 @@ def make_network(hosts: list[str]) -> Network:
 
 class ShapedLink:
     """One namespace ``ns`` joined to the root namespace by a veth pair, its egress shaped by ``tc tbf``: a
-    slow link between a producer in ``ns`` (at ``addr_far``) and a consumer here (at ``addr_here``)."""
+    slow link between a producer in ``ns`` (at ``addr_far``) and a consumer here (at ``addr_here``). With
+    ``rate=None`` the pair is not shaped: a link as fast as the machine moves bytes between namespaces."""
 
-    def __init__(self, tag: str, rate: str = "200mbit", burst: str = "256kb", latency: str = "50ms") -> None:
+    def __init__(self, tag: str, rate: str | None = "200mbit", burst: str = "256kb", latency: str = "50ms") -> None:
         n = os.getpid() % 200 + 20
         self.ns = f"ferry-{tag}-{os.getpid()}"
         self.dev_here, self.dev_far = f"sh{n}{tag[:4]}", f"sf{n}{tag[:4]}"
@@ -149,7 +150,8 @@ class ShapedLink:
             _ip("link", "set", self.dev_here, "up")
             _ip("-n", self.ns, "addr", "add", f"{self.addr_far}/24", "dev", self.dev_far)
             _ip("-n", self.ns, "link", "set", self.dev_far, "up")
-            for where, dev in ((None, self.dev_here), (self.ns, self.dev_far)):  # both directions
+            shaped = ((None, self.dev_here), (self.ns, self.dev_far)) if rate else ()  # both directions
+            for where, dev in shaped:
                 prefix = ["ip", "netns", "exec", where] if where else []
                 subprocess.run([*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burst,
                                 "latency", latency], check=True, capture_output=True, timeout=10)

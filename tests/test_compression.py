@@ -1,10 +1,10 @@
-"""Compression for slow links (issue 12, part 3): the frame codec, its validation, the "auto" rule, and real
-producers compressing for a RemoteLoader (loopback, ipc, and a tbf-shaped veth link)."""
+"""Compression for slow links (issue 12, part 3; issue 17, part 4): the frame codec, its validation, a
+producer's codec per task, and real producers compressing for a RemoteLoader (loopback, ipc, and a tbf-shaped
+veth link where the consumer's "auto" turns compression on). The decision itself: test_auto_compression.py."""
 
 from __future__ import annotations
 
 import sys
-import time
 import tracemalloc
 
 import numpy as np
@@ -177,34 +177,6 @@ def test_a_bomb_is_refused_without_allocating(name):
                         max_bytes=LIMIT)
 
 
-# --- units: the "auto" rule -------------------------------------------------------------------------
-MB = 1e6
-
-
-@pytest.mark.parametrize("link, rates, threads, expected", [
-    (None, {"lz4": (500 * MB, 2.0, 2000 * MB)}, 4, None),  # never backed up: the link is not the limit
-    (2000 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)}, 2, None),  # fast link: compressing is slower
-    (100 * MB, {"lz4": (500 * MB, 1.02, 2000 * MB)}, 4, None),  # incompressible: no gain
-    (100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)}, 4, "lz4"),
-    (100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB), "zstd": (300 * MB, 2.7, 800 * MB)}, 4, "zstd"),  # slow: ratio
-    (800 * MB, {"lz4": (500 * MB, 1.9, 2000 * MB), "zstd": (300 * MB, 2.7, 800 * MB)}, 4, "lz4"),  # 10G-ish
-    (100 * MB, {"lz4": (500 * MB, 2.0, 150 * MB)}, 4, "lz4"),  # decompress-bound, still 1.5x
-    (100 * MB, {"lz4": (500 * MB, 2.0, 105 * MB)}, 4, None),  # decompress-bound under the margin
-    (100 * MB, {"lz4": (30 * MB, 3.0, 2000 * MB)}, 2, None),  # too few producer threads
-])
-def test_choose_codec(link, rates, threads, expected):
-    assert comp.choose_codec(link, rates, threads) == expected
-
-
-@pytest.mark.parametrize("endpoint, local", [
-    ("tcp://127.0.0.1:5555", True), ("tcp://127.8.9.10:5555", True), ("tcp://[::1]:5555", True),
-    ("tcp://localhost:5555", True), ("ipc:///tmp/x.sock", True), ("inproc://x", True),
-    ("tcp://10.0.0.2:5555", False), ("tcp://trainer:5555", False), ("tcp://[2001:db8::1]:5555", False),
-])
-def test_local_endpoints_are_known_without_measuring(endpoint, local):
-    assert comp.is_local_endpoint(endpoint) is local
-
-
 # --- units: options ---------------------------------------------------------------------------------
 def test_compression_option_is_checked():
     with pytest.raises(ConfigError, match="'auto', 'lz4', 'zstd' or None"):
@@ -286,20 +258,25 @@ def test_local_producers_over_the_socket_compress_when_asked():
 
 
 @pytest.mark.netns
-def test_auto_turns_on_over_a_slow_link(spawn):
+def test_auto_turns_on_over_a_slow_link(spawn, caplog):
+    """The consumer tries lz4 once its loop has waited for uncompressed batches long enough to know their rate,
+    and keeps it: over 200 Mbit/s the tiles arrive about twice as fast. Batches stay bit-identical throughout."""
     link = make_shaped_link("zip", rate="200mbit")
     try:
         endpoint = f"tcp://{link.addr_here}:{free_port()}"
-        length = 160
+        length = 240  # batches of 2 MiB: 30 an epoch, 80 ms each uncompressed
         spawn(endpoint, "tests.compression_datasets:Tiles", {"length": length}, slots=4, netns=link.ns)
         with RemoteLoader(endpoint=endpoint, batch_size=8, compression="auto", heartbeat=0.2, log_every=None,
                           buffer_batches=8, timeout=60) as loader:
-            batches = run_epoch(loader)
+            epochs = [run_epoch(loader) for _ in range(2)]
             stats = loader.stats()
     finally:
         link.close()
-    assert_tree_equal(batches, expected_batches(length))
-    assert stats["compressed_bytes"] > 0, "auto never turned compression on over a 200 Mbit/s link"
+    for batches in epochs:
+        assert_tree_equal(batches, expected_batches(length))
+    assert "compression: trying lz4 on the remote links" in caplog.text
+    assert "compression: lz4 kept" in caplog.text, caplog.text[-3000:]
+    assert stats["compressed_bytes"] > 0
     assert stats["uncompressed_bytes"] > 1.5 * stats["compressed_bytes"]
 
 
@@ -332,48 +309,34 @@ def test_auto_without_any_codec_library_stays_off(monkeypatch, caplog):
     assert "stays off" in caplog.text
 
 
-# --- units: a producer's codec per link ---------------------------------------------------------------
-def link_compression(endpoint, override=None):
-    from ferry.producer.compressing import LinkCompression
+# --- units: a producer's codec per task ----------------------------------------------------------------
+def task(compression=None):
+    header = dict(session=1, task=1, epoch=0, seq=0, indices=[0], on_error="raise")
+    return {**header, "compression": compression} if compression else header
 
-    return LinkCompression(endpoint, override, FrameCompressor(1))
 
+def test_a_link_uses_the_codec_each_task_names_unless_overridden(caplog):
+    from ferry.producer.compressing import LinkCodec
 
-def test_a_link_follows_the_welcome_unless_overridden():
-    link = link_compression("tcp://10.0.0.2:5555")
-    try:
-        assert link.task() == (None, ())  # before WELCOME: nothing
-        link.welcome({"compression": "zstd", "codecs": ["lz4", "zstd"]})
-        assert link.task() == ("zstd", ())
-        link.welcome({})  # an older consumer: off
-        assert link.task() == (None, ())
-        link.welcome({"compression": "auto", "codecs": ["lz4"]})
-        codec, probe = link.task()
-        assert codec is None and probe == ("lz4",)  # auto starts off, and measures only what the consumer has
-        assert link.meter is not None
-        link.codec = "lz4"  # as if "auto" had decided
-        link.welcome({"compression": "auto", "codecs": ["lz4"]})  # a repeated WELCOME changes nothing
-        assert link.task()[0] == "lz4"
-    finally:
-        link.close()
-    assert link.meter is None
-    overridden = link_compression("tcp://10.0.0.2:5555", override="none")
-    overridden.welcome({"compression": "lz4", "codecs": ["lz4", "zstd"]})
-    assert overridden.task() == (None, ())
+    link = LinkCodec("tcp://10.0.0.2:5555", None)
+    assert link.task(task("lz4")) is None  # before WELCOME: the consumer can decompress nothing we know of
+    link.welcome({"codecs": ["lz4", "zstd"]})
+    assert [link.task(task(c)) for c in ("zstd", None, "lz4")] == ["zstd", None, "lz4"] and link.last == "lz4"
+    assert LinkCodec("tcp://10.0.0.2:5555", "auto").override is None  # --compression auto follows the tasks
+    overridden = LinkCodec("tcp://10.0.0.2:5555", "none")
+    overridden.welcome({"codecs": ["lz4", "zstd"]})
+    assert overridden.task(task("lz4")) is None
+    forced = LinkCodec("tcp://10.0.0.2:5555", "zstd")
+    forced.welcome({"codecs": ["lz4", "zstd"]})
+    assert forced.task(task()) == "zstd" and forced.task(task("lz4")) == "zstd"
     # a codec the consumer cannot decompress is never sent, whoever asked: it would get the producer rejected
-    forced = link_compression("tcp://10.0.0.2:5555", override="zstd")
-    forced.welcome({"compression": "lz4", "codecs": ["lz4"]})
-    assert forced.task() == (None, ())
-    forced.welcome({"compression": "none"})  # an older consumer: it has no codec
-    assert forced.task() == (None, ())
+    with caplog.at_level("WARNING", logger="ferry.producer"):
+        forced.welcome({"codecs": ["lz4"]})
+        assert forced.task(task()) is None and forced.task(task()) is None
+    assert caplog.text.count("cannot decompress it (it has lz4)") == 1  # said once
+    forced.welcome({})  # a WELCOME that lists no codec: nothing can be decompressed
+    assert forced.task(task()) is None
 
-
-def test_auto_on_a_local_endpoint_never_measures():
-    for endpoint in ("tcp://127.0.0.1:5555", "ipc:///tmp/x.sock"):
-        link = link_compression(endpoint)
-        link.welcome({"compression": "auto", "codecs": ["lz4", "zstd"]})
-        assert link.meter is None
-        assert [link.task() for _ in range(40)] == [(None, ())] * 40
 
 
 def test_compression_from_the_environment():
@@ -421,7 +384,6 @@ def test_a_producer_sending_bad_compressed_frames_is_rejected_and_its_task_reiss
                           log_every=None) as loader:
             sock.send(hello("hand", slots=1, length=16, fingerprint="tests.compression_datasets.Tiles:16"))
             welcome, _ = next_message(sock, protocol.WELCOME)
-            assert welcome["type"] == protocol.WELCOME and welcome["compression"] == "auto"
             assert set(welcome["codecs"]) == {"lz4", "zstd"}
             it = iter(loader)
             task, _ = next_message(sock, protocol.TASK)  # a PING may come first
@@ -462,208 +424,3 @@ def test_bfloat16_leaves_stay_marked_when_compressed():
     leaf = decode_tree(out.spec, out.frames, max_bytes=LIMIT)["x"]
     assert isinstance(leaf, Bfloat16Bits)
     assert torch.equal(torch.from_numpy(leaf).view(torch.bfloat16), tensor)
-
-
-# --- units: "auto" keeps a codec only if the link then delivers more ---------------------------------
-class _Meter:
-    def __init__(self, rate):
-        self.value = rate
-
-    def rate(self):
-        return self.value
-
-    def close(self):
-        pass
-
-
-def auto_link(link_rate, rates):
-    """A remote link under "auto" whose measured link rate and codec rates are given, on a clock the test moves."""
-    clock = [0.0]
-    link = link_compression("tcp://10.0.0.2:5555")
-    link.clock = lambda: clock[0]
-    link.welcome({"compression": "auto", "codecs": ["lz4", "zstd"]})
-    link.meter.close()
-    link.meter = _Meter(link_rate)
-    link.compressor.rates.snapshot = lambda: rates
-    return link, clock
-
-
-@pytest.fixture
-def auto_lz4():
-    """A remote link under "auto" whose rule picks lz4 (a 100 MB/s link, lz4 2x at 500 MB/s), on a test clock."""
-    link, clock = auto_link(100 * MB, {"lz4": (500 * MB, 2.0, 2000 * MB)})
-    yield link, clock
-    link.close()
-
-
-def drive(link, clock, tasks, gap, raw_bytes=1_000_000, waiting=1.0):
-    """``tasks`` tasks arriving ``gap`` seconds apart, each answered with a batch of ``raw_bytes``, while the
-    consumer's loop waits ``waiting`` of the time (1: starved, 0: busy or paused; None: an older consumer that
-    does not say). Returns the codecs used."""
-    used = []
-    for _ in range(tasks):
-        clock[0] += gap
-        if waiting is not None:
-            link.waited = getattr(link, "waited", 0.0) + waiting * gap
-        used.append(link.task(None if waiting is None else link.waited)[0])
-        link.delivered.sent(raw_bytes)
-    return used
-
-
-def test_auto_tries_a_codec_and_keeps_it_when_the_link_delivers_more(auto_lz4, caplog):
-    link, clock = auto_lz4
-    used = drive(link, clock, 13, gap=0.01)  # 100 MB/s uncompressed: the rule picks lz4 at task 12
-    assert used == [None] * 12 + ["lz4"]
-    with caplog.at_level("INFO", logger="ferry.producer"):
-        used = drive(link, clock, 40, gap=0.005)  # twice the raw bytes per second with it: judged, and kept
-    assert used == ["lz4"] * 40 and link.codec == "lz4"
-    assert link._trial is None and "lz4 kept" in caplog.text
-
-
-def test_a_new_welcome_during_a_trial_starts_auto_over(auto_lz4):
-    link, clock = auto_lz4
-    assert drive(link, clock, 13, gap=0.01)[-1] == "lz4"  # a trial of lz4 under way
-    link.welcome({"compression": "auto", "codecs": ["lz4"]})  # another consumer on the same endpoint
-    assert link.codec is None and link._trial is None
-    used = drive(link, clock, 13, gap=0.01)  # measured afresh: tried again at its task 12
-    assert used == [None] * 12 + ["lz4"]
-    drive(link, clock, 20, gap=0.005)
-    assert link._trial is None and link.codec == "lz4"  # and judged, not stuck
-
-
-def test_auto_goes_back_when_a_codec_does_not_pay_and_holds_before_trying_again(auto_lz4, caplog):
-    # the case measured over a veth pair: the receiver, not the wire, was the bound
-    link, clock = auto_lz4
-    assert drive(link, clock, 13, gap=0.01)[-1] == "lz4"
-    with caplog.at_level("INFO", logger="ferry.producer"):
-        used = drive(link, clock, 20, gap=0.02)  # half the raw bytes per second with it
-    assert used[:-1] == ["lz4"] * 19 and used[-1] is None and "back to off" in caplog.text
-    # held for 64 tasks, although the rule would pick lz4 again at every evaluation
-    assert drive(link, clock, 64, gap=0.01) == [None] * 64
-    assert drive(link, clock, 16, gap=0.01)[-1] == "lz4"  # tried again once the hold is over
-    assert drive(link, clock, 16, gap=0.02)[-1] is None  # and judged again
-    assert drive(link, clock, 128, gap=0.01) == [None] * 128  # the hold doubled
-
-
-def test_auto_waits_for_a_baseline_before_trying_a_codec(auto_lz4):
-    link, clock = auto_lz4
-    # every task at the same instant: no rate without compression yet, so nothing to compare a trial with
-    assert drive(link, clock, 16, gap=0.0) == [None] * 16 and link.codec is None
-
-
-def test_a_pause_of_the_loop_during_a_trial_is_not_taken_for_the_links_pace(auto_lz4):
-    link, clock = auto_lz4
-    assert drive(link, clock, 13, gap=0.02)[-1] == "lz4"  # 50 MB/s without
-    drive(link, clock, 10, gap=0.01)  # 100 MB/s with it...
-    drive(link, clock, 1, gap=2.0, waiting=0.0)  # ...then 2 s of an evaluation: the loop asked for nothing
-    used = drive(link, clock, 20, gap=0.01)
-    assert used == ["lz4"] * 20 and link.codec == "lz4" and link._trial is None
-
-
-def test_auto_tries_nothing_while_the_loop_is_not_waiting_for_data(auto_lz4):
-    link, clock = auto_lz4
-    # the rule would pick lz4, but the loop never waits: the loader is not what bounds it
-    assert drive(link, clock, 64, gap=0.01, waiting=0.1) == [None] * 64
-
-
-def test_a_trial_during_which_the_loop_stops_waiting_keeps_the_rules_choice(auto_lz4, caplog):
-    link, clock = auto_lz4
-    assert drive(link, clock, 13, gap=0.01)[-1] == "lz4"
-    with caplog.at_level("INFO", logger="ferry.producer"):
-        used = drive(link, clock, 70, gap=0.01, waiting=0.0)  # then the loop is busy the whole trial
-    assert used == ["lz4"] * 70 and link.codec == "lz4" and link._trial is None
-    assert "seldom waited" in caplog.text  # ended at its first decision after 64 tasks, not left open
-
-
-def test_with_a_consumer_that_does_not_say_how_long_its_loop_waits_the_rule_alone_decides(auto_lz4):
-    link, clock = auto_lz4
-    assert drive(link, clock, 5, gap=0.01, waiting=None) == [None] * 4 + ["lz4"]  # at task 4, no trial
-    assert drive(link, clock, 40, gap=0.05, waiting=None) == ["lz4"] * 40 and link._trial is None
-
-
-# --- the consumer's side: how long its loop has waited, in every TASK -------------------------------
-def test_tasks_say_how_long_the_loop_has_waited_for_batches(endpoint):
-    import threading
-
-    import zmq
-
-    from ferry.common import protocol
-    from tests.helpers import dealer, hello, wait_for
-
-    ctx = zmq.Context()
-    sock = dealer(ctx, endpoint)
-    tasks, failures = [], []
-
-    def next_task(timeout=30.0):
-        def arrived():
-            while sock.poll(0):
-                header = protocol.parse_header(sock.recv_multipart()[0])
-                if header["type"] == protocol.TASK:
-                    tasks.append(header)
-                    return True
-            return False
-        wait_for(arrived, timeout, "a TASK")
-        return tasks[-1]
-
-    def fail(task):  # the hand-made producer answers: the sample failed (skipped under on_error="skip")
-        sock.send(protocol.pack(protocol.FAIL, session=task["session"], task=task["task"], epoch=task["epoch"],
-                                seq=task["seq"], errors=[{"index": task["indices"][0], "exc_type": "E",
-                                                          "message": "m", "traceback": ""}]))
-
-    def loop(loader):
-        try:
-            list(loader)
-        except BaseException as exc:  # noqa: BLE001 - checked below
-            failures.append(exc)
-
-    try:
-        with RemoteLoader(endpoint=endpoint, batch_size=1, on_error="skip", heartbeat=0.2, timeout=30,
-                          log_every=None) as loader:
-            sock.send(hello("hand", slots=1, length=3, fingerprint="f"))
-            thread = threading.Thread(target=loop, args=(loader,), daemon=True)
-            thread.start()  # waits for batches the hand-made producer is slow to send
-            first = next_task()
-            time.sleep(0.3)  # not a wait for a condition: the time the loop is kept waiting for this batch
-            fail(first)
-            second = next_task()
-            fail(second)
-            fail(next_task())
-            thread.join(30)
-            assert not thread.is_alive() and not failures, failures
-    finally:
-        sock.close(0)
-        ctx.term()
-    assert isinstance(first["waited"], float) and first["waited"] >= 0
-    assert second["waited"] - first["waited"] >= 0.2, (first["waited"], second["waited"])
-
-
-def test_a_tasks_waited_figure_is_checked():
-    from ferry.common import protocol
-    from ferry.common.errors import ProtocolError
-
-    base = dict(session=1, task=1, epoch=0, seq=0, indices=[0], on_error="raise")
-    assert protocol.parse_header(protocol.pack(protocol.TASK, waited=1.5, **base))["waited"] == 1.5
-    for bad in (-1.0, float("nan"), float("inf"), True, "1"):
-        with pytest.raises(ProtocolError, match="waited"):
-            protocol.parse_header(protocol.pack(protocol.TASK, waited=bad, **base))
-
-
-def test_the_burst_of_credits_that_starts_an_epoch_is_not_taken_for_the_pace():
-    from ferry.producer.linkpace import Delivered
-
-    delivered = Delivered(burst=4)
-    t = waited = 0.0
-    for _ in range(12):  # epoch 0: a task every 10 ms, the loop starved: 100 MB/s of 1 MB batches
-        t += 0.01
-        waited += 0.01
-        delivered.arrived(None, t, waited, epoch=0)
-        delivered.sent(1_000_000)
-    steady = delivered.rate(None)
-    for _ in range(4):  # epoch 1 starts: four credits at once, the loop waiting
-        delivered.arrived(None, t, waited, epoch=1)
-    for _ in range(4):
-        t += 0.01
-        waited += 0.01
-        delivered.arrived(None, t, waited, epoch=1)
-    assert steady == pytest.approx(100e6, rel=0.01)
-    assert delivered.rate(None) == pytest.approx(steady, rel=0.01)

@@ -274,9 +274,6 @@ def test_general_path_buffers_are_reused_only_after_libzmq_is_done_with_them(end
 class _FailingCompressor:
     """A compressor whose every batch fails, as a codec error or a MemoryError would."""
 
-    def probe(self, *args):
-        pass
-
     def apply(self, *args):
         raise RuntimeError("compression failed")
 

@@ -85,7 +85,7 @@ def test_producers_that_keep_rejoining_without_delivering_hit_the_no_progress_ti
     # must end it first.
     spawn(endpoint, "tests.datasets:PairDataset", {"length": 20, "delay": 30}, threads=1, slots=1)
     with RemoteLoader(endpoint=endpoint, batch_size=2, heartbeat=0.2, task_timeout=0.5, max_attempts=30,
-                      timeout=4) as loader:
+                      no_producer_timeout=4) as loader:
         wait_for(lambda: loader.stats()["producers"] == 1, 20, "the producer")
         began = time.monotonic()
         with pytest.raises(NoProducersError, match="kept joining and leaving") as caught:

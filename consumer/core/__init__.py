@@ -11,6 +11,7 @@ them. The parts:
 * :mod:`.sequencers`, :mod:`.shards`: a run's order and reorder buffer, one strategy per kind of plan;
 * :mod:`.results`: what a BATCH or FAIL may hold;
 * :mod:`.slots`: which task holds which shared-memory slot;
+* :mod:`.compression`: which codec the remote links use under ``compression="auto"``;
 * :mod:`.delivery`, :mod:`.actions`: what leaves the core.
 
 No module here imports ``zmq``, ``threading``, ``socket`` or ``time`` (tests/test_core_purity.py).

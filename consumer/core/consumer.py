@@ -29,6 +29,7 @@ from ferry.common.errors import PoisonTaskError, ProtocolError, SampleIndexError
 
 from ferry.consumer.core.actions import Action, Deliver, Log, Send
 from ferry.consumer.core.admission import BadPeers, Loss, Peers
+from ferry.consumer.core.compression import TaskCodecs, is_local_address
 from ferry.consumer.core.delivery import Delivery
 from ferry.consumer.core.dispatcher import Attempt, Dispatcher, Poisoned, ProducerInfo, Task
 from ferry.consumer.core.results import BatchDecoder, check_fail, sample_error, skip_lines, unretryable
@@ -56,8 +57,8 @@ class CoreConfig:
     dataset_len: int | None = None
     fingerprint: str | None = None
     dataset_spec: str | None = None  # admit only producers announcing this spec
-    compression: str = "none"  # told to producers in WELCOME: auto, lz4, zstd or none
-    codecs: tuple[str, ...] = ()  # the codecs this consumer can decompress, told with it
+    compression: str = "none"  # auto, lz4, zstd or none: each TASK names the codec for its batch
+    codecs: tuple[str, ...] = ()  # the codecs this consumer can decompress (told in WELCOME)
     local_producers: int = 0  # started with this loader: one first task to each, the rest when all are live
 
 
@@ -78,12 +79,11 @@ class ConsumerCore:
         self.sharded = False  # an admitted producer serves a sharded dataset (HELLO dataset.sharded)
         self._bad_peers = BadPeers(self.peers.describe)
         self._decoder = BatchDecoder(config.max_batch_bytes)
+        # the codec each TASK names; under "auto", decided from what arrives (core/compression.py)
+        self.codecs = TaskCodecs(config.compression, config.codecs)
         self._epoch = 0
         self._out: list[Action] = []
-        # producer time in use: slot occupancy integrated over time (see _finish), for the demand gauge
-        self.busy_s = 0.0  # full-producer seconds: a producer with every slot holding a task counts 1 a second
-        self._busy_now = 0.0  # full producers in use since the last event
-        self._busy_at = now
+        self.dispatcher.occupancy(now)
 
     @property
     def sequencer(self) -> Sequencer | None:
@@ -99,6 +99,7 @@ class ConsumerCore:
         """The training loop began an iteration: forget the old run's tasks and items, issue ``sequencer``'s."""
         self._epoch = epoch
         self.dispatcher.start_run(sequencer)
+        self.codecs.clear()  # the old run's tasks are forgotten: their late results are duplicates
         self.peers.progressed(now)
         return self._finish(now)
 
@@ -108,17 +109,18 @@ class ConsumerCore:
             self.sequencer.release()
         return self._finish(now)
 
-    def received(self, frames: list[Any], now: float, keep: Any = None) -> list[Action]:
+    def received(self, frames: list[Any], now: float, keep: Any = None, address: str = "") -> list[Action]:
         """A message off the ROUTER: ``frames[0]`` the sender's routing id, ``frames[1]`` the header, then its
-        data frames (buffers). ``keep`` travels with a decoded batch (the frames its views need). An invalid
-        message is counted, logged once per peer, and dropped."""
+        data frames (buffers). ``keep`` travels with a decoded batch (the frames its views need); ``address``
+        is the sender's as ZeroMQ reports it (``Peer-Address``: an IP over tcp), which tells a local link
+        from a remote one. An invalid message is counted, logged once per peer, and dropped."""
         if len(frames) < 2:
             self.counters.invalid_messages += 1
             return self._finish(now)
         peer = bytes(frames[0])
         try:
             header = protocol.parse_header(frames[1])
-            self._handle(peer, header, frames[2:], now, keep)
+            self._handle(peer, header, frames[2:], now, keep, address)
         except VersionMismatch as exc:
             self._invalid(peer, str(exc), now)
             if exc.msg_type == protocol.HELLO:  # tell the producer why it will never be served
@@ -158,12 +160,13 @@ class ConsumerCore:
         self.dispatcher.start_run(None)
 
     # --- receiving ----------------------------------------------------------------------------------------
-    def _handle(self, peer: bytes, header: dict[str, Any], data: list[Any], now: float, keep: Any) -> None:
+    def _handle(self, peer: bytes, header: dict[str, Any], data: list[Any], now: float, keep: Any,
+                address: str) -> None:
         kind = header["type"]
         if kind == protocol.HELLO:
             if data:
                 raise ProtocolError(f"HELLO with {len(data)} extra frames")
-            self._hello(peer, header, now)
+            self._hello(peer, header, now, address)
             return
         info = self.dispatcher.producers.get(peer)
         if info is None:
@@ -200,7 +203,7 @@ class ConsumerCore:
         if kind != protocol.BYE and self._bad_peers.reject_due(peer, now, self.config.heartbeat):
             self._send(peer, protocol.REJECT, reason="unknown producer: say HELLO", permanent=False)
 
-    def _hello(self, peer: bytes, header: dict[str, Any], now: float) -> None:
+    def _hello(self, peer: bytes, header: dict[str, Any], now: float, address: str) -> None:
         admission = self.peers.admit(peer, header, now)
         if admission.reject is not None:
             self._out.append(Log(_WARNING, f"rejected producer {admission.name}: {admission.reject}"))
@@ -214,10 +217,12 @@ class ConsumerCore:
         if admission.joined is not None:
             self._out.append(Log(_INFO, f"producer {admission.name} joined ({admission.joined.slots} slots); "
                                         f"{admission.live} live"))
+        info = self.dispatcher.producers.get(peer)
+        if info is not None:  # admitted (perhaps reconnected from elsewhere): is its link local?
+            info.remote = not info.shared and not is_local_address(address)
         c = self.config
         self._send(peer, protocol.WELCOME, session=self.session, heartbeat=c.heartbeat, nonce=header["nonce"],
-                   compression=c.compression, codecs=list(c.codecs), frame_bytes=DEFAULT_FRAME_BYTES,
-                   max_batch_bytes=c.max_batch_bytes)
+                   codecs=list(c.codecs), frame_bytes=DEFAULT_FRAME_BYTES, max_batch_bytes=c.max_batch_bytes)
 
     def _claim(self, info: ProducerInfo, header: dict[str, Any], now: float) -> Task | None:
         """The task a BATCH or FAIL answers, or None (counted) for another session or a late duplicate."""
@@ -267,6 +272,9 @@ class ConsumerCore:
         c.bytes += batch.nbytes
         if header["errors"]:
             self._count_skips(header["errors"], info.name)
+        lines = self.codecs.arrived(task.task, batch.nbytes, sum(len(f) for f in data), batch.decode_s, now,
+                                    waited_so_far(self.counters, now))
+        self._out.extend(Log(_INFO, line) for line in lines)
         sequencer.put(Delivery(run=task.run, seq=task.seq, tree=batch.tree, nbytes=batch.nbytes, frames=keep))
 
     def _fail(self, info: ProducerInfo, header: dict[str, Any], data: list[Any], now: float) -> None:
@@ -274,6 +282,7 @@ class ConsumerCore:
         task = self._claim(info, header, now)
         if task is None:
             return
+        self.codecs.forget([task.task])
         sequencer = self.sequencer
         assert sequencer is not None
         self.slots.give_back(task.task)
@@ -302,6 +311,7 @@ class ConsumerCore:
     def _settle(self, losses: Iterable[Loss]) -> None:
         for loss in losses:
             self.slots.set_aside(loss.tasks, loss.pid)  # it may still be writing into their slots
+            self.codecs.forget(loss.tasks)
             self._out.append(Log(_WARNING, f"producer {loss.name} lost ({loss.why}); {loss.live} live"))
             self._poison(loss.poisoned)
 
@@ -318,18 +328,14 @@ class ConsumerCore:
 
     # --- issuing and handing on ---------------------------------------------------------------------------
     def _finish(self, now: float) -> list[Action]:
-        """Every event ends here: issue what credits allow, hand on what is ready; the actions, in order.
-
-        Producer occupancy changes only within events, so what it was since the last event is integrated here
-        first (``busy_s``: how many producers had every slot busy, over time), then taken anew."""
-        self.busy_s += max(0.0, now - self._busy_at) * self._busy_now
-        self._busy_at = now
+        """Every event ends here: issue what credits allow, hand on what is ready, account producer occupancy
+        (for the demand gauge); the actions, in order."""
         sequencer = self.sequencer
         if sequencer is not None:
             self._dispatch(sequencer, now)
             while (item := sequencer.take()) is not None:
                 self._out.append(Deliver(item))
-        self._busy_now = sum(min(len(p.in_flight), p.slots) / p.slots for p in self.dispatcher.producers.values())
+        self.dispatcher.occupancy(now)
         out, self._out = self._out, []
         return out
 
@@ -349,10 +355,13 @@ class ConsumerCore:
                 slot = self.slots.lend(task.task, info.identity)
                 if slot is not None:  # none free (the loop holds many batches): this one goes over the socket
                     extra["slot"] = list(slot)
+            codec = self.codecs.for_task(task.task, info.remote)
+            if codec != "none":
+                extra["compression"] = codec
             self._out.append(Send(task.peer, [protocol.pack(
                 protocol.TASK, session=self.session, task=task.task, epoch=self._epoch, seq=task.seq,
-                indices=indices, on_error=self.config.on_error, seed=self.config.seed,
-                waited=round(waited_so_far(self.counters, now), 4), **extra, **sequencer.task_fields(task.seq),
+                indices=indices, on_error=self.config.on_error, seed=self.config.seed, **extra,
+                **sequencer.task_fields(task.seq),
             )], task=task.task))
 
     def _send(self, peer: bytes, kind: str, **fields: Any) -> None:
@@ -369,7 +378,7 @@ class ConsumerCore:
             "in_flight": self.dispatcher.in_flight,
             "queued": self.dispatcher.queued,
             "reissued": self.dispatcher.reissued,
-            "busy_s": self.busy_s + max(0.0, now - self._busy_at) * self._busy_now,
+            "busy_s": self.dispatcher.busy_until(now),
             "per_producer": self.peers.figures(now),
             "shared_memory": None if self.slab is None else {
                 "slots": self.slab.slots, "free": self.slab.free, "lost": self.slots.lost},

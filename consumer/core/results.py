@@ -34,6 +34,7 @@ class Batch:
     shared: bool  # some of it came through shared memory
     compressed_bytes: int = 0  # wire bytes of its compressed frames
     uncompressed_bytes: int = 0  # what those frames hold once decompressed
+    decode_s: float = 0.0  # seconds the io thread took to decompress them (measured by decode_tree)
 
 
 class BatchDecoder:
@@ -54,7 +55,7 @@ class BatchDecoder:
         """
         if (header["epoch"], header["seq"]) != (epoch, seq):
             raise ProtocolError(f"BATCH for task {header['task']} names seq {header['seq']}, expected {seq}")
-        compressed = [0, 0]  # wire and raw bytes of compressed frames
+        compressed = [0, 0, 0.0]  # wire and raw bytes of compressed frames, seconds decompressing them
         tree = decode_tree(header["tree"], frames, max_bytes=self.max_batch_bytes, region=region,
                            compressed=compressed)
         self._check_structure(header["task"], tree, indices, header["errors"])

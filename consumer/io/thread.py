@@ -199,7 +199,8 @@ class IoThread:
             if frames is None:
                 return
             buffers = [frame.buffer for frame in frames]
-            self._event(lambda now: self._core.received(buffers, now, keep=frames))
+            address = peer_address(frames[-1])
+            self._event(lambda now: self._core.received(buffers, now, keep=frames, address=address))
 
     def _event(self, event: Callable[[float], list[Action]]) -> None:
         """Feed the core one event under the lock, then apply its actions outside it."""
@@ -227,3 +228,12 @@ class IoThread:
             known = self._core.peers.dataset_known
         if known:
             self._dataset_known.set()
+
+
+def peer_address(frame: zmq.Frame) -> str:
+    """Where a received message came from, as ZeroMQ reports it: the peer's IP over tcp, its credentials over
+    ipc, "" where the transport says nothing (inproc). The core tells local links from remote ones by it."""
+    try:
+        return frame.get("Peer-Address")
+    except zmq.ZMQError:
+        return ""
