@@ -119,6 +119,9 @@ MAX_PENDING_TASKS = 2 * MAX_SLOTS
 MAX_TASK_INDICES = 1 << 16
 #: Largest dataset length a HELLO may announce.
 MAX_DATASET_LEN = 1 << 48
+#: Most shard lengths a HELLO may announce (a sharded dataset with more announces none: its len(loader) is not
+#: known). 9 bytes each at most, well within MAX_HEADER_BYTES.
+MAX_ANNOUNCED_SHARDS = MAX_TASK_INDICES
 #: Longest free-text field (reasons, tracebacks) we keep from a peer.
 MAX_TEXT = 64 * 1024
 #: A sample error's ``exc_classes`` (its exception's class and bases, ``module:qualname``): at most this many

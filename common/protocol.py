@@ -10,7 +10,10 @@ reason. Callers count and drop; they never let it escape a loop.
 
 Fields (docs/ARCHITECTURE.md#messages): TASK carries ``task`` (a unique id of this issuance, so that a re-issued
 batch and its late twin are told apart without guessing) and ``on_error``; BATCH and FAIL echo ``task``;
-HELLO carries ``nonce``, which changes whenever the producer drops its state for this consumer.
+HELLO carries ``nonce``, which changes whenever the producer drops its state for this consumer, and ``dataset``
+(``spec``, ``len``, ``fingerprint``; for a sharded dataset ``sharded`` and, where it gives ``shard_len`` for at most
+MAX_ANNOUNCED_SHARDS shards, ``shard_lens``: the samples of each shard, so that ``len(loader)`` is known without
+the dataset).
 Optional: WELCOME ``frame_bytes`` (leaves up to that many bytes travel as one frame; without it, the
 producer splits leaves over FRAME_CHUNK_BYTES), HELLO ``shm`` (the token of the consumer's shared-memory
 slab the producer mapped), TASK ``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written;
@@ -26,8 +29,8 @@ from typing import Any, Callable
 
 import msgpack
 
-from ferry.common.constants import (MAX_CLASS_PATH, MAX_DATASET_LEN, MAX_EXC_CLASSES, MAX_HEADER_BYTES, MAX_SLOTS,
-                                    MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION)
+from ferry.common.constants import (MAX_ANNOUNCED_SHARDS, MAX_CLASS_PATH, MAX_DATASET_LEN, MAX_EXC_CLASSES,
+                                    MAX_HEADER_BYTES, MAX_SLOTS, MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION)
 from ferry.common.errors import ProtocolError, VersionMismatch
 
 __all__ = [
@@ -63,7 +66,15 @@ def _dataset(v: Any) -> bool:
         and _uint(v.get("len"))
         and v["len"] <= MAX_DATASET_LEN
         and _str(v.get("fingerprint"))
+        and ("shard_lens" not in v or _shard_lens(v["shard_lens"], v))
     )
+
+
+def _shard_lens(v: Any, dataset: dict[str, Any]) -> bool:
+    """A sharded dataset's optional ``shard_lens``: the samples of each shard, in ``shards()`` order, one per shard
+    (its ``len``); what ``len(loader)`` is computed from where the consumer does not hold the dataset."""
+    return (dataset.get("sharded") is True and isinstance(v, list) and len(v) == dataset["len"]
+            and len(v) <= MAX_ANNOUNCED_SHARDS and all(_uint(n) for n in v))
 
 
 def _indices(v: Any) -> bool:

@@ -105,7 +105,7 @@ class Pipeline:
             dataset_len = len(dataset) if dataset_len is None else dataset_len
             fingerprint = dataset_fingerprint(dataset)
             if opts.local is not None and opts.local.transform is not None:  # what its producers will announce
-                fingerprint = transformed_fingerprint(fingerprint, opts.local.transform)
+                fingerprint = transformed_fingerprint(fingerprint, opts.local.transform, opts.local.transform_args)
         curve = None
         if opts.curve is not None:
             from ferry.common.security import CurveServer

@@ -2,8 +2,10 @@
 the plan over a sharded dataset's shards (:mod:`ferry.common.shardplan`), and how many batches that is; and the
 epoch a user gave their own sampler (:class:`SamplerEpoch`).
 
-The dataset's length (or shard count) may only be known once the first producer said HELLO; every wait for
-it is bounded and checks the loader's health through the ``check_health`` callback the caller passes.
+The dataset's length (or shard count) may only be known once the first producer said HELLO; so may a sharded
+dataset's shard lengths, from which ``len()`` is computed: the loader does not build a spec's dataset (it may
+need files only producers have), so producers announce them (HELLO ``shard_lens``). Every wait for them is
+bounded and checks the loader's health through the ``check_health`` callback the caller passes.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ class EpochPlanner:
 
     def __init__(self, opts: Any, io: Any) -> None:
         self._opts, self._io = opts, io
-        self._shard_lengths: list[int] | None = None  # a local sharded dataset's ``shard_len``s, once read
+        # each shard's samples, once known: a dataset object's ``shard_len``s, or what its producers announced
+        self._shard_lengths: list[int] | None = None
         self.sampler_epoch = SamplerEpoch(opts.sampler, opts.batch_sampler)
         # shuffle=True with generator=: DataLoader's permutations (the default plan only)
         self._order = GeneratorOrder(opts.generator_state) if opts.generator_state is not None else None
@@ -71,7 +74,10 @@ class EpochPlanner:
             if o.sampler is not None or o.batch_sampler is not None:
                 raise ConfigError("a sharded dataset is planned over its shards: sampler and batch_sampler do "
                                   "not apply (use shuffle and seed)")
-            return build_shard_plan(epoch=epoch, shard_count=self.dataset_len(check_health), batch_size=o.batch_size,
+            shard_count = self.dataset_len(check_health)
+            if self._shard_lengths is None:  # a spec: the lengths come with the producers' HELLO (common/protocol.py)
+                self._shard_lengths = self._io.shard_lengths()
+            return build_shard_plan(epoch=epoch, shard_count=shard_count, batch_size=o.batch_size,
                                     shuffle=o.shuffle, seed=o.seed, drop_last=o.drop_last, rank=o.rank,
                                     world_size=o.world_size, lengths=self._shard_lengths)
         dataset_len = None if (o.sampler is not None or o.batch_sampler is not None) else self.dataset_len(check_health)

@@ -110,6 +110,8 @@ class LocalOptions(_Group):
     shared_memory: bool = option(SHARED_MEMORY, flat="shared_memory")
     collate: Any = option(s.COLLATE, flat="collate_fn")
     init: Any = option(s.INIT, flat="producer_init")
+    collate_args: dict[str, Any] = option(s.COLLATE_ARGS, flat="collate_args")
+    transform_args: dict[str, Any] = option(s.TRANSFORM_ARGS, flat="producer_transform_args")
 
 
 TASK_TIMEOUT = Setting(s.Real(0, low_open=True), "a producer holding one task longer than this is dropped and its "

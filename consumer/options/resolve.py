@@ -160,10 +160,13 @@ def _local(given: Mapping[str, Any], dataset: Any) -> LocalOptions | None:
                               f"none (local_producers={0 if count is UNSET else count}): nothing would use "
                               f"mp_context={given['mp_context']!r} (DataLoader refuses multiprocessing_context "
                               f"with num_workers=0 too)")
-        for name, flag in (("collate_fn", "--collate"), ("producer_init", "--init")):
-            if given[name] not in (UNSET, None):
+        for name, flag in (("collate_fn", "--collate package.module:function"),
+                           ("producer_init", "--init package.module:function"),
+                           ("collate_args", "--collate-arg KEY=VALUE"),
+                           ("producer_transform_args", "--transform-arg KEY=VALUE")):
+            if given[name] is not UNSET and given[name] not in (None, {}):
                 raise ConfigError(f"{name} applies to local producers (local_producers=N); producers on other "
-                                  f"hosts take {flag} package.module:function")
+                                  f"hosts take {flag}")
         return None
     if dataset is None:
         raise ConfigError("local_producers needs a dataset (an object or a spec string)")
