@@ -1,4 +1,4 @@
-"""One consumer endpoint of a producer: its DEALER socket (and, with CURVE, that socket's monitor) and the
+"""One consumer connection of a producer: its DEALER socket (and, with CURVE, that socket's monitor) and the
 state machine of its connection. Only the producer's main loop (:mod:`ferry.producer.service`) touches a Link.
 
 A Link registers its sockets with the loop's poller itself, so that a rebuilt socket (a fresh one after a
@@ -69,11 +69,15 @@ class Link:
             self.poller.register(self.monitor, zmq.POLLIN)
         self.watching_out = False
 
-    def rebuild(self) -> None:
-        """A fresh socket: libzmq never reconnects one that hit a protocol error, nor retries a denied key."""
+    def unregister(self) -> None:
+        """Take the sockets off the loop's poller (before :meth:`close`, or a rebuild)."""
         self.poller.unregister(self.sock)
         if self.monitor is not None:
             self.poller.unregister(self.monitor)
+
+    def rebuild(self) -> None:
+        """A fresh socket: libzmq never reconnects one that hit a protocol error, nor retries a denied key."""
+        self.unregister()
         self.close(linger=0)
         self.open()
         self.register()
