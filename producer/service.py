@@ -145,7 +145,7 @@ class Producer:
                 for link in self._links:
                     self._apply(link, link.conn.tick(now))
                     link.watch_writable()
-                if self._status.due(now):
+                if self._status.due(now, SERVING):
                     self._write_status(SERVING, now)
                 events = dict(poller.poll(timeout=self._poll_timeout_ms(now)))
                 if self._waker.fileno() in events:

@@ -14,12 +14,14 @@ thread: a loop that stopped turning leaves the file stale even while the loading
 ``python -m ferry.producer --probe KIND`` (same PATH, from the flag or ``FERRY_STATUS_FILE``) prints one line and
 exits 0 when the answer is yes, 1 when it is no (:func:`probe_file`). It imports neither torch nor zmq:
 
-* ``live``: the main loop turned within ``stuck_after`` seconds, or the producer is still starting (a large
-  dataset may take minutes to open: bound that with the engine's startup probe, ``--probe ready``);
+* ``live``: the producer's process exists and its main loop turned within ``stuck_after`` seconds, or it is
+  still starting (a large dataset may take minutes to open: bound that with the engine's startup probe,
+  ``--probe ready``);
 * ``ready``: live and serving (its dataset is open, it is not stopping);
 * ``serving``: ready, and at least one consumer is being served.
 
-The file is removed when the producer exits; one left behind by a killed producer goes stale, so a probe
+The file is removed when the producer exits; one left behind by a killed producer names a process that is gone
+(the probe runs where the producer runs: an exec probe in its container, with its PID namespace), so a probe
 that reads it says no.
 """
 
@@ -53,11 +55,12 @@ class StatusFile:
         self.stuck_after = stuck_after
         self.interval = min(STATUS_INTERVAL_S, stuck_after / 4)  # written this often, at most. [Unit: second]
         self._last = float("-inf")  # monotonic time of the last write
+        self.state: str | None = None  # the state last written
         self.failed: str | None = None  # why the last write failed, or None
 
-    def due(self, now: float) -> bool:
-        """Whether a write is due at monotonic time ``now``."""
-        return self.path is not None and now - self._last >= self.interval
+    def due(self, now: float, state: str) -> bool:
+        """Whether ``state`` is to be written at monotonic time ``now``: it is new, or the last write is old."""
+        return self.path is not None and (state != self.state or now - self._last >= self.interval)
 
     def write(self, state: str, now: float, **figures: Any) -> None:
         """Replace the file with ``state`` and ``figures`` as of monotonic time ``now``.
@@ -80,13 +83,13 @@ class StatusFile:
                 raise ConfigError(f"cannot write the status file {self.path!r}: {exc.strerror or exc}") from None
             self.failed = f"{exc.strerror or exc}"
             return
-        self._last, self.failed = now, None
+        self._last, self.state, self.failed = now, state, None
 
     def remove(self) -> None:
         """Remove the file (the producer exits). Idempotent."""
         if self.path is not None and self._last != float("-inf"):
             _unlink(self.path)
-            self._last = float("-inf")
+            self._last, self.state = float("-inf"), None
 
 
 def _unlink(path: str) -> None:
@@ -100,6 +103,8 @@ def judge(probe: str, status: dict[str, Any], now: float) -> tuple[bool, str]:
     """The answer to ``probe`` (one of :data:`PROBES`) for ``status`` at monotonic time ``now``: yes or no, and
     one line saying why."""
     state = status.get("state")
+    if not _exists(status.get("pid")):
+        return False, f"not {probe}: the producer (pid {status.get('pid')}) is gone"
     age = now - float(status.get("monotonic", float("-inf")))
     stuck_after = float(status.get("stuck_after", 0))
     consumers, links = status.get("consumers", 0), status.get("links", 0)
@@ -108,7 +113,7 @@ def judge(probe: str, status: dict[str, Any], now: float) -> tuple[bool, str]:
         return probe == "live", f"{'' if probe == 'live' else 'not '}{probe}: starting (opening its dataset)"
     if age > stuck_after:
         return False, (f"not {probe}: the producer's main loop has not turned for {age:.1f} s (stuck after "
-                       f"{stuck_after:g} s), or it is gone (pid {status.get('pid')})")
+                       f"{stuck_after:g} s)")
     if probe == "live":
         return True, f"live: main loop turned {age:.1f} s ago, {state}; {served}"
     if state != SERVING:
@@ -116,6 +121,19 @@ def judge(probe: str, status: dict[str, Any], now: float) -> tuple[bool, str]:
     if probe == "serving" and not consumers:
         return False, f"not serving: no consumer is being served ({links} consumer connections)"
     return True, f"{probe}: {served}; main loop turned {age:.1f} s ago"
+
+
+def _exists(pid: Any) -> bool:
+    """Whether process ``pid`` exists (in this PID namespace: the probe runs where the producer runs)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def probe_file(probe: str, path: str | None, now: float | None = None) -> tuple[bool, str]:
