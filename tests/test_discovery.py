@@ -3,8 +3,8 @@ behind it, and follows the name as it changes, without a restart.
 
 Real processes, real sockets, real name resolution: three loaders bind 127.0.0.2, .3 and .4 on one port; the
 producer runs in a mount namespace of its own (``unshare --mount``) where a file of the test's is bind-mounted over
-/etc/hosts (and a ``multi on`` host.conf over /etc/host.conf, so that glibc returns every address of a name), as
-``ip netns exec`` does with /etc/netns/NAME/hosts. The test rewrites that file in place, and glibc reads it afresh at
+/etc/hosts (with a ``multi on`` host.conf, so that glibc returns every address of a name, and an nsswitch.conf that
+looks names up in that file only, never in DNS), as ``ip netns exec`` does with /etc/netns/NAME/hosts. The test rewrites that file in place, and glibc reads it afresh at
 each lookup. Root only.
 """
 
@@ -42,28 +42,37 @@ def private_hosts(tmp_path):
         cannot_run("a private /etc/hosts needs root (mount --bind in a mount namespace)")
     if shutil.which("unshare") is None:
         cannot_run("a private /etc/hosts needs unshare (util-linux)")
-    hosts, conf = str(tmp_path / "hosts"), str(tmp_path / "host.conf")
+    hosts, conf, nsswitch = str(tmp_path / "hosts"), str(tmp_path / "host.conf"), str(tmp_path / "nsswitch.conf")
     write_hosts(hosts, ())
     with open(conf, "w") as f:
         f.write("multi on\n")
-    prefix = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
-              f'mount --bind {hosts} /etc/hosts && mount --bind {conf} /etc/host.conf && exec "$0" "$@"']
+    with open(nsswitch, "w") as f:
+        f.write("hosts: files\n")
+    mounts = " && ".join(f"mount --bind {mine} {theirs}" for mine, theirs in
+                         ((hosts, "/etc/hosts"), (conf, "/etc/host.conf"), (nsswitch, "/etc/nsswitch.conf")))
+    prefix = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", f'{mounts} && exec "$0" "$@"']
     yield hosts, prefix
 
 
 def test_a_producer_serves_every_trainer_behind_a_name_and_follows_it_without_a_restart(spawn, private_hosts):
     hosts, prefix = private_hosts
     port = free_port()
-    write_hosts(hosts, ADDRESSES[:2])
     loaders = {address: RemoteLoader(endpoint=f"tcp://{address}:{port}", batch_size=4, heartbeat=0.2, timeout=30,
                                      log_every=None) for address in ADDRESSES}
     try:
+        # started before any trainer is behind the name (a Kubernetes Service without ready pods): it waits, warns
         producer = spawn(f"tcp://trainers:{port}", "tests.datasets:PairDataset", {"length": 8}, threads=1,
-                         prefix=prefix, extra=["--resolve-interval", "0.3"])
+                         prefix=prefix, extra=["--resolve-interval", "0.3"],
+                         env={"FERRY_UNREACHABLE_WARNING_S": "0.5"})
+        warning = f"no consumer has answered at tcp://trainers:{port} for "
+        wait_for(lambda: warning in producer.output(), 30, "the producer to warn that the name has no address")
+        assert "its host 'trainers' does not resolve" in producer.output().split(warning, 1)[1].splitlines()[0]
 
         def serving() -> dict[str, int]:
             return {address: loader.stats()["producers"] for address, loader in loaders.items()}
 
+        assert serving() == {"127.0.0.2": 0, "127.0.0.3": 0, "127.0.0.4": 0}
+        write_hosts(hosts, ADDRESSES[:2])
         wait_for(lambda: serving() == {"127.0.0.2": 1, "127.0.0.3": 1, "127.0.0.4": 0}, 30,
                  f"the producer to serve the two trainers the name has (serving: {serving()})")
         for address in ADDRESSES[:2]:  # each trainer is its own consumer and gets the whole epoch
