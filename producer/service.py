@@ -1,23 +1,22 @@
 """The producer service: one poll loop that owns every DEALER socket and applies what the state machines decide.
 
-Each consumer connection is a :class:`~ferry.producer.links.Link`: one DEALER socket and one
+Each consumer connection is a :class:`~ferry.producer.links.Link`: a DEALER socket and a
 :class:`~ferry.producer.connection.Connection`, the pure state machine of that connection (its lifecycle is
-drawn there). Which connections exist is decided by :class:`~ferry.producer.discovery.Discovery`: one per
-``--connect`` endpoint, or one per address of an endpoint's host name, kept fresh by re-resolving it. The loop
-reads the clock, feeds the machines their events (messages, ticks, lookups, the fate of a send, the socket
-becoming writable while a HELLO waits for a connection, stop) and carries out the actions they return: send
-HELLO / PING / BYE (:mod:`ferry.producer.outbox`), run a TASK, open, rebuild or close a connection, log. Each
-turn it also writes the status file that the engine's probes read (:mod:`ferry.producer.status`).
+drawn there). Which connections exist is decided by :class:`~ferry.producer.discovery.Discovery` (one per
+endpoint, or per address of an endpoint's name, kept fresh): :mod:`ferry.producer.linkset`. The loop reads the
+clock, feeds the machines their events (messages, ticks, lookups, the fate of a send, the socket becoming
+writable while a HELLO waits for a connection, stop) and carries out the actions they return: send HELLO /
+PING / BYE (:mod:`ferry.producer.outbox`), run a TASK, open, rebuild or close a connection, log. Each turn it
+also writes the status that the engine's probes read (:mod:`ferry.producer.status`).
 
 Threads: the main loop (this module), the batcher's pools (:mod:`ferry.producer.batcher`), the compression pool,
-``ferry-resolve`` (DNS, :mod:`ferry.producer.resolver`) and, with ``--metrics-port``, the metrics server.
+``ferry-resolve`` (DNS, :mod:`ferry.producer.resolver`) and, with ``--metrics-port``, ``ferry-metrics``.
 Shutdown order, on SIGTERM / SIGINT / ``stop()``: the main loop leaves its poll, marks its status ``stopping``,
 says BYE on every serving connection (the consumer re-issues what it held here, charging no attempt), closes
 the sockets with LINGER=0 (PRODUCER_BYE_LINGER_MS where a BYE was queued: the frames still queued are dropped,
-which hands their pooled buffers back), stops the batcher (queued samples are cancelled; the running ones get
+which hands their pooled buffers back), stops the batcher (queued samples are cancelled; running ones get
 ``--drain-timeout`` seconds, then the process exits without them:
-:func:`ferry.producer.exits.exit_past_lingering_threads`),
-then terminates its own zmq context and removes its status file.
+:func:`ferry.producer.exits.exit_past_lingering_threads`), terminates its zmq context, removes its status file.
 """
 
 from __future__ import annotations
@@ -236,10 +235,6 @@ class Producer:
             return None
 
     # --- figures, status, probes --------------------------------------------------------------------
-    @property
-    def batches_sent(self) -> int:
-        return self._outbox.batches_sent
-
     def figures(self) -> dict[str, Any]:
         """What the metrics endpoint exports (read from its thread; plain int reads)."""
         return {
