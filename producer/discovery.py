@@ -14,6 +14,9 @@ BYE if it served), without a restart. A name with one address behaves as one end
 * While a name has no address, nothing can answer there, so the machine itself warns with the back-off of
   :func:`ferry.producer.connection.warning_due` (after w, 3w, 6w, then every 30w), naming the DNS failure.
 * An address two endpoints share (two names of one host) is one connection, closed once neither wants it.
+* A connection to an address a name resolved to says HELLO as the producer's id and ``/ADDRESS``: two addresses
+  of one consumer (a multi-homed host, a load balancer's) are then two producers to it, where one id would have
+  each HELLO of one connection drop the other's work.
 * Endpoints whose host is an address, ``ipc://`` endpoints, and every endpoint with ``interval`` 0, are fixed:
   one connection each, for good (ZeroMQ resolves a name itself then, to one address).
 
@@ -46,10 +49,12 @@ class Resolve:
 
 @dataclass(frozen=True)
 class OpenLink:
-    """Open a consumer connection to ``url``; ``label`` names it in log lines."""
+    """Open a consumer connection to ``url``; ``label`` names it in log lines; ``address``: the address a name
+    resolved to, "" for an endpoint as given."""
 
     url: str
     label: str
+    address: str = ""
 
 
 @dataclass(frozen=True)
@@ -119,7 +124,7 @@ class Discovery:
         """The fixed endpoints' connections, and the first lookup of every name."""
         actions: list[DiscoveryAction] = []
         for endpoint in self.fixed:
-            actions += self._want(endpoint, endpoint, endpoint)
+            actions += self._want(endpoint, OpenLink(endpoint, endpoint))
         for name in self.names.values():
             name.in_flight = True
             actions.append(Resolve(name.host))
@@ -180,7 +185,7 @@ class Discovery:
         for address in added:
             for target in name.targets:
                 url = f"{target.prefix}{address}:{target.port}"
-                actions += self._want(host, url, f"{url} ({host})")
+                actions += self._want(host, OpenLink(url, f"{url} ({host})", address))
         return actions
 
     def wait_s(self, now: float) -> float:
@@ -189,11 +194,11 @@ class Discovery:
         return max(0.0, min(waits, default=float("inf")))
 
     # --- who wants which connection --------------------------------------------------------------------
-    def _want(self, owner: str, url: str, label: str) -> list[DiscoveryAction]:
-        owners = self._owners.setdefault(url, set())
+    def _want(self, owner: str, link: OpenLink) -> list[DiscoveryAction]:
+        owners = self._owners.setdefault(link.url, set())
         first = not owners
         owners.add(owner)
-        return [OpenLink(url, label)] if first else []
+        return [link] if first else []
 
     def _unwant(self, name: _Name, address: str, why: str) -> list[DiscoveryAction]:
         actions: list[DiscoveryAction] = []

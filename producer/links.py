@@ -41,6 +41,10 @@ class Link:
     frame_bytes: int = FRAME_CHUNK_BYTES  # leaves up to this travel as one frame: what its WELCOME announced
     max_batch_bytes: int | None = None  # the largest batch its consumer accepts (WELCOME); None: not announced
     watching_out: bool = False  # the poller watches ``sock`` for POLLOUT too (see watch_writable)
+    #: what follows the producer's id in this connection's HELLO: "" for an endpoint, "/ADDRESS" for an address a
+    #: name resolved to, so that two addresses of one consumer (a multi-homed host, a load balancer) are two
+    #: producers to it, not one that restarts its work at each HELLO of the other
+    id_suffix: str = ""
 
     def open(self) -> None:
         """Make the socket (and its monitor) and connect it. Not yet registered: see :meth:`register`."""

@@ -104,18 +104,18 @@ class LinkSet:
             if isinstance(action, Resolve):
                 self.resolver.lookup(action.host)
             elif isinstance(action, OpenLink):
-                self._open(action.url, action.label)
+                self._open(action.url, action.label, f"/{action.address}" if action.address else "")
             elif isinstance(action, CloseLink):
                 self._close(action.url, action.why)
             elif isinstance(action, Log):
                 log.log(action.level, "%s", action.message, extra=fields(**action.fields))
 
-    def _open(self, url: str, label: str) -> None:
+    def _open(self, url: str, label: str, id_suffix: str) -> None:
         cfg = self._config
         conn = Connection(label, now=time.monotonic(), heartbeat=cfg.heartbeat, liveness=cfg.liveness,
                           unreachable_warning_s=cfg.unreachable_warning_s, dataset_len=self._dataset_len)
         link = Link(key=next(self._keys), endpoint=url, conn=conn, ctx=self._ctx, poller=self._poller,
-                    compression=LinkCodec(label, cfg.compression), curve=cfg.curve)
+                    compression=LinkCodec(label, cfg.compression), curve=cfg.curve, id_suffix=id_suffix)
         link.open()
         link.register()
         self._links[link.key] = link

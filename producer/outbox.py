@@ -46,7 +46,8 @@ class Outbox:
         return True
 
     def hello(self, link: Link, nonce: int, now: float) -> bool:
-        return self.send(link, [protocol.pack(protocol.HELLO, nonce=nonce, **self._hello)], now)
+        fields = {**self._hello, "producer": self._hello["producer"] + link.id_suffix}
+        return self.send(link, [protocol.pack(protocol.HELLO, nonce=nonce, **fields)], now)
 
     def ping(self, link: Link, pending: int, now: float) -> None:
         self.send(link, [protocol.pack(protocol.PING, load={

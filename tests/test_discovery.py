@@ -92,3 +92,22 @@ def test_a_producer_serves_every_trainer_behind_a_name_and_follows_it_without_a_
     finally:
         for loader in loaders.values():
             loader.close()
+
+
+def test_two_addresses_of_one_consumer_are_two_steady_producers_to_it(spawn, private_hosts):
+    """A multi-homed host or a load balancer: the name has two addresses, one consumer answers on both. Each
+    connection says HELLO with an id of its own, so the consumer keeps both instead of taking each HELLO of one
+    for the other restarting its work (which would drop and re-issue its tasks at every heartbeat)."""
+    hosts, prefix = private_hosts
+    port = free_port()
+    write_hosts(hosts, ADDRESSES[:2])
+    with RemoteLoader(endpoint=f"tcp://*:{port}", batch_size=4, heartbeat=0.2, timeout=30, log_every=None) as loader:
+        producer = spawn(f"tcp://trainers:{port}", "tests.datasets:PairDataset", {"length": 64}, threads=1,
+                         prefix=prefix, extra=["--resolve-interval", "0.3"])
+        wait_for(lambda: loader.stats()["producers"] == 2, 30, "both connections to be admitted")
+        for epoch in range(3):  # some seconds of heartbeats, HELLOs and re-resolutions
+            loader.set_epoch(epoch)
+            assert sorted(int(i) for _, y in loader for i in y) == list(range(64))
+        stats = loader.stats()
+        assert stats["producers"] == 2 and stats["producers_seen"] == 2 and stats["reissued"] == 0, stats
+        assert producer.proc.poll() is None

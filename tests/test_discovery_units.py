@@ -25,6 +25,7 @@ def test_addresses_and_ipc_are_fixed_connections_and_names_are_looked_up():
     d = make("tcp://10.0.0.1:5555", "ipc:///tmp/x.sock", "tcp://trainers:5555", "tcp://[::1]:6000")
     actions = d.start()
     assert links(actions) == ({"tcp://10.0.0.1:5555", "ipc:///tmp/x.sock", "tcp://[::1]:6000"}, set())
+    assert {a.address for a in actions if isinstance(a, OpenLink)} == {""}  # their HELLOs say the producer's id
     assert [a for a in actions if isinstance(a, Resolve)] == [Resolve("trainers")]
     assert d.unresolved  # trainers has no address yet
 
@@ -43,6 +44,9 @@ def test_a_name_gets_one_connection_per_address_and_follows_them_as_they_change(
     labels = {a.label for a in d.resolved("trainers", ("10.0.0.9", "10.0.0.1", "10.0.0.2"), None, now=0.2)
               if isinstance(a, OpenLink)}
     assert labels == {"tcp://10.0.0.9:5555 (trainers)"}
+    assert {a.address for a in d.resolved("trainers", ("10.0.0.7",), None, now=0.25) if isinstance(a, OpenLink)} == {
+        "10.0.0.7"}  # its HELLO says the producer's id and /10.0.0.7
+    d.resolved("trainers", ("10.0.0.9", "10.0.0.1", "10.0.0.2"), None, now=0.3)
     assert not d.unresolved
     # not due before the interval; then one lookup, not one per tick
     assert [a for a in d.tick(5.0) if isinstance(a, Resolve)] == []
