@@ -10,9 +10,20 @@ from .datasets import PairDataset
 
 class SlowPairs(PairDataset):
     """PairDataset whose samples take ``delay`` seconds each; its fingerprint does not depend on the delay, so a
-    slow and a fast producer serve one loader."""
+    slow and a fast producer serve one loader. ``loading``: a file created as a sample starts to load, for a test to
+    know that one is in progress."""
 
     fingerprint = "engine-slow-pairs"
+
+    def __init__(self, length: int = 50, delay: float = 0.0, loading: str = "") -> None:
+        super().__init__(length=length, delay=delay)
+        self.loading = loading
+
+    def __getitem__(self, index: int):
+        if self.loading:
+            with open(self.loading, "a"):
+                pass
+        return super().__getitem__(index)
 
 
 def storage_not_mounted(worker_id: int) -> None:

@@ -4,6 +4,7 @@ then exits 0 without them: well inside Docker's 10 s, even with samples that wou
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -15,15 +16,17 @@ SLOW_S = 60.0  # one sample of the slow producer: far past any grace period
 
 
 def test_sigterm_with_slow_samples_in_flight_exits_0_within_the_grace_period_and_hands_the_tasks_back(endpoint,
-                                                                                                       spawn):
-    slow = spawn(endpoint, "tests.engine_datasets:SlowPairs", {"length": 8, "delay": SLOW_S}, threads=2, slots=2)
+                                                                                                       spawn,
+                                                                                                       tmp_path):
+    loading = str(tmp_path / "loading")
+    slow = spawn(endpoint, "tests.engine_datasets:SlowPairs", {"length": 8, "delay": SLOW_S, "loading": loading},
+                 threads=2, slots=2)
     # max_attempts=1: a task charged a single attempt is poison, so an epoch that completes shows none was charged
     with RemoteLoader(endpoint=endpoint, batch_size=2, heartbeat=0.2, max_attempts=1, timeout=60,
                       log_every=None) as loader:
         batches = iter(loader)
-        wait_for(lambda: loader.stats()["in_flight"] >= 2 and "SlowPairs" in slow.output(), 30,
-                 "the slow producer to hold tasks")
-        wait_for(lambda: loader.stats()["producers"] == 1, 10, "the slow producer to serve")
+        wait_for(lambda: os.path.exists(loading), 30, "the slow producer to load a sample")
+        assert loader.stats()["producers"] == 1 and loader.stats()["in_flight"] >= 1
         signalled = time.monotonic()
         slow.proc.send_signal(signal.SIGTERM)
         code = slow.proc.wait(10)  # Docker's default grace period; SIGKILL would come next
@@ -38,12 +41,14 @@ def test_sigterm_with_slow_samples_in_flight_exits_0_within_the_grace_period_and
         assert loader.stats()["reissued"] >= 2
 
 
-def test_a_producer_whose_samples_finish_within_the_drain_timeout_exits_without_abandoning_them(endpoint, spawn):
-    producer = spawn(endpoint, "tests.engine_datasets:SlowPairs", {"length": 8, "delay": 0.5}, threads=2,
-                     extra=["--drain-timeout", "5"])
+def test_a_producer_whose_samples_finish_within_the_drain_timeout_exits_without_abandoning_them(endpoint, spawn,
+                                                                                                   tmp_path):
+    loading = str(tmp_path / "loading")
+    producer = spawn(endpoint, "tests.engine_datasets:SlowPairs", {"length": 8, "delay": 0.5, "loading": loading},
+                     threads=2, extra=["--drain-timeout", "5"])
     with RemoteLoader(endpoint=endpoint, batch_size=2, heartbeat=0.2, timeout=60, log_every=None) as loader:
         batches = iter(loader)  # noqa: F841 (held: the run stays started)
-        wait_for(lambda: loader.stats()["in_flight"] >= 1, 30, "the producer to hold tasks")
+        wait_for(lambda: os.path.exists(loading), 30, "the producer to load a sample")
         signalled = time.monotonic()
         assert producer.terminate() == 0
         took = time.monotonic() - signalled
