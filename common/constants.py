@@ -87,9 +87,6 @@ CONSUMER_RCVHWM = 2 * MAX_SLOTS
 #: Largest batch a consumer accepts by default. It is the consumer's ZMQ_MAXMSGSIZE (libzmq drops a
 #: connection that sends a bigger frame) and the bound on a decoded batch's total array bytes.
 DEFAULT_MAX_BATCH_BYTES = 1 << 31
-#: Array leaves larger than this travel as several frames of at most this size, when the consumer announces
-#: no bound of its own (a consumer of an earlier version). [Unit: byte]
-FRAME_CHUNK_BYTES = 8 << 20
 #: The bound a consumer announces in WELCOME (``frame_bytes``): leaves up to it travel as one frame, larger
 #: ones as frames of this size that the consumer copies back together (``Chunked``). libzmq allocates each
 #: received frame with malloc; the consumer raises glibc's mmap threshold to HEAP_BLOCK_BYTES (32 MiB, glibc's
