@@ -139,6 +139,9 @@ RESPAWNS_PER_WINDOW = 5
 #: A loader with local producers deals its first tasks one to each producer, the rest waiting until all of them
 #: are live (or one died), at most this long after it started (consumer/core/dispatcher.py). [Unit: second]
 DEAL_FIRST_TASKS_S = 30.0
+#: How long the watch thread waits for the io thread to let a local producer go before it asks it to stop anyway
+#: (the io thread answers within one poll: at most 0.1 s plus the event in progress). [Unit: second]
+LEAVE_WAIT_S = 1.0
 #: Batches the staging thread may hold ready for the training loop (part of C, not extra).
 STAGED_BATCHES = 2
 #: Peers (or CURVE keys) whose first invalid message or denied handshake we remember, to log once per peer;
