@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from ferry.common import compression as comp
-from ferry.common.constants import JOIN_TIMEOUT_S, STAGED_BATCHES
+from ferry.common.constants import JOIN_TIMEOUT_S, LEAVE_WAIT_S, STAGED_BATCHES
 from ferry.common.datasets import dataset_fingerprint, transformed_fingerprint
 from ferry.common.errors import ConfigError
 from ferry.common.heap import wanted_by_environment
@@ -136,15 +136,17 @@ class Pipeline:
                        seed=opts.seed % (1 << 63), max_attempts=transport.max_attempts,
                        # dataset= a spec, no local producers: remote producers must serve that spec
                        dataset_spec=dataset if isinstance(dataset, str) and local is None else None,
-                       local_producers=local.count if local is not None else 0,
+                       local_producers=self.local.count if self.local is not None else 0,
                        **compression_welcome(transport.compression)),
             endpoints=self.endpoints, handoff=self.handoff, counters=counters, curve=curve,
             slab=self.local.slab if self.local is not None else None,
         )
         self.io.start()
         if self.local is not None:  # a local producer's death, seen through its sentinel, loses it at once
-            self.local.on_death = self.io.producer_died
-            io = self.io  # a replacement only once some producer has served (else a start-up failure repeats)
+            io = self.io
+            self.local.on_death = io.producer_died
+            self.local.on_leave = lambda pid: io.producer_leaving(pid, LEAVE_WAIT_S)  # before a scale-down's SIGTERM
+            # a replacement only once some producer has served (else a start-up failure repeats)
             self.local.served = lambda: io.health().producers_seen > 0
         self.stager = make_stager(device, pin_memory, window.pool_buffers,
                                   slab=self.local.slab if self.local is not None else None)
@@ -167,7 +169,7 @@ class Pipeline:
         if self.staging is not None and self.staging.is_alive():
             self.staging.join(JOIN_TIMEOUT_S)
         if self.local is not None:
-            self.local.on_death = None  # deaths from here on are the shutdown's own
+            self.local.on_death = self.local.on_leave = None  # deaths from here on are the shutdown's own
             self.local.served = lambda: False
         if self.io is not None:
             self.io.close(JOIN_TIMEOUT_S)
