@@ -1,6 +1,7 @@
 """The parts a RemoteLoader runs: started in order, stopped in reverse.
 
-Start (``Pipeline(...)``): local producers, if any (and their shared-memory slab); the io thread, which
+Start (``Pipeline(...)``): local producers, if any (and their shared-memory slab, and with
+``local_producers="auto"`` the autoscaler the training thread calls); the io thread, which
 binds the ROUTER; the staging thread; the metrics server, if asked for. A failure part-way stops what
 already started, and raises. Batches flow io thread -> ``handoff`` (in the order the loop must see them) ->
 staging thread -> ``staged`` -> the training thread.
@@ -32,8 +33,10 @@ from ferry.common.shardplan import is_sharded, shard_names
 
 from ferry.consumer.core import CoreConfig
 from ferry.consumer.io.thread import IoThread
+from ferry.consumer.local.autoscale import Autoscaler
 from ferry.consumer.local.producers import LocalProducers
 from ferry.consumer.options import LoaderOptions
+from ferry.consumer.options.groups import AUTO
 from ferry.consumer.staging.stagers import make_stager, staging_loop
 from ferry.consumer.figures.counters import STATS, Counters
 from ferry.consumer.window import Window
@@ -87,6 +90,8 @@ class Pipeline:
         # deliveries, in order; bounded by the credits (each holds one) plus one end-of-run marker per run
         self.handoff: queue.Queue[Any] = queue.Queue()
         self.local: LocalProducers | None = None
+        #: local_producers="auto": called with each demand sample on the training thread (else None)
+        self.autoscale: Autoscaler | None = None
         self.io: IoThread | None = None
         self.staging: threading.Thread | None = None
         self.metrics: Any = None
@@ -126,6 +131,8 @@ class Pipeline:
                 if local.shared_memory else None,
             )
             endpoints.append(self.local.endpoint)
+            if local.count == AUTO:
+                self.autoscale = Autoscaler(self.local)
         if not endpoints:
             raise ConfigError("no endpoint to bind")
         self.endpoints = tuple(endpoints)

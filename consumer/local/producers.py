@@ -36,6 +36,7 @@ from ferry.common.constants import (JOIN_TIMEOUT_S, RESPAWN_FIRST_DELAY_S, RESPA
 from ferry.common.errors import ProducerDiedError, ProducerStartupError
 
 from ferry.consumer.local import folder as local_folder
+from ferry.consumer.local.autoscale import count_bounds
 from ferry.consumer.local.launchers import ObjectLauncher, SpecLauncher, producer_config
 from ferry.consumer.local.members import Members
 from ferry.consumer.local.respawn import Replacements, RespawnBudget
@@ -67,7 +68,7 @@ class LocalProducers:
         self.base_seed = base_seed
         self.folder = local_folder.create()
         self.endpoint = f"ipc://{self.folder}/consumer.sock"
-        self.low = self.high = local.count  # the bounds of the count: equal for a fixed count
+        self.low, self.high = count_bounds(local)  # equal for a fixed count
         self.slab: shm.Slab | None = None
         self._lock = threading.Lock()  # guards _members and the children's exit codes
         self._members = Members(self.low, self.high, Replacements(RespawnBudget(

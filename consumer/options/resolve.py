@@ -16,12 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ferry.common import validate as check
 from ferry.common.constants import DEFAULT_ENDPOINT
 from ferry.common.errors import ConfigError
 from ferry.common.endpoints import shift_port
 
-from ferry.consumer.options.groups import UNSET, CurveOptions, LocalOptions, TransportOptions
+from ferry.consumer.options.groups import UNSET, CurveOptions, LocalOptions, ProducerCount, TransportOptions
 from ferry.consumer.options.keywords import KEYWORDS
 
 __all__ = ["LoaderOptions", "resolve_options", "env_int"]
@@ -146,11 +145,15 @@ def _seed(given: Mapping[str, Any]) -> int:
 
 
 def _local(given: Mapping[str, Any], dataset: Any) -> LocalOptions | None:
-    """The local producers, if any: ``local=`` or ``local_producers=N`` (0: none, the other flat keywords ignored)."""
+    """The local producers, if any: ``local=`` or ``local_producers=N`` or ``"auto"`` (0: none, the other flat
+    keywords ignored, but for the hooks and the bounds of "auto", which would be lost)."""
     count = given["local_producers"]
     if count is not UNSET and given["local"] is None:  # the flat count's own rule: 0 is no local mode
-        count = check.integer("local_producers", count, low=0)
+        count = ProducerCount(0).check("local_producers", count)
     if given["local"] is None and count in (UNSET, 0):
+        for name in ("local_producers_min", "local_producers_max"):
+            if given[name] not in (UNSET, None):
+                raise ConfigError(f'{name} bounds local_producers="auto", which is not given')
         for name, flag in (("collate_fn", "--collate"), ("producer_init", "--init")):
             if given[name] not in (UNSET, None):
                 raise ConfigError(f"{name} applies to local producers (local_producers=N); producers on other "
