@@ -135,7 +135,7 @@ class Systems:
         """A loader bound on ``host``, with one producer of ``spec`` in ``netns`` (here if None)."""
         endpoint = f"tcp://{host}:{free_port()}"
         self.loaders[name] = RemoteLoader(endpoint=endpoint, batch_size=BATCH, compression=compression,
-                                          buffer_batches=8, heartbeat=0.2, timeout=120, log_every=None)
+                                          buffer_batches=8, heartbeat=0.2, no_producer_timeout=120, log_every=None)
         producers = Producers(endpoint)
         self._producers.append(producers)
         producers.add(1, spec, args, threads=2, slots=3, netns=netns)
@@ -144,7 +144,7 @@ class Systems:
         """A loader with one local producer, over its ipc socket (shared memory off)."""
         self.loaders[name] = RemoteLoader(dataset=dataset, local_producers=1, producer_threads=2, producer_slots=3,
                                           shared_memory=False, batch_size=BATCH, compression=compression,
-                                          buffer_batches=8, timeout=120, log_every=None)
+                                          buffer_batches=8, no_producer_timeout=120, log_every=None)
 
     def ready(self) -> None:
         for each in self.loaders.values():

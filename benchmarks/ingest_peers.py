@@ -49,7 +49,7 @@ def ferry_consume(endpoint: str, mib: float, count: int, buffer_batches: int = 8
 
     # compression off: the payload is zeros, which no codec meets in real data, and raw pyzmq sends them raw;
     # these rows measure the socket path (scenario 7 measures compression)
-    with RemoteLoader(endpoint=endpoint, batch_size=1, buffer_batches=buffer_batches, timeout=120,
+    with RemoteLoader(endpoint=endpoint, batch_size=1, buffer_batches=buffer_batches, no_producer_timeout=120,
                       heartbeat=0.2, compression=None) as loader:
         it = iter(loader)
         _measure(lambda: next(it)[0].numel(), count)

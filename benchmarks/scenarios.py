@@ -164,7 +164,7 @@ def load_only_rate(dataset: NpyFolderDataset, n: int) -> float:
 # --- 1. seed workload -------------------------------------------------------------------------------
 def user_loader(dataset: UserNpyFolder, p: int, shared: bool = True) -> RemoteLoader:
     """Ferry over a user-written Dataset object: local producers fork with it, as DataLoader's workers do."""
-    return RemoteLoader(dataset=dataset, local_producers=p, batch_size=32, shuffle=True, timeout=120,
+    return RemoteLoader(dataset=dataset, local_producers=p, batch_size=32, shuffle=True, no_producer_timeout=120,
                         shared_memory=shared)
 
 
@@ -223,7 +223,7 @@ def remote_producers(report: Report, sizes: Sizes, user: UserNpyFolder, root: st
     try:
         producers.add(2, "benchmarks.datasets:UserNpyFolder", {"root": root}, threads=DEFAULT_THREADS,
                       slots=DEFAULT_SLOTS)
-        loader = RemoteLoader(endpoint=endpoint, batch_size=32, shuffle=True, timeout=120)
+        loader = RemoteLoader(endpoint=endpoint, batch_size=32, shuffle=True, no_producer_timeout=120)
         dl = user_dataloader(user, 2)
         figs = ferry_vs_dataloader(loader, dl, 2, sizes, WARM_EPOCHS)
         del dl
@@ -245,7 +245,7 @@ def fast_path(report: Report, sizes: Sizes, dataset: NpyFolderDataset, user: Use
     """Ferry's built-in npy-folder fast path (no per-sample array at all), P=2, against the same user-Dataset
     DataLoader as the headline rows. Not a user's own Dataset: labelled as such."""
     loader = RemoteLoader(dataset="npy-folder", dataset_args={"root": root}, local_producers=2, batch_size=32,
-                          shuffle=True, timeout=120)
+                          shuffle=True, no_producer_timeout=120)
     dl = user_dataloader(user, 2)
     figs = ferry_vs_dataloader(loader, dl, 2, sizes, WARM_EPOCHS)
     del dl
@@ -264,9 +264,9 @@ def packed_vs_files(report: Report, sizes: Sizes, dataset: NpyFolderDataset, roo
         pack(dataset, packed_root)
         loaders = {
             "packed": RemoteLoader(dataset="packed", dataset_args={"root": packed_root}, local_producers=2,
-                                   batch_size=32, shuffle=True, timeout=120),
+                                   batch_size=32, shuffle=True, no_producer_timeout=120),
             "npy files": RemoteLoader(dataset="npy-folder", dataset_args={"root": root}, local_producers=2,
-                                      batch_size=32, shuffle=True, timeout=120),
+                                      batch_size=32, shuffle=True, no_producer_timeout=120),
         }
         try:
             for loader in loaders.values():
@@ -291,7 +291,7 @@ def slow_storage(report: Report, sizes: Sizes) -> None:
     for p in (1, 2):
         threads = 8
         loader = RemoteLoader(dataset="synthetic", dataset_args=args, local_producers=p, producer_threads=threads,
-                              batch_size=32, timeout=120)
+                              batch_size=32, no_producer_timeout=120)
         dl = DataLoader(dataset, batch_size=32, num_workers=p, persistent_workers=True)
         figs = ferry_vs_dataloader(loader, dl, p, sizes, warm_epochs=1)
         del dl
@@ -308,7 +308,8 @@ def scale_out(report: Report, sizes: Sizes) -> None:
     producers = Producers(endpoint)
     base = None
     try:
-        with RemoteLoader(endpoint=endpoint, batch_size=8, buffer_batches=64, heartbeat=0.2, timeout=120) as loader:
+        with RemoteLoader(endpoint=endpoint, batch_size=8, buffer_batches=64, heartbeat=0.2,
+                          no_producer_timeout=120) as loader:
             for n in sizes.scale_counts:
                 producers.add(n - len(producers.procs), "synthetic", args, threads=1, slots=2)
                 wait_producers(loader, n)
@@ -493,7 +494,7 @@ def stall(report: Report, sizes: Sizes) -> None:
     try:
         # Little's law: to deliver 1 batch per step with 20 steps of load latency, ~20+ batches must be in flight
         with RemoteLoader(endpoint=endpoint, batch_size=batch, buffer_batches=48, heartbeat=0.2,
-                          timeout=120) as loader:
+                          no_producer_timeout=120) as loader:
             for n in sizes.stall_counts:
                 producers.add(n - len(producers.procs), "synthetic", args, threads=1, slots=2)
                 wait_producers(loader, n)

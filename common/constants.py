@@ -76,14 +76,17 @@ MAX_SLOTS = 64
 DEFAULT_THREADS = 4
 #: ZeroMQ high-water marks. They are a sanity bound only; credits keep queues far below them.
 SOCKET_HWM = 1000
+#: Messages the consumer's ROUTER queues from one peer before libzmq stops reading that connection (TCP then
+#: holds the sender back). A producer that follows the protocol has at most its credits (MAX_SLOTS batches) and
+#: a few control messages a heartbeat outstanding, so this never holds one back; a peer that floods the consumer
+#: is held to this many messages (each at most max_batch_bytes) in memory, where SOCKET_HWM let 1000 pile up
+#: (tests/test_fuzz.py measured the consumer's RSS peaking 150 MB above its start under attack with 1000).
+CONSUMER_RCVHWM = 2 * MAX_SLOTS
 
 # --- message bounds (validation) ---------------------------------------------------------------------
 #: Largest batch a consumer accepts by default. It is the consumer's ZMQ_MAXMSGSIZE (libzmq drops a
 #: connection that sends a bigger frame) and the bound on a decoded batch's total array bytes.
 DEFAULT_MAX_BATCH_BYTES = 1 << 31
-#: Array leaves larger than this travel as several frames of at most this size, when the consumer announces
-#: no bound of its own (a consumer of an earlier version). [Unit: byte]
-FRAME_CHUNK_BYTES = 8 << 20
 #: The bound a consumer announces in WELCOME (``frame_bytes``): leaves up to it travel as one frame, larger
 #: ones as frames of this size that the consumer copies back together (``Chunked``). libzmq allocates each
 #: received frame with malloc; the consumer raises glibc's mmap threshold to HEAP_BLOCK_BYTES (32 MiB, glibc's
@@ -113,6 +116,9 @@ MAX_PENDING_TASKS = 2 * MAX_SLOTS
 MAX_TASK_INDICES = 1 << 16
 #: Largest dataset length a HELLO may announce.
 MAX_DATASET_LEN = 1 << 48
+#: Most shard lengths a HELLO may announce (a sharded dataset with more announces none: its len(loader) is not
+#: known). 9 bytes each at most, well within MAX_HEADER_BYTES.
+MAX_ANNOUNCED_SHARDS = MAX_TASK_INDICES
 #: Longest free-text field (reasons, tracebacks) we keep from a peer.
 MAX_TEXT = 64 * 1024
 #: A sample error's ``exc_classes`` (its exception's class and bases, ``module:qualname``): at most this many

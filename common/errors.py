@@ -15,6 +15,7 @@ __all__ = [
     "ProtocolError",
     "VersionMismatch",
     "NoProducersError",
+    "BatchTimeoutError",
     "RemoteSampleError",
     "ProducerStartupError",
     "FerryThreadError",
@@ -60,7 +61,14 @@ class VersionMismatch(ProtocolError):
 
 
 class NoProducersError(FerryError, TimeoutError):
-    """No producer has been alive for ``timeout`` seconds."""
+    """No producer has been alive for ``no_producer_timeout`` seconds (or producers kept joining and leaving
+    without delivering for that long)."""
+
+
+class BatchTimeoutError(FerryError, RuntimeError):
+    """A batch did not come within ``timeout`` seconds of asking for it: DataLoader's ``timeout``, whose
+    "DataLoader timed out after N seconds" is a RuntimeError too. The batch is not lost: the next call waits
+    for it again."""
 
 
 class ProducerStartupError(FerryError, RuntimeError):

@@ -7,13 +7,15 @@ a value back as that text. :class:`ferry.common.settings.Setting` pairs a kind w
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Sequence
 
 from ferry.common import compression as comp
 from ferry.common import validate as check
-from ferry.common.errors import ConfigError, ConfigTypeError
+from ferry.common.errors import ConfigError, ConfigTypeError, DatasetSpecError
 
-__all__ = ["Kind", "Int", "Real", "Bool", "Choice", "Text", "Path", "Hook", "Compression"]
+__all__ = ["Kind", "Int", "Real", "Bool", "Choice", "Text", "Path", "Hook", "KeywordArgs", "Compression"]
 
 
 class Kind:
@@ -158,6 +160,60 @@ class Hook(Kind):
         if not isinstance(value, str):
             raise ConfigError(f"a command line takes a 'package.module:function' spec, not the callable {value!r}")
         return value
+
+
+class KeywordArgs(Kind):
+    """Keyword arguments (of a dataset spec, or of a hook): ``--FLAG KEY=VALUE`` repeated, VALUE parsed as JSON when
+    it parses, else taken as a string; a JSON object in the variable."""
+
+    expected, repeated = "a JSON object", True
+
+    def __init__(self, what: str) -> None:
+        self.what = what  # "dataset argument", "collate argument" ...: named in errors
+
+    def check(self, name: str, value: Any) -> dict[str, Any]:
+        if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+            raise ConfigTypeError(f"{name} must be a dict of keyword arguments, got {value!r}")
+        return dict(value)
+
+    def parse(self, text: str) -> dict[str, Any]:
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError(text)
+        return value
+
+    def combine(self, variable: Any, flags: list[str]) -> dict[str, Any]:
+        """The flags add to (and override keys of) the variable.
+
+        Raises:
+            DatasetSpecError: a flag that is not KEY=VALUE.
+        """
+        return {**(variable or {}), **parse_keyword_args(flags, self.what)}
+
+    def items(self, value: Any) -> list[str]:
+        try:
+            return [f"{key}={json.dumps(item)}" for key, item in value.items()]
+        except (TypeError, ValueError) as exc:
+            raise ConfigTypeError(f"{self.what}s on a command line must be JSON values ({exc}); a dataset spec's "
+                                  "arguments travel to its producers that way") from None
+
+
+def parse_keyword_args(pairs: Iterable[str], what: str = "dataset argument") -> dict[str, Any]:
+    """Parse ``key=value`` strings; values are JSON when they parse, else plain strings.
+
+    Raises:
+        DatasetSpecError: a string that is not ``key=value``; the message names ``what`` it is.
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise DatasetSpecError(f"{what} {pair!r} must look like key=value")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
 
 
 class Compression(Kind):

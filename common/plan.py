@@ -3,7 +3,9 @@
 The consumer owns the plan; producers only see index lists. The default plan reproduces, batch for batch,
 ``DataLoader(ds, batch_size=B, drop_last=D, sampler=DistributedSampler(ds, num_replicas=W, rank=r,
 shuffle=S, seed=seed, drop_last=D))`` after ``sampler.set_epoch(e)``, whatever the number of producers.
-A user ``sampler`` (batched with ``batch_size`` / ``drop_last``) or ``batch_sampler`` replaces it.
+A user ``sampler`` (batched with ``batch_size`` / ``drop_last``) or ``batch_sampler`` replaces it. With a
+``generator`` the shuffled permutation is instead the one ``DataLoader(shuffle=True, generator=g)`` draws in that
+epoch (:class:`GeneratorOrder`), split across ranks as DistributedSampler splits its own.
 
 torch is imported only when a shuffled plan is built: the permutation must be torch's own ``randperm``
 to match DistributedSampler bit for bit. Producers never build plans.
@@ -19,7 +21,7 @@ import numpy as np
 
 from ferry.common.errors import ConfigError
 
-__all__ = ["EpochPlan", "distributed_indices", "build_plan", "plan_length"]
+__all__ = ["EpochPlan", "GeneratorOrder", "distributed_indices", "build_plan", "plan_length"]
 
 
 @dataclass(frozen=True)
@@ -54,16 +56,56 @@ class EpochPlan:
         return cls(epoch, np.asarray(indices, dtype=np.int64), starts)
 
 
+class GeneratorOrder:
+    """The permutations ``DataLoader(ds, shuffle=True, generator=g)`` draws, epoch by epoch, replayed from ``g``'s
+    state when the loader was built (``state``, a copy: ``g`` itself is never drawn from here).
+
+    Each iteration of such a DataLoader draws its workers' base seed from ``g`` (one int64, whatever
+    ``num_workers``; ``_BaseDataLoaderIter``), then ``RandomSampler`` draws ``torch.randperm(n, generator=g)``, its
+    order, and once its iterator runs out a second one (its tail, ``randperm(n)[:num_samples % n]``, empty here).
+    Epoch ``e``'s order is therefore that of DataLoader's ``e``-th iteration (from 0) when each one before it ran
+    to its end and nothing else drew from ``g`` in between, whichever way ``e`` is reached here (in turn,
+    ``set_epoch``, a resume). The state at the start of each epoch replayed so far is kept (about 5 KB each), so
+    epochs in turn cost two ``randperm`` each and a jump replays only the epochs never reached before.
+    """
+
+    def __init__(self, state: Any) -> None:
+        self._initial = state
+        self._length: int | None = None
+        self._states: dict[int, Any] = {}
+
+    def permutation(self, epoch: int, dataset_len: int) -> np.ndarray:
+        """Epoch ``epoch``'s permutation of ``range(dataset_len)``."""
+        import torch
+
+        if dataset_len != self._length:  # every draw depends on the length: replay from the start
+            self._length, self._states = dataset_len, {0: self._initial}
+        start = max(e for e in self._states if e <= epoch)
+        generator = torch.Generator()
+        generator.set_state(self._states[start])
+        for e in range(start, epoch + 1):
+            self._states[e] = generator.get_state()
+            torch.empty((), dtype=torch.int64).random_(generator=generator)  # the iteration's workers' base seed
+            order = torch.randperm(dataset_len, generator=generator)
+            torch.randperm(dataset_len, generator=generator)  # RandomSampler's empty tail, drawn at its end
+        self._states[epoch + 1] = generator.get_state()
+        return order.numpy().astype(np.int64)
+
+
 def distributed_indices(
-    dataset_len: int, *, epoch: int, rank: int, world_size: int, shuffle: bool, seed: int, drop_last: bool
+    dataset_len: int, *, epoch: int, rank: int, world_size: int, shuffle: bool, seed: int, drop_last: bool,
+    order: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The indices ``DistributedSampler`` yields, same arithmetic, same permutation."""
+    """The indices ``DistributedSampler`` yields, same arithmetic, same permutation; with ``order`` (a shuffle's
+    permutation drawn elsewhere: :class:`GeneratorOrder`) that permutation instead of its own."""
     if drop_last and dataset_len % world_size != 0:
         num_samples = math.ceil((dataset_len - world_size) / world_size)
     else:
         num_samples = math.ceil(dataset_len / world_size)
     total_size = num_samples * world_size
-    if shuffle:
+    if shuffle and order is not None:
+        indices = np.asarray(order, dtype=np.int64)
+    elif shuffle:
         import torch
 
         generator = torch.Generator()
@@ -101,8 +143,10 @@ def build_plan(
     world_size: int,
     sampler: Any = None,
     batch_sampler: Any = None,
+    order: np.ndarray | None = None,
 ) -> EpochPlan:
-    """Build epoch ``epoch``'s plan. A user sampler gets ``set_epoch(epoch)`` first, if it has one."""
+    """Build epoch ``epoch``'s plan. A user sampler gets ``set_epoch(epoch)`` first, if it has one. ``order``:
+    the shuffle's permutation, drawn elsewhere (:class:`GeneratorOrder`); None: DistributedSampler's."""
     if batch_sampler is not None:
         _set_epoch(batch_sampler, epoch)
         _set_epoch(getattr(batch_sampler, "sampler", None), epoch)
@@ -114,9 +158,8 @@ def build_plan(
         return EpochPlan.from_indices(epoch, indices, batch_size, drop_last)
     if dataset_len is None:
         raise ConfigError("the dataset length is not known yet")
-    indices = distributed_indices(
-        dataset_len, epoch=epoch, rank=rank, world_size=world_size, shuffle=shuffle, seed=seed, drop_last=drop_last
-    )
+    indices = distributed_indices(dataset_len, epoch=epoch, rank=rank, world_size=world_size, shuffle=shuffle,
+                                  seed=seed, drop_last=drop_last, order=order)
     return EpochPlan.from_indices(epoch, indices, batch_size, drop_last)
 
 

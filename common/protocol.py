@@ -10,9 +10,13 @@ reason. Callers count and drop; they never let it escape a loop.
 
 Fields (docs/ARCHITECTURE.md#messages): TASK carries ``task`` (a unique id of this issuance, so that a re-issued
 batch and its late twin are told apart without guessing) and ``on_error``; BATCH and FAIL echo ``task``;
-HELLO carries ``nonce``, which changes whenever the producer drops its state for this consumer.
-Optional: WELCOME ``frame_bytes`` (leaves up to that many bytes travel as one frame; without it, the
-producer splits leaves over FRAME_CHUNK_BYTES), HELLO ``shm`` (the token of the consumer's shared-memory
+HELLO carries ``nonce``, which changes whenever the producer drops its state for this consumer, and ``dataset``
+(``spec``, ``len``, ``fingerprint``; for a sharded dataset ``sharded`` and, where it gives ``shard_len`` for at most
+MAX_ANNOUNCED_SHARDS shards, ``shard_lens``: the samples of each shard, so that ``len(loader)`` is known without
+the dataset).
+WELCOME says ``frame_bytes`` (leaves up to that many bytes travel as one frame), ``max_batch_bytes`` and
+``codecs``. There has only ever been version 1: both sides ship together, so no field is optional for the sake of
+an older peer. Optional: HELLO ``shm`` (the token of the consumer's shared-memory
 slab the producer mapped), TASK ``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written;
 see :mod:`ferry.common.shm`) and TASK ``compression`` (the codec of that task's batch frames, one of the
 WELCOME's ``codecs``; see :mod:`ferry.consumer.core.compression`). A sample error of a BATCH or FAIL may name
@@ -26,8 +30,8 @@ from typing import Any, Callable
 
 import msgpack
 
-from ferry.common.constants import (MAX_CLASS_PATH, MAX_DATASET_LEN, MAX_EXC_CLASSES, MAX_HEADER_BYTES, MAX_SLOTS,
-                                    MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION)
+from ferry.common.constants import (MAX_ANNOUNCED_SHARDS, MAX_CLASS_PATH, MAX_DATASET_LEN, MAX_EXC_CLASSES,
+                                    MAX_HEADER_BYTES, MAX_SLOTS, MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION)
 from ferry.common.errors import ProtocolError, VersionMismatch
 
 __all__ = [
@@ -63,7 +67,15 @@ def _dataset(v: Any) -> bool:
         and _uint(v.get("len"))
         and v["len"] <= MAX_DATASET_LEN
         and _str(v.get("fingerprint"))
+        and ("shard_lens" not in v or _shard_lens(v["shard_lens"], v))
     )
+
+
+def _shard_lens(v: Any, dataset: dict[str, Any]) -> bool:
+    """A sharded dataset's optional ``shard_lens``: the samples of each shard, in ``shards()`` order, one per shard
+    (its ``len``); what ``len(loader)`` is computed from where the consumer does not hold the dataset."""
+    return (dataset.get("sharded") is True and isinstance(v, list) and len(v) == dataset["len"]
+            and len(v) <= MAX_ANNOUNCED_SHARDS and all(_uint(n) for n in v))
 
 
 def _indices(v: Any) -> bool:
@@ -101,7 +113,12 @@ Check = Callable[[Any], bool]
 #: Required fields of each message type, with their checks. Optional fields are checked where used.
 SCHEMAS: dict[str, dict[str, Check]] = {
     HELLO: {"producer": _str, "nonce": _uint, "host": _str, "pid": _uint, "slots": _slots, "dataset": _dataset},
-    WELCOME: {"session": _uint, "heartbeat": _num, "nonce": _uint},
+    # frame_bytes: the largest array leaf the consumer wants as one frame (the producer clamps it into
+    # MIN/MAX_FRAME_BYTES); max_batch_bytes: the largest batch it accepts (a bigger one is answered by a FAIL);
+    # codecs: what it can decompress (a producer never sends another codec)
+    WELCOME: {"session": _uint, "heartbeat": _num, "nonce": _uint, "frame_bytes": lambda v: _uint(v) and v > 0,
+              "max_batch_bytes": lambda v: _uint(v) and v > 0,
+              "codecs": lambda v: isinstance(v, list) and len(v) <= 8 and all(_str(c) for c in v)},
     REJECT: {"reason": _str, "permanent": lambda v: isinstance(v, bool)},
     TASK: {"session": _uint, "task": _uint, "epoch": _uint, "seq": _uint, "indices": _indices,
            "on_error": lambda v: v in ("raise", "skip")},
@@ -116,11 +133,6 @@ SCHEMAS: dict[str, dict[str, Check]] = {
 #: Optional fields, checked when present.
 OPTIONAL: dict[str, dict[str, Check]] = {
     HELLO: {"shm": _str},
-    # the largest array leaf the consumer wants as one frame; the producer clamps it (MIN/MAX_FRAME_BYTES)
-    WELCOME: {"frame_bytes": lambda v: _uint(v) and v > 0,
-              "max_batch_bytes": lambda v: _uint(v) and v > 0,  # the largest batch it accepts: a bigger one FAILs
-              # the codecs the consumer can decompress: a producer's --compression never sends another
-              "codecs": lambda v: isinstance(v, list) and len(v) <= 8 and all(_str(c) for c in v)},
     TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0,
            "seed": _uint,  # the loader's seed, from which each sample's sample_info().seed is derived
            # the codec for this task's batch frames (absent: none); the consumer decides, "auto" included

@@ -33,12 +33,13 @@ from ferry.common.constants import (
 )
 from ferry.common.constants import LIVENESS as DEFAULT_LIVENESS
 from ferry.common.errors import ConfigError
-from ferry.common.kinds import Bool, Choice, Compression, Hook, Int, Kind, Path, Real, Text
+from ferry.common.kinds import Bool, Choice, Compression, Hook, Int, KeywordArgs, Kind, Path, Real, Text
 
 __all__ = [
-    "Kind", "Int", "Real", "Bool", "Choice", "Text", "Path", "Hook", "Compression", "Setting", "REQUIRED",
-    "option", "setting_of", "check_fields", "documented", "shared_values",
-    "THREADS", "SLOTS", "HEARTBEAT", "LIVENESS", "TRANSFORM", "COLLATE", "INIT", "METRICS_PORT",
+    "Kind", "Int", "Real", "Bool", "Choice", "Text", "Path", "Hook", "KeywordArgs", "Compression", "Setting",
+    "REQUIRED", "option", "setting_of", "check_fields", "documented", "shared_values",
+    "THREADS", "SLOTS", "HEARTBEAT", "LIVENESS", "TRANSFORM", "TRANSFORM_ARGS", "COLLATE", "COLLATE_ARGS", "INIT",
+    "METRICS_PORT",
 ]
 
 
@@ -170,6 +171,14 @@ COLLATE = Setting(Hook(), "merges a list of samples into a batch on the producer
                   "DataLoader's collate_fn does (e.g. to pad variable-length sequences). Its output is what travels: "
                   "any tree of dicts, lists and tuples with array, tensor and scalar leaves. A callable or a spec, "
                   "as for the transform.", None, optional=True, flag="--collate", metavar="CALLABLE")
+_HOOK_ARGS = ("KEY=VALUE, VALUE parsed as JSON when it parses, else taken as a string; repeatable (the variable: a JSON "
+              "object). A function gets them as keywords (fn(x, **args)); a class is built with them (cls(**args)) "
+              "and its instance is the hook.")
+TRANSFORM_ARGS = Setting(KeywordArgs("transform argument"), "keyword arguments of the transform: " + _HOOK_ARGS, {},
+                         flag="--transform-arg", env="FERRY_TRANSFORM_ARGS", metavar="KEY=VALUE")
+COLLATE_ARGS = Setting(KeywordArgs("collate argument"), "keyword arguments of the collate function (e.g. "
+                       "alpha=0.2 for a mixup): " + _HOOK_ARGS, {}, flag="--collate-arg", env="FERRY_COLLATE_ARGS",
+                       metavar="KEY=VALUE")
 INIT = Setting(Hook(), "called once in each producer process with its worker id, after its random, numpy and torch "
                "generators are seeded: DataLoader's worker_init_fn. A callable or a spec, as for the transform.",
                None, optional=True, flag="--init", metavar="CALLABLE")

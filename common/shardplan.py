@@ -24,17 +24,19 @@ samples also pass through a shuffle buffer of N samples seeded from ``(seed, epo
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 
+from ferry.common.constants import MAX_ANNOUNCED_SHARDS
 from ferry.common.errors import ConfigError, ConfigTypeError
 from ferry.common.plan import distributed_indices
 
-__all__ = ["SHARD_STRIDE", "shuffle_buffer", "shuffled", "is_sharded", "check_sharded", "shard_names", "shard_fingerprint", "ShardPlan",
-           "build_shard_plan", "encode_seq", "decode_seq"]
+__all__ = ["SHARD_STRIDE", "shuffle_buffer", "shuffled", "is_sharded", "check_sharded", "shard_names",
+           "shard_fingerprint", "announced_shard_lengths", "ShardPlan", "build_shard_plan", "encode_seq", "decode_seq"]
 
 #: seq = position * SHARD_STRIDE + batch: room for 2**32 batches per shard and 2**30 shard positions.
 SHARD_STRIDE = 1 << 32
@@ -82,6 +84,29 @@ def shard_names(dataset: Any) -> list[str]:
     if len(set(names)) != len(names):
         raise ConfigError(f"{type(dataset).__name__}.shards() returned duplicate names")
     return names
+
+
+def announced_shard_lengths(dataset: Any) -> list[int] | None:
+    """Each shard's ``shard_len``, in ``shards()`` order, for a producer's HELLO; None where the dataset has no
+    ``shard_len``, has more than MAX_ANNOUNCED_SHARDS shards, or one of them cannot be counted (logged: the
+    loader's ``len()`` is then not known, and the shard's own error comes when it is read)."""
+    if not callable(getattr(dataset, "shard_len", None)):
+        return None
+    names = shard_names(dataset)
+    if len(names) > MAX_ANNOUNCED_SHARDS:
+        return None
+    lengths = []
+    for name in names:
+        try:
+            n = dataset.shard_len(name)
+        except Exception as exc:  # a user's dataset: any error; it must not stop the producer
+            logging.getLogger(__name__).warning("cannot count shard %r (%s: %s): len(loader) will not be "
+                                                 "known", name, type(exc).__name__, exc)
+            return None
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0:
+            raise ConfigTypeError(f"{type(dataset).__name__}.shard_len({name!r}) must return an int >= 0, got {n!r}")
+        lengths.append(int(n))
+    return lengths
 
 
 def shard_fingerprint(dataset: Any, names: list[str]) -> str:

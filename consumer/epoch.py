@@ -3,7 +3,8 @@
 The iterator owns its position (``yielded`` of ``total``, from ``first_seq``; within a shard for a sharded run),
 which is what ``state_dict()`` saves while it runs, and the time accounting of the training thread (wait versus
 active time, lifetime and per epoch). It takes staged batches from the staging thread's queue with bounded
-waits, gives each batch's credit back to the io thread, makes the current CUDA stream wait for the batch's copy,
+waits (each at most the loader's ``timeout``, DataLoader's limit on one batch), gives each batch's credit back to
+the io thread, makes the current CUDA stream wait for the batch's copy,
 applies ``device_transform`` and raises a failed batch's error at its position. It uses the loader's parts
 (:class:`EpochParts`), never the loader, so that the two never form a reference cycle: the parts hold the
 loader's *lease* on its pipeline, which the loader holds too, and the pipeline stops when the last of them
@@ -12,12 +13,14 @@ is dropped (a ``break``, a ``del``), by reference counting alone.
 
 from __future__ import annotations
 
+import math
 import queue
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ferry.common.constants import POLL_SLICE_S
+from ferry.common.errors import BatchTimeoutError
 
 from ferry.consumer.core import Delivery, Sequencer, is_eof
 from ferry.consumer.figures.counters import Counters
@@ -50,6 +53,8 @@ class EpochParts:
         lease: the loader's lease on its pipeline. The loader and each of its iterators hold it, so the
             producers and threads run while either is referenced (``for b in RemoteLoader(...)`` holds only
             the iterator) and stop when the last goes, without waiting for the garbage collector.
+        timeout: how long one ``__next__`` waits for its batch before BatchTimeoutError [Unit: second]; 0: no
+            limit (DataLoader's ``timeout``).
     """
 
     staged: "queue.Queue[Any]"
@@ -61,6 +66,7 @@ class EpochParts:
     stream_for: Callable[[], Any]
     device_transform: Callable[[Any], Any] | None
     lease: object
+    timeout: float = 0.0
 
 
 class EpochIterator:
@@ -129,17 +135,30 @@ class EpochIterator:
             parts.observer.progress(done, self.epoch, self.first_seq + self.yielded, total)
 
     def _next_item(self) -> Delivery | None:
-        """The next item of this run; None at its end. Every wait is bounded, and checks the loader's health."""
+        """The next item of this run; None at its end. Every wait is bounded, and checks the loader's health.
+
+        Raises:
+            BatchTimeoutError: no item came within the loader's ``timeout`` (nothing is consumed: the next call
+                waits for the same batch again).
+        """
         staged, waited = self._parts.staged, False
+        limit = self._parts.timeout if self._parts.timeout > 0 else math.inf
+        deadline = time.monotonic() + limit
         while True:
             try:
-                item = staged.get(timeout=POLL_SLICE_S) if waited else staged.get_nowait()
+                item = (staged.get(timeout=max(0.0, min(POLL_SLICE_S, deadline - time.monotonic()))) if waited
+                        else staged.get_nowait())
             except queue.Empty:
                 if not waited:
                     waited = True
                     self._parts.observer.note_wait()
                     continue
                 self._parts.check_health()
+                if time.monotonic() >= deadline:
+                    raise BatchTimeoutError(
+                        f"RemoteLoader timed out after {limit:g} seconds waiting for batch "
+                        f"{self.first_seq + self.yielded} of epoch {self.epoch} (timeout={limit:g}: DataLoader's "
+                        f"limit on each batch; the next call waits for it again)") from None
                 continue
             if is_eof(item):
                 if item.run == self.run:

@@ -4,8 +4,9 @@
 failure and the local producers (:meth:`ferry.consumer.local.LocalProducers.check`), and raises the error
 that says why the next batch will not come: :class:`~ferry.common.errors.LoaderClosedError` once the loader
 is closed, :class:`~ferry.common.errors.FerryThreadError` for a thread
-that failed, :class:`~ferry.common.errors.NoProducersError` after ``timeout`` seconds with no producer (or
-with producers joining and leaving and no batch), or what the local producers' deaths raise.
+that failed, :class:`~ferry.common.errors.NoProducersError` after ``no_producer_timeout`` seconds with no
+producer (or with producers joining and leaving and no batch), or what the local producers' deaths raise. (The
+loader's ``timeout``, DataLoader's limit on each batch, is the epoch iterator's: consumer/epoch.py.)
 
 It holds the loader's parts, never the loader (the loader's ``weakref.finalize`` must run when it is
 dropped): the loader is closed once its pipeline's ``stop`` event is set.
@@ -32,7 +33,8 @@ class LoaderHealth:
         self._timeout = timeout  # no_producer_timeout; math.inf: wait forever
 
     def check(self) -> None:
-        """Raise if the loader is closed, a part failed, or no producer has served for longer than ``timeout``."""
+        """Raise if the loader is closed, a part failed, or no producer has served for longer than the
+        no-producer timeout."""
         if self._stop.is_set():
             raise LoaderClosedError("this RemoteLoader is closed")
         io = self._io.health()
@@ -51,11 +53,12 @@ class LoaderHealth:
                 raise self.no_producers_error(waited=silent)
         elif io.churn >= 2 and time.monotonic() - io.progress_at > self._timeout:  # joining and leaving, no batch
             raise NoProducersError(
-                f"no batch arrived for {time.monotonic() - io.progress_at:.1f} s (timeout={self._timeout:g} s) while "
-                f"producers kept joining and leaving: {io.churn} lost in that time, the latest: {io.last_loss}")
+                f"no batch arrived for {time.monotonic() - io.progress_at:.1f} s (no_producer_timeout="
+                f"{self._timeout:g} s) while producers kept joining and leaving: {io.churn} lost in that time, the "
+                f"latest: {io.last_loss}")
 
     def until_timeout(self) -> Callable[[], None]:
-        """A check for a wait that needs a producer: :meth:`check`, and at most ``timeout`` seconds from now."""
+        """A check for a wait that needs a producer: :meth:`check`, and at most the no-producer timeout from now."""
         deadline = time.monotonic() + self._timeout
         timeout = self._timeout
 
@@ -69,7 +72,7 @@ class LoaderHealth:
     def no_producers_error(self, waited: float) -> NoProducersError:
         seen = self._io.health().producers_seen
         return NoProducersError(
-            f"no producer alive for {waited:.1f} s (timeout={self._timeout:g} s); the consumer is bound to "
+            f"no producer alive for {waited:.1f} s (no_producer_timeout={self._timeout:g} s); the consumer is bound to "
             f"{', '.join(self._endpoints)} and has seen {seen} producer(s) in all. Start one with: "
             f"python -m ferry.producer --connect tcp://<this-host>:<port> --dataset <spec>"
         )

@@ -34,7 +34,7 @@ import torch
 
 from ferry.common import validate as check
 from ferry.common.constants import DEFAULT_BUFFER_BATCHES, DEFAULT_LOG_EVERY_S
-from ferry.common.errors import LoaderClosedError
+from ferry.common.errors import ConfigError, LoaderClosedError
 
 from ferry.consumer.core import sequencer_for
 from ferry.consumer.epoch import EpochIterator, EpochParts, RunCounter
@@ -44,7 +44,7 @@ from ferry.consumer.planning import EpochPlanner
 from ferry.consumer.resume import RESUME_OPTIONS, ResumePoint, capture_state, restore_state
 from ferry.consumer.options import (
     UNSET, CurveOptions, LocalOptions, Option, TransportOptions, check_unknown_keywords, document_keywords,
-    resolve_options,
+    resolve_options, warn_excessive_producers,
 )
 from ferry.consumer.pipeline import Pipeline, resolve_device
 from ferry.consumer.figures.counters import Counters, WeakStats, stats_figures
@@ -81,9 +81,11 @@ class RemoteLoader:
 
     # the options, read-only: each reads the resolved options (consumer/options/read_only.py), nothing is copied
     batch_size, shuffle, seed, drop_last = Option(), Option(), Option(), Option()
-    sampler, batch_sampler, rank, world_size = Option(), Option(), Option(), Option()
+    sampler, batch_sampler, rank, world_size = Option(), Option(), Option(), Option()  # None: not given
+    dataset, generator = Option(), Option()  # as given: an object or a spec string; the user's torch.Generator
+    collate_fn = Option(lambda loader: loader._options.local.collate if loader._options.local else None)
     buffer_batches, in_order, no_producer_timeout = Option(), Option(), Option()  # math.inf: wait forever
-    timeout = Option(lambda loader: loader._options.no_producer_timeout)  # its old name
+    timeout = Option()  # DataLoader's: seconds for each batch; 0: no limit
     device, pin_memory, device_transform, on_error, log_every = Option(), Option(), Option(), Option(), Option()
     endpoints = Option(lambda loader: loader._endpoints)  # bound: the given ones and local mode's ipc socket
     local, transport, curve = Option(), Option(), Option()  # the groups as resolved (local and curve: None if off)
@@ -96,7 +98,7 @@ class RemoteLoader:
         sampler: Any = None, batch_sampler: Any = None,
         rank: int | None = None, world_size: int | None = None,
         buffer_batches: int = DEFAULT_BUFFER_BATCHES, in_order: bool = True,
-        no_producer_timeout: float | None = UNSET, timeout: float | None = UNSET,
+        no_producer_timeout: float | None = UNSET, timeout: float | None = 0,
         dataset: Any = None, dataset_args: dict[str, Any] | None = None, dataset_len: int | None = None,
         device: str | torch.device | None = None, pin_memory: bool | None = None,
         device_transform: Callable[[Any], Any] | None = None,
@@ -107,6 +109,7 @@ class RemoteLoader:
         local_producers_max: int | None = UNSET, producer_threads: int = UNSET, producer_slots: int = UNSET,
         mp_context: str | None = UNSET, producer_transform: Any = UNSET, shared_memory: bool = UNSET,
         collate_fn: Any = UNSET, producer_init: Any = UNSET,
+        collate_args: dict[str, Any] | None = UNSET, producer_transform_args: dict[str, Any] | None = UNSET,
         heartbeat: float = UNSET, liveness: int = UNSET, task_timeout: float = UNSET, max_batch_bytes: int = UNSET,
         max_attempts: int = UNSET, compression: str | None = UNSET,
         curve_secret_key: str | None = UNSET, curve_authorized_keys: str | None = UNSET,
@@ -117,6 +120,7 @@ class RemoteLoader:
         given = {name: value for name, value in locals().items() if name not in ("self", "dataloader_options")}
         self._closed = True  # until fully built, so that close() on a half-built loader is safe
         opts = resolve_options(given)
+        warn_excessive_producers(opts.local, stacklevel=2)  # the script's line, as DataLoader's warning
         device, pin_memory = resolve_device(opts.device, opts.pin_memory)
         self._options = opts = dataclasses.replace(opts, device=device, pin_memory=bool(pin_memory))
 
@@ -124,6 +128,7 @@ class RemoteLoader:
         self._runs = RunCounter()
         self._active: EpochIterator | None = None  # the newest iteration
         self._pending: ResumePoint | None = None  # where set_epoch or load_state_dict said the next one starts
+        self._pending_by = ""  # which of them said so, for a conflict with the sampler's own epoch
         lease = _Lease()
         # starts local producers, the io and staging threads; nothing it holds references `self`
         pipeline = Pipeline(opts, self._counters, device=self.device, pin_memory=self.pin_memory,
@@ -132,8 +137,8 @@ class RemoteLoader:
         self._local, self._io, self._staging = pipeline.local, pipeline.io, pipeline.staging
         self._staging_stager = pipeline.stager
         self._planner = EpochPlanner(opts, self._io)
-        self._health = LoaderHealth(self._io, self._local, pipeline.staging_failure, self.endpoints, self.timeout,
-                                    pipeline.stop)
+        self._health = LoaderHealth(self._io, self._local, pipeline.staging_failure, self.endpoints,
+                                    self.no_producer_timeout, pipeline.stop)
         self._observer = EpochObserver(self._counters, self._io.snapshot,
                                        capacity=self.buffer_batches, log_every=self.log_every,
                                        threads=(self._io.thread, self._staging), on_demand=pipeline.autoscale)
@@ -142,7 +147,7 @@ class RemoteLoader:
             staged=pipeline.staged, release=self._io.release, check_health=self._health.check,
             observer=self._observer, counters=self._counters, runs=self._runs,
             stream_for=lambda: torch.cuda.current_stream(device), device_transform=self.device_transform,
-            lease=lease,
+            lease=lease, timeout=self.timeout,
         )
         self._closed = False
         # run once, by close(), or when the last of the loader and its iterators is dropped, or at exit (atexit;
@@ -164,7 +169,33 @@ class RemoteLoader:
         return self._active
 
     def _next_start(self) -> ResumePoint:
-        """Where the next iteration starts."""
+        """Where the next iteration starts: :meth:`_own_next_start`, unless the script gave its sampler another
+        epoch since the loader last planned one (``sampler.set_epoch(e)``: consumer/planning.py), which wins.
+
+        Raises:
+            ConfigError: the sampler's epoch and the one ``set_epoch`` or ``load_state_dict`` gave the loader differ.
+        """
+        start = self._own_next_start()
+        given = self._planner.sampler_epoch.given()
+        if given is None or given == start.epoch:
+            return start
+        if self._pending is not None:
+            raise self._epoch_conflict(given, self._pending_by)
+        return ResumePoint(given, 0, (0, 0))
+
+    def _epoch_conflict(self, given: int, by: str) -> ConfigError:
+        return ConfigError(f"the sampler was given sampler.set_epoch({given}) and the loader {by}: the next epoch "
+                           f"is ambiguous. Give both the same epoch, or set it on one of them only")
+
+    def _set_pending(self, point: ResumePoint, by: str) -> None:
+        given = self._planner.sampler_epoch.given()
+        if given is not None and given != point.epoch:
+            raise self._epoch_conflict(given, by)
+        self._pending, self._pending_by = point, by
+
+    def _own_next_start(self) -> ResumePoint:
+        """Where the loader itself would start the next iteration: where set_epoch / load_state_dict said, else
+        after the last iteration (the same epoch again if it was abandoned)."""
         if self._pending is not None:
             return self._pending
         active = self._active
@@ -177,12 +208,22 @@ class RemoteLoader:
         return self._planner.length(self.epoch, self._health.until_timeout())
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch of the next iteration (the shuffle is seeded with ``seed + epoch``)."""
-        self._pending = ResumePoint(check.integer("epoch", epoch, low=0), 0, (0, 0))
+        """Set the epoch of the next iteration (its shuffle: DistributedSampler's for ``seed + epoch``, or with a
+        ``generator`` what DataLoader draws in its ``epoch``-th iteration).
+
+        Raises:
+            ConfigError: the script gave its sampler another epoch (``sampler.set_epoch``) since it was last planned.
+        """
+        epoch = check.integer("epoch", epoch, low=0)
+        self._set_pending(ResumePoint(epoch, 0, (0, 0)), f"loader.set_epoch({epoch})")
 
     @property
     def epoch(self) -> int:
-        """The epoch being iterated, or the next one once it ran out."""
+        """The epoch being iterated, or the next one once it ran out (or the one the script gave its sampler since).
+
+        Raises:
+            ConfigError: that epoch and the one ``set_epoch`` or ``load_state_dict`` gave the loader differ.
+        """
         return self._next_start().epoch
 
     def diagnosis(self) -> str:
@@ -194,7 +235,7 @@ class RemoteLoader:
     def stats(self) -> dict[str, Any]:
         """Figures of this loader (lifetime counters; ``epoch_*`` for the current epoch)."""
         io = self._io.snapshot() if self._io is not None else {}
-        epoch = self._active.epoch if self._active is not None else self.epoch
+        epoch = self._active.epoch if self._active is not None else self._own_next_start().epoch
         return stats_figures(self._counters, io, capacity=self.buffer_batches, epoch=epoch,
                              producers_needed=self._observer.demand.value,
                              local_producers=self._local.count if self._local is not None else 0)
@@ -209,9 +250,11 @@ class RemoteLoader:
         """Resume: the next iteration yields batch ``batches_delivered`` of ``epoch`` onwards.
 
         Raises:
-            ConfigError: the state was saved by a loader with other options, or with ``in_order=False``.
+            ConfigError: the state was saved by a loader with other options, or with ``in_order=False``; or the
+                script gave its sampler another epoch (``sampler.set_epoch``) since it was last planned.
         """
-        self._pending = restore_state(state, self._resume_options(), self._samplers())
+        point = restore_state(state, self._resume_options(), self._samplers())
+        self._set_pending(point, f"load_state_dict (epoch {point.epoch}, batch {point.delivered})")
 
     def _resume_options(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in RESUME_OPTIONS}

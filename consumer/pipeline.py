@@ -110,7 +110,7 @@ class Pipeline:
             dataset_len = len(dataset) if dataset_len is None else dataset_len
             fingerprint = dataset_fingerprint(dataset)
             if opts.local is not None and opts.local.transform is not None:  # what its producers will announce
-                fingerprint = transformed_fingerprint(fingerprint, opts.local.transform)
+                fingerprint = transformed_fingerprint(fingerprint, opts.local.transform, opts.local.transform_args)
         curve = None
         if opts.curve is not None:
             from ferry.common.security import CurveServer
@@ -125,8 +125,10 @@ class Pipeline:
             self.local = LocalProducers(
                 local, transport, dataset, dataset_args=opts.dataset_args,
                 # as DataLoader draws its workers' base seed: from torch's RNG, so torch.manual_seed in the
-                # script makes the producers' own random streams reproducible
-                base_seed=int(torch.empty((), dtype=torch.int64).random_(generator=opts.generator).item()),
+                # script makes the producers' own random streams reproducible; with generator=, the loader's
+                # seed is that draw already (DataLoader's first from its generator: consumer/options/resolve.py)
+                base_seed=opts.seed if opts.generator is not None else
+                int(torch.empty((), dtype=torch.int64).random_().item()),
                 shared_memory=(window.slab_slots, transport.max_batch_bytes)
                 if local.shared_memory else None,
             )

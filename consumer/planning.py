@@ -1,8 +1,11 @@
 """Which batches make up an epoch: DistributedSampler's plan over sample indices (:mod:`ferry.common.plan`), or
-the plan over a sharded dataset's shards (:mod:`ferry.common.shardplan`), and how many batches that is.
+the plan over a sharded dataset's shards (:mod:`ferry.common.shardplan`), and how many batches that is; and the
+epoch a user gave their own sampler (:class:`SamplerEpoch`).
 
-The dataset's length (or shard count) may only be known once the first producer said HELLO; every wait for
-it is bounded and checks the loader's health through the ``check_health`` callback the caller passes.
+The dataset's length (or shard count) may only be known once the first producer said HELLO; so may a sharded
+dataset's shard lengths, from which ``len()`` is computed: the loader does not build a spec's dataset (it may
+need files only producers have), so producers announce them (HELLO ``shard_lens``). Every wait for them is
+bounded and checks the loader's health through the ``check_health`` callback the caller passes.
 """
 
 from __future__ import annotations
@@ -11,10 +14,46 @@ from typing import Any, Callable
 
 from ferry.common.constants import POLL_SLICE_S
 from ferry.common.errors import ConfigError
-from ferry.common.plan import build_plan, plan_length
+from ferry.common.plan import GeneratorOrder, build_plan, plan_length
 from ferry.common.shardplan import build_shard_plan, is_sharded, shard_names
 
-__all__ = ["EpochPlanner"]
+__all__ = ["EpochPlanner", "SamplerEpoch"]
+
+
+class SamplerEpoch:
+    """The epoch a script gave its own sampler, ``sampler.set_epoch(e)``, as torchvision's loop does before each
+    epoch (also after ``--resume``), where DataLoader leaves the sampler alone.
+
+    Read from the sampler's ``epoch`` (DistributedSampler's attribute; the batch sampler's, or its ``sampler``'s)
+    and counted as given when it differs from the epoch the loader last gave that sampler (initially 0,
+    DistributedSampler's own start). A sampler without an ``epoch`` it can read is only given the loader's epoch,
+    as before: nothing the script gave it can be seen.
+    """
+
+    def __init__(self, sampler: Any, batch_sampler: Any) -> None:
+        candidates = (sampler, batch_sampler, getattr(batch_sampler, "sampler", None))
+        self._samplers = [s for s in candidates if s is not None and _readable_epoch(s) is not None]
+        self._last = {id(s): 0 for s in self._samplers}  # the epoch the loader last gave each
+
+    def given(self) -> int | None:
+        """The epoch the script gave a sampler since the loader last did, or None."""
+        for sampler in self._samplers:
+            epoch = _readable_epoch(sampler)
+            if epoch is not None and epoch != self._last[id(sampler)]:
+                return epoch
+        return None
+
+    def planned(self, epoch: int) -> None:
+        """The loader gave its samplers ``epoch`` (``build_plan`` called their ``set_epoch``)."""
+        for sampler in self._samplers:
+            self._last[id(sampler)] = epoch
+
+
+def _readable_epoch(sampler: Any) -> int | None:
+    epoch = getattr(sampler, "epoch", None)
+    if callable(getattr(sampler, "set_epoch", None)) and isinstance(epoch, int) and not isinstance(epoch, bool):
+        return epoch
+    return None
 
 
 class EpochPlanner:
@@ -22,7 +61,11 @@ class EpochPlanner:
 
     def __init__(self, opts: Any, io: Any) -> None:
         self._opts, self._io = opts, io
-        self._shard_lengths: list[int] | None = None  # a local sharded dataset's ``shard_len``s, once read
+        # each shard's samples, once known: a dataset object's ``shard_len``s, or what its producers announced
+        self._shard_lengths: list[int] | None = None
+        self.sampler_epoch = SamplerEpoch(opts.sampler, opts.batch_sampler)
+        # shuffle=True with generator=: DataLoader's permutations (the default plan only)
+        self._order = GeneratorOrder(opts.generator_state) if opts.generator_state is not None else None
 
     def build(self, epoch: int, check_health: Callable[[], None]) -> Any:
         """The plan of ``epoch``: an EpochPlan, or a ShardPlan for a sharded dataset."""
@@ -31,13 +74,20 @@ class EpochPlanner:
             if o.sampler is not None or o.batch_sampler is not None:
                 raise ConfigError("a sharded dataset is planned over its shards: sampler and batch_sampler do "
                                   "not apply (use shuffle and seed)")
-            return build_shard_plan(epoch=epoch, shard_count=self.dataset_len(check_health), batch_size=o.batch_size,
+            shard_count = self.dataset_len(check_health)
+            if self._shard_lengths is None:  # a spec: the lengths come with the producers' HELLO (common/protocol.py)
+                self._shard_lengths = self._io.shard_lengths()
+            return build_shard_plan(epoch=epoch, shard_count=shard_count, batch_size=o.batch_size,
                                     shuffle=o.shuffle, seed=o.seed, drop_last=o.drop_last, rank=o.rank,
                                     world_size=o.world_size, lengths=self._shard_lengths)
         dataset_len = None if (o.sampler is not None or o.batch_sampler is not None) else self.dataset_len(check_health)
+        order = None
+        if self._order is not None and o.shuffle and dataset_len is not None:
+            order = self._order.permutation(epoch, dataset_len)
+        self.sampler_epoch.planned(epoch)  # build_plan gives it to the samplers first thing
         return build_plan(epoch=epoch, dataset_len=dataset_len, batch_size=o.batch_size, shuffle=o.shuffle,
                           seed=o.seed, drop_last=o.drop_last, rank=o.rank, world_size=o.world_size,
-                          sampler=o.sampler, batch_sampler=o.batch_sampler)
+                          sampler=o.sampler, batch_sampler=o.batch_sampler, order=order)
 
     def length(self, epoch: int, check_health: Callable[[], None]) -> int:
         """Batches per epoch. For a sharded dataset only when it gives ``shard_len``, else TypeError."""

@@ -50,13 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("directory", help="folder for the keys (created if missing)")
     keys.add_argument("--producer", action="append", default=None, metavar="NAME",
                       help="producer key pair to create and authorize; repeatable (default: one named 'producer')")
-    pack = sub.add_parser("pack", help="convert a dataset into packed shards (one read per sample) or .tar shards",
+    pack = sub.add_parser("pack", help="convert a dataset into packed shards (one read per sample) or .tar shards; "
+                                       "shows its progress",
                           formatter_class=argparse.RawDescriptionHelpFormatter,
                           epilog="examples:\n  ferry pack /data/train /data/train-packed\n"
                                  "  python -m ferry.producer --connect tcp://10.0.0.5:5555 --dataset packed "
                                  "--dataset-arg root=/data/train-packed\n"
                                  "  ferry pack --format tar --dataset mypkg.data:Train --dataset-arg split=train "
                                  "/data/train-tar\n"
+                                 "  ferry pack --format tar --shuffle 0 --dataset image-folder --dataset-arg "
+                                 "root=/data/photos /data/photos-tar\n"
                                  "  python -m ferry.producer --connect tcp://10.0.0.5:5555 --dataset tar-shards "
                                  "--dataset-arg 'pattern=/data/train-tar/*.tar'")
     pack.add_argument("paths", nargs="+", metavar="[SOURCE] OUT",
@@ -64,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "--dataset, only the output folder")
     pack.add_argument("--format", choices=("packed", "tar"), default="packed",
                       help="packed: fixed-size records and index.json (--dataset packed); tar: WebDataset .tar "
-                           "shards, <index>.npy + <index>.cls (--dataset tar-shards). Default packed")
+                           "shards, <index>.npy + <index>.cls, images as their files hold them (.png, .jpg ...), "
+                           "and shardindex.json (--dataset tar-shards). Default packed")
     pack.add_argument("--dataset", default=None, metavar="SPEC",
                       help="pack any map-style dataset spec (built-in name or package.module:callable) instead "
                            "of an npy-folder")
@@ -73,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--shard-mib", type=int, default=1024, help="packed shard size in MiB (default 1024)")
     pack.add_argument("--shard-samples", type=int, default=1000,
                       help="samples per .tar shard, with --format tar (default 1000)")
+    pack.add_argument("--shuffle", type=int, default=None, metavar="SEED",
+                      help="with --format tar, write the samples in a random order drawn from SEED: a shuffle "
+                           "buffer mixes within a shard only, so shards of a class-sorted source (a folder of class "
+                           "folders) must be shuffled here. Default: the dataset's order")
     from ferry.demo import add_arguments
 
     demo = sub.add_parser("demo", help="generate a small 13-channel dataset, start 2 local producers and "
@@ -100,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "pack":
-        return _pack(parser, args)
+        from ferry.packing import run_pack
+
+        return run_pack(parser, args)
     if args.command == "keys":
         from ferry.common.security import generate_keys
 
@@ -113,34 +123,6 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return run(args)
     parser.print_help()
     return 2
-
-
-def _pack(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ferry.common.datasets import NpyFolderDataset, parse_dataset_args, resolve_dataset
-
-    wanted = 1 if args.dataset else 2
-    if len(args.paths) != wanted:
-        parser.error("pack takes OUT with --dataset, else SOURCE OUT (an npy-folder root and an output folder)")
-    out = args.paths[-1]
-    if args.dataset:
-        source = resolve_dataset(args.dataset, parse_dataset_args(args.dataset_arg))
-    else:
-        source = NpyFolderDataset(args.paths[0])
-    progress = lambda i, n: print(f"  {i}/{n} samples", flush=True)  # noqa: E731
-    if args.format == "tar":
-        from ferry.common.datasets.tarshards import pack_tar
-
-        names = pack_tar(source, out, shard_samples=args.shard_samples, progress=progress)
-        print(f"packed {len(source)} samples into {len(names)} .tar shard(s) in {out}; serve it with "
-              f"--dataset tar-shards --dataset-arg 'pattern={out}/*.tar'")
-        return 0
-    from ferry.common.datasets.packed import pack as write_packed
-
-    index = write_packed(source, out, shard_bytes=args.shard_mib << 20, classes=getattr(source, "classes", ()),
-                         progress=progress)
-    print(f"packed {len(source)} samples of {index['dtype']}{index['shape']} into {len(index['shards'])} "
-          f"shard(s) in {out}; serve it with --dataset packed --dataset-arg root={out}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         local = {"dataset": "npy-folder", "dataset_args": {"root": root}, "local_producers": args.producers,
                  "producer_threads": args.threads} if args.producers else {}
         with RemoteLoader(**where, **local, batch_size=args.batch_size, shuffle=True, seed=args.seed,
-                          timeout=args.timeout) as loader:
+                          no_producer_timeout=args.timeout) as loader:
             if args.min_producers:
                 deadline = time.monotonic() + args.timeout
                 while loader.stats()["producers"] < args.min_producers:

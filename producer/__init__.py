@@ -58,7 +58,7 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
         _die_with_parent()
     if config.stderr_path is not None:
         _stderr_to(config.stderr_path)
-    from ferry.common.datasets import Transformed, resolve_callable, resolve_dataset
+    from ferry.common.datasets import Transformed, bind_hook, resolve_callable, resolve_dataset
     from ferry.common.deferred_pickle import DeferredPickle, WithHooks
     from ferry.common.sampleinfo import seed_process
 
@@ -73,9 +73,9 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
     if dataset is None:
         dataset = resolve_dataset(config.dataset, config.dataset_args)
     if config.transform:
-        dataset = Transformed(dataset, config.transform)
-    if isinstance(config.collate, str):
-        config = dataclasses.replace(config, collate=resolve_callable(config.collate, "collate function"))
+        dataset = Transformed(dataset, config.transform, config.transform_args)
+    if config.collate is not None:  # its spec resolved, its keyword arguments bound
+        config = dataclasses.replace(config, collate=bind_hook(config.collate, config.collate_args, "collate function"))
     if config.exit_with_parent and "torch" in sys.modules:  # a local producer, maybe forked from the trainer:
         # as DataLoader's workers do; a fork inherits torch's OpenMP pool unusable ("Invalid thread pool!")
         sys.modules["torch"].set_num_threads(1)

@@ -57,6 +57,14 @@ Exit status: 0 after SIGTERM/SIGINT (it says BYE first), 2 on a configuration er
 
 
 
+def _builtins() -> str:
+    """The epilog's list of the built-in datasets, from their declarations (ferry.common.datasets)."""
+    from ferry.common.datasets import describe_builtins
+
+    return ("\nBuilt-in datasets (--dataset NAME, then --dataset-arg KEY=VALUE for each argument; those without a "
+            "default are required):\n" + describe_builtins() + "\n")
+
+
 def _environment_only() -> str:
     """The epilog's list of the variables that have no flag."""
     lines = ["", "Variables without a flag (a loader's local mode sets the last three):"]
@@ -76,7 +84,7 @@ def build_parser(prog: str = PROG, env: Mapping[str, Any] | None = None) -> argp
             "Ferry consumers (RemoteLoader) over ZeroMQ. Consumers decide which samples form each batch; "
             "start as many producers as you like, on any host, in any order."
         ),
-        epilog=EXAMPLES + _environment_only(),
+        epilog=EXAMPLES + _builtins() + _environment_only(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     env = env or {}

@@ -12,7 +12,6 @@ flags), never at import time.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
@@ -20,7 +19,7 @@ from typing import Any, Mapping
 from ferry.common import settings as s
 from ferry.common.constants import DEFAULT_LOG_LEVEL, DEFAULT_UNREACHABLE_WARNING_S, LOG_LEVELS
 from ferry.common.endpoints import expand_endpoints
-from ferry.common.errors import ConfigError, ConfigTypeError
+from ferry.common.errors import ConfigError
 from ferry.common.settings import Setting, option
 
 __all__ = ["ProducerConfig", "expand_endpoints", "COMMAND_LINE", "PRODUCER_ENV", "read_env", "LOG_LEVELS"]
@@ -44,37 +43,6 @@ class _Endpoints(s.Kind):
 
     def items(self, value: Any) -> list[str]:
         return list(value)
-
-
-class _DatasetArgs(s.Kind):
-    """Keyword arguments of a dataset spec: ``--dataset-arg KEY=VALUE`` (repeated; VALUE is JSON when it parses),
-    or a JSON object in the variable."""
-
-    expected, repeated = "a JSON object", True
-
-    def check(self, name: str, value: Any) -> dict[str, Any]:
-        if not isinstance(value, Mapping):
-            raise ConfigTypeError(f"{name} must be a dict of keyword arguments, got {value!r}")
-        return dict(value)
-
-    def parse(self, text: str) -> dict[str, Any]:
-        value = json.loads(text)
-        if not isinstance(value, dict):
-            raise ValueError(text)
-        return value
-
-    def combine(self, variable: Any, flags: list[str]) -> dict[str, Any]:
-        """The flags add to (and override keys of) the variable."""
-        from ferry.common.datasets import parse_dataset_args
-
-        return {**(variable or {}), **parse_dataset_args(flags)}
-
-    def items(self, value: Any) -> list[str]:
-        try:
-            return [f"{key}={json.dumps(item)}" for key, item in value.items()]
-        except (TypeError, ValueError) as exc:
-            raise ConfigTypeError(f"dataset arguments on a command line must be JSON values ({exc}); a dataset "
-                                  "spec's dataset_args travel to its producers that way") from None
 
 
 class _TokenPath(s.Kind):
@@ -130,7 +98,7 @@ class ProducerConfig:
         "package.module:callable that returns a dataset; only a label when serve() is given a dataset object.",
         flag="--dataset", metavar="SPEC"))
     dataset_args: dict[str, Any] = option(Setting(
-        _DatasetArgs(), "keyword arguments of the dataset spec: KEY=VALUE, VALUE parsed as JSON when it parses, "
+        s.KeywordArgs("dataset argument"), "keyword arguments of the dataset spec: KEY=VALUE, VALUE parsed as JSON when it parses, "
         "else taken as a string; repeatable (the variable: a JSON object).", {}, flag="--dataset-arg",
         env="FERRY_DATASET_ARGS", metavar="KEY=VALUE"))
     threads: int = option(s.THREADS)
@@ -147,6 +115,7 @@ class ProducerConfig:
                                 "line loads them from --curve-key and --curve-server-key.", None, optional=True))
     dataset_label: str = option(Setting(s.Kind(), "what the producer says it serves; by default ``dataset``.", ""))
     transform: Any = option(s.TRANSFORM)
+    transform_args: dict[str, Any] = option(s.TRANSFORM_ARGS)
     metrics_port: int | None = option(s.METRICS_PORT)
     shared_memory: tuple[str, str] | None = option(Setting(
         _TokenPath(), "the shared-memory slab of the loader that started this producer on its machine (see "
@@ -162,6 +131,7 @@ class ProducerConfig:
                                       "local_producers=\"auto\", the most it may run).", 1))
     init: Any = option(s.INIT)
     collate: Any = option(s.COLLATE)
+    collate_args: dict[str, Any] = option(s.COLLATE_ARGS)
     compression: str | None = option(Setting(
         s.Compression(), "compress batch frames: lz4, zstd or none overrides the codec each consumer's tasks ask "
         "for (RemoteLoader's compression=, by default auto: the consumer decides); auto, like the default (None), "
@@ -178,6 +148,9 @@ class ProducerConfig:
 
     def __post_init__(self) -> None:
         s.check_fields(self)
+        for hook in ("collate", "transform"):
+            if getattr(self, f"{hook}_args") and getattr(self, hook) is None:
+                raise ConfigError(f"{hook}_args without a {hook}: give --{hook} package.module:callable too")
         if self.worker_id >= self.num_workers:
             raise ConfigError(f"worker_id {self.worker_id} is not in range for num_workers {self.num_workers}")
         if not self.dataset_label:

@@ -32,7 +32,7 @@ from ferry.common.constants import PRODUCER_BYE_LINGER_MS, HEARTBEAT_S, POLL_HEA
 from ferry.common.datasets import dataset_fingerprint
 from ferry.common.errors import ProtocolError
 from ferry.common.ratelimit import RateLimitedLog
-from ferry.common.shardplan import is_sharded, shard_names
+from ferry.common.shardplan import announced_shard_lengths, is_sharded, shard_names
 from ferry.common.waker import Waker
 
 from ferry.producer.batcher import Batcher, Job, Outcome
@@ -57,6 +57,8 @@ class Producer:
         self.dataset = dataset
         self.sharded = is_sharded(dataset)  # a stream of shards: "len" is the shard count (producer/shards.py)
         self.dataset_len = len(shard_names(dataset)) if self.sharded else len(dataset)
+        # each shard's samples, told in every HELLO: how a loader that does not hold the dataset knows len()
+        self.shard_lengths = announced_shard_lengths(dataset) if self.sharded else None
         self.fingerprint = dataset_fingerprint(dataset)
         self.producer_id = uuid.uuid4().hex[:12]
         self.name = f"{pysocket.gethostname()}:{os.getpid()}"
@@ -303,7 +305,8 @@ class Producer:
             pid=os.getpid(),
             slots=self.config.slots,
             dataset={"spec": self.config.dataset_label, "len": self.dataset_len, "fingerprint": self.fingerprint,
-                     **({"sharded": True} if self.sharded else {})},
+                     **({"sharded": True} if self.sharded else {}),
+                     **({"shard_lens": self.shard_lengths} if self.shard_lengths is not None else {})},
             **({"shm": self.config.shared_memory[1]} if self._slab is not None else {}),
         )
 

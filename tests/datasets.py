@@ -66,3 +66,34 @@ class PidDataset(PairDataset):
     def __getitem__(self, index: int):
         array, i = super().__getitem__(index)
         return array, i, os.getpid()
+
+
+class ClassSorted:
+    """Sample i is (int64 [i], i // per_class): as ImageFolder orders a folder, class after class."""
+
+    def __init__(self, length: int = 96, per_class: int = 15) -> None:
+        self.length, self.per_class = int(length), int(per_class)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        return np.array([index], dtype=np.int64), index // self.per_class
+
+
+class UserFolder:
+    """A user's folder dataset laid out as torchvision's DatasetFolder (``root``, ``classes``, ``samples``), with no
+    fingerprint of its own: sample i is (the .npy file's array, its class)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+        self.samples = [(os.path.join(root, c, f), label) for label, c in enumerate(self.classes)
+                        for f in sorted(os.listdir(os.path.join(root, c)))]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int):
+        path, label = self.samples[index]
+        return np.load(path), label

@@ -44,6 +44,14 @@ def dealer(ctx: Any, endpoint: str) -> Any:
     return sock
 
 
+def welcome_fields(**given: Any) -> dict[str, Any]:
+    """What a hand-made consumer's WELCOME must say besides session, heartbeat and nonce (common/protocol.py's
+    SCHEMAS): a loader's defaults, overridden by ``given``."""
+    from ferry.common.constants import DEFAULT_FRAME_BYTES, DEFAULT_MAX_BATCH_BYTES
+
+    return {"frame_bytes": DEFAULT_FRAME_BYTES, "max_batch_bytes": DEFAULT_MAX_BATCH_BYTES, "codecs": [], **given}
+
+
 def next_message(sock: Any, kind: str, timeout: float = 10.0) -> tuple[dict, list]:
     """The next message of type ``kind`` a hand-made peer receives, as ``(header, data frames)``; PINGs (and any
     other type) before it are skipped: a consumer pings every heartbeat, so one may come first."""

@@ -26,7 +26,8 @@ from .helpers import LeakCheck
 #: several processes, in order) at half the start-up cost of four under spawn on a two-core machine
 WORKERS = 2
 
-#: the options every adapted loader shares: fast heartbeats, no progress lines, a bounded wait
+#: the options every adapted loader shares: fast heartbeats, no progress lines, a bounded wait for each batch
+#: (DataLoader's timeout)
 COMMON = {"heartbeat": 0.2, "log_every": None, "timeout": 60}
 
 #: the start methods of the cases where the start method matters (a producer-side hook or a dataset class
@@ -46,20 +47,12 @@ def xfail(reason: str) -> Any:
 # --- gaps of issue 18 ----------------------------------------------------------------------------------------
 ITERABLE = ("issue 18: iterable datasets: RemoteLoader refuses a torch IterableDataset without "
             "shards()/iter_shard() (ConfigError), where DataLoader iterates it in each worker")
-TIMEOUT = ("issue 18: timeout semantics: timeout= is the old name of no_producer_timeout (no live producer), "
-           "not DataLoader's limit on each batch: a slow sample from a live producer never times out")
 NON_BATCH_FIRST = ("issue 18: non-batch-first collate_fn outputs: a collate_fn whose leaves are not batch-first "
                    "tensors/arrays (tuple(zip(*batch)), a PackedSequence) is refused as an unusable batch")
 CUSTOM_CLASSES = ("issue 18: collate_fn outputs of custom classes: an object that is not a dict/list/tuple "
                   "tree (SimpleCustomBatch) does not travel")
 DICT_SUBCLASSES = ("issue 18: dict and list subclasses: default_collate keeps a CustomDict/CustomList type, "
                    "Ferry's batch is a plain dict/list")
-ATTRIBUTES = ("issue 18: loader attributes: RemoteLoader has no .dataset (so assigning one is not refused "
-              "as DataLoader refuses it)")
-MP_CONTEXT_OBJECT = ("issue 18: mp_context as a context object: mp_context takes only a start-method name, "
-                     "a multiprocessing context object is a ConfigError (DataLoader takes both)")
-EXCESSIVE_WORKERS = ("issue 18: excessive-worker warning: no UserWarning when local_producers exceeds the CPUs "
-                     "this process may use, as DataLoader warns for num_workers")
 
 # --- gaps these tests found that issue 18 does not list yet (reported with the branch) -----------------------
 UNBATCHED = ("not in issue 18 yet: unbatched mode: batch_size=None is refused (ConfigError), where DataLoader "
@@ -74,8 +67,6 @@ DATASET_AT_BUILD = ("not in issue 18 yet: the dataset is taken when the loader i
 COLLATE_ERROR_CLASS = ("not in issue 18 yet: collate's error class: Ferry's collation raises CollateError (a "
                        "TypeError, which reaches the loop as such) for samples of unequal structure, where "
                        "default_collate raises RuntimeError")
-MP_CONTEXT_UNUSED = ("not in issue 18 yet: mp_context without local producers is ignored, where DataLoader "
-                     "refuses multiprocessing_context with num_workers=0 (ValueError)")
 
 
 class SharedLoaders:

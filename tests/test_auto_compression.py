@@ -251,7 +251,7 @@ def test_remote_links_get_the_codec_that_pays_and_local_links_never_compress():
           120)
     lines = "\n".join(log.message for log in loop.logs)
     assert "compression: trying lz4 on the remote links" in lines and "lz4 kept" in lines
-    assert loop.core.auto.codec == "lz4"
+    assert loop.core.codecs.auto.codec == "lz4"
     assert {t.get("compression") for t in loop.tasks(b"near")} == {None}
     assert {t.get("compression") for t in loop.tasks(b"ipc")} == {None}
     assert loop.tasks(b"far")[-1]["compression"] == "lz4"
@@ -276,7 +276,7 @@ def test_an_explicit_codec_is_named_in_every_task_local_or_not(compression, expe
     loop.hello(b"near")
     loop.start()
     assert {t.get("compression") for t in loop.tasks()} == {expected}
-    assert loop.core.auto is None
+    assert loop.core.codecs.auto is None
 
 
 def test_batches_are_attributed_to_the_codec_their_task_asked_for():
@@ -285,12 +285,12 @@ def test_batches_are_attributed_to_the_codec_their_task_asked_for():
     loop.hello(b"far", slots=4)
     loop.start()
     seen = []
-    original = loop.core.auto.arrived
-    loop.core.auto.arrived = lambda codec, *args: seen.append(codec) or original(codec, *args)
+    original = loop.core.codecs.auto.arrived
+    loop.core.codecs.auto.arrived = lambda codec, *args: seen.append(codec) or original(codec, *args)
     serve(loop, {b"far": {"none": 0.2, "lz4": 0.1, "zstd": 0.1}}, 60)
     asked = [t.get("compression", "none") for t in loop.tasks(b"far")][: len(seen)]
     assert seen == asked and "lz4" in seen  # in order: one producer answers its tasks in order
-    assert not loop.core._asked.keys() - loop.core.dispatcher.tasks.keys()  # nothing kept for answered tasks
+    assert not loop.core.codecs.judged.keys() - loop.core.dispatcher.tasks.keys()  # nothing kept for answered tasks
 
 
 def test_a_lost_producers_tasks_are_forgotten():
@@ -298,12 +298,12 @@ def test_a_lost_producers_tasks_are_forgotten():
     loop.addresses[b"far"] = "10.0.0.2"
     loop.hello(b"far", slots=4)
     loop.start()
-    assert len(loop.core._asked) == 4
+    assert len(loop.core.codecs.judged) == 4
     loop.receive(b"far", dict(type=protocol.BYE))
-    assert loop.core._asked == {}
+    assert loop.core.codecs.judged == {}
     loop.addresses[b"far2"] = "10.0.0.3"
     loop.hello(b"far2", producer="far2", slots=4)
-    assert len(loop.core._asked) == 4
+    assert len(loop.core.codecs.judged) == 4
     loop.start()  # a new run forgets the old one's tasks
-    assert set(loop.core._asked) == set(loop.core.dispatcher.tasks)
+    assert set(loop.core.codecs.judged) == set(loop.core.dispatcher.tasks)
 

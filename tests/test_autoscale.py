@@ -31,6 +31,9 @@ from .helpers import (FullLeakCheck, assert_tree_equal, local_producer_pids, ref
                       wait_for)
 
 MASK = (1 << 63) - 1
+#: The producers here sleep, so more of them than CPUs is the point: the warning of excessive producers (a max above
+#: the CPUs of a small machine) is expected.
+SLEEPERS = "ignore:This RemoteLoader may start up to:UserWarning"
 
 
 # --- the policy, as a unit ------------------------------------------------------------------------------------
@@ -110,6 +113,20 @@ def test_bad_auto_options_are_refused_before_anything_starts(kwargs, error, word
     assert all(word in str(caught.value) for word in words), str(caught.value)
 
 
+def test_auto_warns_of_excessive_producers_only_for_a_max_above_the_cpus():
+    import warnings
+
+    from ferry.consumer.options import warn_excessive_producers
+
+    cpus = len(os.sched_getaffinity(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none expected: the default max is below the CPUs
+        warn_excessive_producers(LocalOptions(count="auto"), stacklevel=1)
+        warn_excessive_producers(LocalOptions(count="auto", max=cpus), stacklevel=1)
+    with pytest.warns(UserWarning, match=rf"may start up to {cpus + 1} local producer.*local_producers_max"):
+        warn_excessive_producers(LocalOptions(count="auto", max=cpus + 1), stacklevel=1)
+
+
 def test_auto_is_one_option_given_either_way():
     assert LocalOptions(count="auto", max=4) == LocalOptions(count="auto", min=None, max=4)
     with pytest.raises(ConfigError, match=r"LocalOptions.min must be an int >= 1, got 0"):
@@ -119,9 +136,8 @@ def test_auto_is_one_option_given_either_way():
 # --- the mechanics, with real processes -------------------------------------------------------------------------
 def _base_seed(generator_seed: int) -> int:
     generator = torch.Generator().manual_seed(generator_seed)
-    for _ in range(2):  # the first draw is the shuffle seed, the second the producers' base seed
-        drawn = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-    return drawn
+    # the first draw, as DataLoader's workers' base seed (tests/test_respawn.py)
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
 
 
 def _gone(pid: int) -> bool:
@@ -132,6 +148,7 @@ def _gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.filterwarnings(SLEEPERS)
 def test_scaling_keeps_the_epoch_exact_gives_fresh_seeds_and_never_replaces_a_producer_asked_to_stop(caplog):
     check = FullLeakCheck()
     with RemoteLoader(dataset=SeedDataset(length=240, delay=0.01), local_producers="auto", local_producers_max=3,
@@ -172,6 +189,7 @@ def test_scaling_keeps_the_epoch_exact_gives_fresh_seeds_and_never_replaces_a_pr
     check.assert_clean()
 
 
+@pytest.mark.filterwarnings(SLEEPERS)
 def test_producers_asked_to_stop_again_and_again_cost_no_attempt():
     """Three producers asked to stop at once, eight times over, while the loop takes batches (each frees a credit,
     and a TASK goes out at once): with ``max_attempts=1`` a task charged an attempt would poison its batch. One
@@ -201,6 +219,7 @@ PERIOD = AUTOSCALE_PERIOD_S
 SLOW_AFTER_S = 5 * PERIOD
 
 
+@pytest.mark.filterwarnings(SLEEPERS)
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_from_one_producer_the_stall_falls_under_10_percent_within_three_control_periods(caplog):

@@ -22,10 +22,7 @@ from torch.utils.data import (
 from ferry import RemoteLoader
 
 from . import parity_datasets as pd
-from .parity_support import (
-    ATTRIBUTES, BULK_START_METHODS, COMMON, EXCESSIVE_WORKERS, ITERABLE, MP_CONTEXT_OBJECT, MP_CONTEXT_UNUSED,
-    UNBATCHED, WORKERS, cpus, local, xfail,
-)
+from .parity_support import BULK_START_METHODS, COMMON, ITERABLE, UNBATCHED, WORKERS, cpus, local, xfail
 
 DATASET = TensorDataset(torch.randn(100, 2, 3, 5, generator=torch.Generator().manual_seed(0)),
                         torch.arange(50).repeat(2))
@@ -84,14 +81,12 @@ def test_invalid_ctor_args_combinations_start_method():
     refused(ValueError, mp_context="bad")
 
 
-@xfail(MP_CONTEXT_OBJECT)
 def test_invalid_ctor_args_combinations_context_type():
     """torch: TestDataLoader.test_invalid_ctor_args_combinations: a context that is neither a name nor a
     context object is a TypeError."""
     refused(TypeError, mp_context=object())
 
 
-@xfail(MP_CONTEXT_UNUSED)
 def test_invalid_ctor_args_combinations_context_without_workers():
     """torch: TestDataLoader.test_invalid_ctor_args_combinations: a start method without workers
     (num_workers=0, here local_producers=0) is a ValueError."""
@@ -128,7 +123,6 @@ def test_invalid_ctor_args_combinations_iterable_style():
 
 
 # --- the loader's surface -----------------------------------------------------------------------------------
-@xfail(ATTRIBUTES)
 def test_invalid_assign_after_init():
     """torch: TestDataLoader.test_invalid_assign_after_init: batch_size, sampler, batch_sampler, drop_last and
     dataset cannot be assigned once the loader is built (ValueError)."""
@@ -172,7 +166,6 @@ def test_builtin_collection_conversion_iterable_style():
         assert [b.tolist() for b in loader] == [[i, i + 1] for i in range(0, 20, 2)]
 
 
-@xfail(EXCESSIVE_WORKERS)
 def test_excessive_thread_creation_warning():
     """torch: TestDataLoader.test_excessive_thread_creation_warning: more workers than CPUs warns. The original
     asks for 1000 workers, which DataLoader only starts on iter(); Ferry starts its producers when built, so

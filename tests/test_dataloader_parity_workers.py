@@ -21,10 +21,9 @@ from torch.utils.data import IterableDataset, TensorDataset, get_worker_info
 from ferry import RemoteLoader
 
 from . import parity_datasets as pd
-from .helpers import local_producer_pids
+from .helpers import local_producer_pids, wait_for
 from .parity_support import (
-    BULK_START_METHODS, COMMON, DATASET_AT_BUILD, ITERABLE, MP_CONTEXT_OBJECT,
-    START_METHODS, TIMEOUT, keep_for_spawn, local, xfail,
+    BULK_START_METHODS, COMMON, DATASET_AT_BUILD, ITERABLE, START_METHODS, keep_for_spawn, local, xfail,
 )
 
 #: one DataLoader worker: one loading thread, one batch at a time
@@ -145,7 +144,6 @@ def test_worker_seed_reproducibility(method):
 
 
 # --- timeouts -----------------------------------------------------------------------------------------------
-@xfail(TIMEOUT)
 def test_timeout():
     """torch: TestDataLoader.test_timeout: timeout=1 and a first sample that takes longer: the loop raises a
     RuntimeError "timed out after 1 seconds" instead of waiting. (1.5 s here for the original's 3 s.)"""
@@ -159,10 +157,14 @@ def test_ind_worker_queue(method):
     """torch: TestIndividualWorkerQueue.test_ind_worker_queue: worker_init_fn is a bound method of the dataset
     that records the worker id on it; batches come in order, each made by one worker, with the id its init
     recorded on the very copy that serves. (DataLoader's fixed round-robin of batches over workers does not
-    apply: Ferry gives each batch to whichever producer has a free slot.)"""
+    apply: Ferry gives each batch to whichever producer has a free slot.) The original's timeout=5 is
+    DataLoader's limit on each batch; its workers fork, and a spawned producer's start (a fresh interpreter
+    importing torch) can take longer than that on a loaded machine, so the batches are timed once the producers
+    are up."""
     dataset, batch_size = pd.WorkerQueue(range(128)), 8
     with local(dataset, method, batch_size=batch_size, timeout=5,
                producer_init=dataset.worker_init_fn) as loader:
+        wait_for(lambda: loader.stats()["producers"] == 2, 60, "both producers to start")
         batches = list(loader)
     assert len(batches) == 128 // batch_size
     for i, (worker_ids, samples) in enumerate(batches):
@@ -180,7 +182,6 @@ def test_multiprocessing_contexts(start_method):
     assert len(got) == len(expected) and all(torch.equal(g, e) for g, e in zip(got, expected))
 
 
-@xfail(MP_CONTEXT_OBJECT)
 def test_multiprocessing_contexts_objects():
     """torch: TestDataLoaderCUDA.test_multiprocessing_contexts, its context-object part:
     multiprocessing_context=mp.get_context(name) works as the name does."""

@@ -15,18 +15,18 @@ from .helpers import dealer, wait_for
 
 
 def test_no_producers_names_the_endpoint_and_the_count_seen(endpoint):
-    with RemoteLoader(endpoint=endpoint, batch_size=2, dataset_len=10, timeout=0.5) as loader:
+    with RemoteLoader(endpoint=endpoint, batch_size=2, dataset_len=10, no_producer_timeout=0.5) as loader:
         started = time.monotonic()
         with pytest.raises(NoProducersError) as info:
             next(iter(loader))
         assert time.monotonic() - started < 10
     message = str(info.value)
-    assert endpoint in message and "seen 0 producer(s)" in message and "timeout=0.5" in message
+    assert endpoint in message and "seen 0 producer(s)" in message and "no_producer_timeout=0.5" in message
 
 
 def test_no_producers_after_the_last_one_left(endpoint, spawn):
     producer = spawn(endpoint, "synthetic", {"length": 400, "shape": [2], "delay": 0.01}, threads=1, slots=1)
-    with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, timeout=1.0) as loader:
+    with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, no_producer_timeout=1.0) as loader:
         # start-up is not what this test times: on a loaded machine a producer may take over 1 s to start
         wait_for(lambda: loader.stats()["producers"] >= 1, 60, "the producer to register")
         it = iter(loader)

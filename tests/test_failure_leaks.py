@@ -21,7 +21,7 @@ needs_shm = pytest.mark.usefixtures("needs_shared_memory")
 def test_no_producers_error_leaves_nothing(endpoint):
     check = FullLeakCheck()
     with pytest.raises(NoProducersError):
-        with RemoteLoader(endpoint=endpoint, batch_size=2, dataset_len=10, timeout=0.3) as loader:
+        with RemoteLoader(endpoint=endpoint, batch_size=2, dataset_len=10, no_producer_timeout=0.3) as loader:
             next(iter(loader))
     check.assert_clean()
 

@@ -2,7 +2,8 @@
 
 A wrong option is a ConfigError that is also a TypeError (a wrong type) or a ValueError (out of range), and
 its message names the option, the value and what was expected. Every flat keyword that worked before the
-option groups keeps working with the same meaning.
+option groups keeps working with the same meaning, but ``timeout``: once the old name of ``no_producer_timeout``,
+it is now DataLoader's limit on each batch (issue 18).
 """
 
 import glob
@@ -109,6 +110,9 @@ BAD = [
     ({"local_producers": 2, "dataset": "synthetic", "producer_threads": "4"}, TypeError, ["producer_threads", "'4'"]),
     ({"local_producers": 2, "dataset": "synthetic", "producer_slots": 0}, ValueError, ["producer_slots", "0"]),
     ({"local_producers": 2, "dataset": "synthetic", "mp_context": "thread"}, ValueError, ["mp_context", "'thread'"]),
+    ({"local_producers": 2, "dataset": "synthetic", "mp_context": 3}, TypeError, ["mp_context", "3", "context"]),
+    ({"local_producers": 0, "dataset": "synthetic", "mp_context": "spawn"}, ValueError,
+     ["mp_context applies to local producers", "local_producers=0"]),
     ({"local_producers": 2, "dataset": "synthetic", "shared_memory": "no"}, TypeError, ["shared_memory", "'no'"]),
     ({"local_producers": 2}, ValueError, ["local_producers needs a dataset"]),
     ({"curve_secret_key": 5, "curve_authorized_keys": "k"}, TypeError, ["curve_secret_key", "5"]),
@@ -135,15 +139,18 @@ def test_a_bad_option_raises_in_the_constructor_before_anything_starts(kwargs, b
 
 
 @pytest.mark.parametrize("forever", [0, 0.0, None])
-def test_timeout_zero_or_none_means_wait_forever(endpoint, forever):
+def test_zero_or_none_means_no_limit_for_either_timeout(endpoint, forever):
+    """``timeout`` is DataLoader's limit on each batch (0: none, DataLoader's default), ``no_producer_timeout``
+    Ferry's on the wait for producers (math.inf: none); neither sets the other."""
     with RemoteLoader(endpoint=endpoint, batch_size=4, timeout=forever, dataset_len=20) as loader:
-        assert loader.no_producer_timeout == loader.timeout == math.inf
+        assert loader.timeout == 0 and loader.no_producer_timeout == DEFAULT_TIMEOUT_S
     with RemoteLoader(endpoint=endpoint, batch_size=4, no_producer_timeout=forever, dataset_len=20) as loader:
-        assert loader.no_producer_timeout == loader.timeout == math.inf
+        assert loader.no_producer_timeout == math.inf and loader.timeout == 0
 
 
 def test_a_loader_that_waits_forever_outlasts_a_finite_timeout_then_serves(endpoint, spawn):
-    with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, timeout=None, dataset_len=20) as loader:
+    with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, no_producer_timeout=None,
+                      dataset_len=20) as loader:
         got, failure = [], []
 
         def consume():
@@ -164,14 +171,16 @@ def test_a_loader_that_waits_forever_outlasts_a_finite_timeout_then_serves(endpo
 
 def test_a_finite_no_producer_timeout_still_fires(endpoint):
     with RemoteLoader(endpoint=endpoint, batch_size=4, no_producer_timeout=0.5, dataset_len=8) as loader:
-        assert loader.timeout == loader.no_producer_timeout == 0.5
-        with pytest.raises(NoProducersError, match=r"timeout=0.5"):
+        assert loader.no_producer_timeout == 0.5 and loader.timeout == 0
+        with pytest.raises(NoProducersError, match=r"no_producer_timeout=0.5"):
             next(iter(loader))
 
 
-def test_timeout_and_no_producer_timeout_together_is_an_error(endpoint):
-    with pytest.raises(ConfigError, match="timeout= and no_producer_timeout= both given"):
-        RemoteLoader(endpoint=endpoint, timeout=5, no_producer_timeout=5)
+def test_timeout_and_no_producer_timeout_are_two_options(endpoint):
+    """``timeout`` was once the old name of ``no_producer_timeout``; now it is DataLoader's, and both may be given
+    (tests/test_dataloader_meanings.py checks what each does)."""
+    with RemoteLoader(endpoint=endpoint, timeout=5, no_producer_timeout=7) as loader:
+        assert (loader.timeout, loader.no_producer_timeout) == (5, 7)
 
 
 def test_every_old_flat_keyword_is_still_accepted():
@@ -245,13 +254,13 @@ def test_the_groups_check_their_fields_and_their_type():
 
 def test_options_cannot_be_assigned_after_construction(endpoint):
     with RemoteLoader(endpoint=endpoint, batch_size=4, dataset_len=8) as loader:
-        assert loader.timeout == DEFAULT_TIMEOUT_S
+        assert loader.timeout == 0 and loader.no_producer_timeout == DEFAULT_TIMEOUT_S
         for name, value in [("batch_size", 8), ("shuffle", True), ("timeout", 5), ("endpoints", ())]:
             with pytest.raises(ValueError, match=rf"RemoteLoader\.{name} cannot be changed"):
                 setattr(loader, name, value)
         with pytest.raises(ConfigError, match="batch_size"):
             del loader.batch_size
-        assert loader.batch_size == 4 and loader.shuffle is False and loader.timeout == DEFAULT_TIMEOUT_S
+        assert loader.batch_size == 4 and loader.shuffle is False and loader.timeout == 0
         with pytest.raises(ConfigTypeError, match=r"epoch must be an int >= 0, got '3'"):
             loader.set_epoch("3")
         loader.set_epoch(3)  # the loader's own state still moves

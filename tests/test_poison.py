@@ -12,7 +12,7 @@ import zmq
 from ferry import NoProducersError, PoisonTaskError, RemoteLoader, SampleIndexError
 from ferry.common import protocol
 
-from .helpers import dealer, hello, wait_for
+from .helpers import dealer, hello, wait_for, welcome_fields
 
 
 def test_a_sampler_index_outside_the_dataset_raises_at_its_batch_within_10_s(endpoint, spawn):
@@ -45,7 +45,8 @@ def test_a_producer_answers_a_task_outside_its_dataset_with_a_fail_naming_the_in
         peer, frame = router.recv_multipart()
         hello = protocol.parse_header(frame)
         assert hello["type"] == protocol.HELLO
-        router.send_multipart([peer, protocol.pack(protocol.WELCOME, session=5, heartbeat=0.2, nonce=hello["nonce"])])
+        router.send_multipart([peer, protocol.pack(protocol.WELCOME, session=5, heartbeat=0.2, nonce=hello["nonce"],
+                                                   **welcome_fields())])
         router.send_multipart([peer, protocol.pack(protocol.TASK, session=5, task=1, epoch=0, seq=0, indices=[3, 99],
                                                    on_error="skip")])
         deadline = time.monotonic() + 10
@@ -85,7 +86,7 @@ def test_producers_that_keep_rejoining_without_delivering_hit_the_no_progress_ti
     # must end it first.
     spawn(endpoint, "tests.datasets:PairDataset", {"length": 20, "delay": 30}, threads=1, slots=1)
     with RemoteLoader(endpoint=endpoint, batch_size=2, heartbeat=0.2, task_timeout=0.5, max_attempts=30,
-                      timeout=4) as loader:
+                      no_producer_timeout=4) as loader:
         wait_for(lambda: loader.stats()["producers"] == 1, 20, "the producer")
         began = time.monotonic()
         with pytest.raises(NoProducersError, match="kept joining and leaving") as caught:

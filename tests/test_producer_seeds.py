@@ -25,11 +25,10 @@ def _seeds(generator_seed: int) -> set[int]:
 
 
 def _base_seed(generator_seed: int) -> int:
-    """The producers' base seed: the generator's second draw (the first is the shuffle seed), as documented."""
+    """The producers' base seed: the generator's first draw, as DataLoader's first iteration draws its workers'
+    (it is the loader's seed too), as documented."""
     generator = torch.Generator().manual_seed(generator_seed)
-    for _ in range(2):
-        drawn = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-    return drawn
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
 
 
 def test_each_of_6_producers_loads_a_sample_with_its_own_seed():

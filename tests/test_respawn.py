@@ -25,9 +25,8 @@ MASK = (1 << 63) - 1
 
 def _base_seed(generator_seed: int) -> int:
     generator = torch.Generator().manual_seed(generator_seed)
-    for _ in range(2):  # the first draw is the shuffle seed, the second the producers' base seed
-        drawn = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-    return drawn
+    # the first draw, as DataLoader's workers' base seed (it is the loader's seed too)
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
 
 
 def _live(loader) -> set[int]:

@@ -39,7 +39,7 @@ def test_every_loader_keyword_is_declared_once_and_documented():
 
 def test_the_options_both_sides_take_are_one_declaration():
     producer, local, transport = declarations(ProducerConfig), declarations(LocalOptions), declarations(TransportOptions)
-    for name in ("threads", "slots", "transform", "collate", "init"):
+    for name in ("threads", "slots", "transform", "collate", "init", "collate_args", "transform_args"):
         assert local[name] is producer[name], name
     for name in ("heartbeat", "liveness"):
         assert transport[name] is producer[name], name
@@ -48,7 +48,7 @@ def test_the_options_both_sides_take_are_one_declaration():
     values = shared_values(ProducerConfig, LocalOptions(count=2, threads=3, transform="m:f"),
                            TransportOptions(heartbeat=0.5))
     assert values == {"threads": 3, "slots": 2, "heartbeat": 0.5, "liveness": 5, "transform": "m:f", "init": None,
-                      "collate": None}
+                      "collate": None, "collate_args": {}, "transform_args": {}}
 
 
 @pytest.mark.parametrize("name, value, group", [
@@ -93,6 +93,8 @@ VARIABLES = {
     "FERRY_SEED": ("-3", -3, "random"),
     "FERRY_INIT": ("m:g", "m:g", None),
     "FERRY_COLLATE": ("m:h", "m:h", None),
+    "FERRY_COLLATE_ARGS": ('{"alpha": 0.2}', {"alpha": 0.2}, '["alpha"]'),
+    "FERRY_TRANSFORM_ARGS": ('{"size": [3, 4]}', {"size": [3, 4]}, "size=3"),
     "FERRY_COMPRESSION": ("LZ4", "lz4", "gzip"),
     "FERRY_CURVE_KEY": ("k.key_secret", "k.key_secret", None),
     "FERRY_CURVE_SERVER_KEY": ("server.key", "server.key", None),

@@ -12,26 +12,34 @@ A *spec* names a map-style dataset (``__len__`` + ``__getitem__``), or a sharded
 
 Every dataset has a *fingerprint*: a short string that two producers of the same data agree on. A
 dataset may define ``fingerprint`` (a str attribute or a method); otherwise it is the class's qualified
-name and the length. The consumer rejects a producer whose fingerprint differs from the first one's.
+name, the length and, for a folder dataset laid out as torchvision's ``DatasetFolder`` (``root`` and
+``samples``, a list of ``(path, label)``), a digest of each file's relative path, label and size. The
+built-in datasets cover their content (files, or shard names and sizes) and their decoding options. The
+consumer rejects a producer whose fingerprint differs from the first one's.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import json
+import textwrap
 from typing import Any, Callable, Iterable
 
-from ferry.common.datasets.folders import scan_class_folders
+from ferry.common.datasets.folders import files_digest, folder_samples, scan_class_folders
 from ferry.common.datasets.images import ImageFolderDataset
 from ferry.common.datasets.npy import NpyFolderDataset, read_npy_header, read_npy_into
 from ferry.common.datasets.packed import PackedDataset
 from ferry.common.datasets.synthetic import SyntheticDataset
 from ferry.common.datasets.tarshards import TarShardsDataset
 from ferry.common.errors import DatasetSpecError, MissingExtraError, SampleLoadError
+from ferry.common.kinds import parse_keyword_args
 from ferry.common.shardplan import is_sharded, shard_fingerprint, shard_names
 
 __all__ = [
     "BUILTINS",
+    "describe_builtins",
     "SyntheticDataset",
     "NpyFolderDataset",
     "SampleLoadError",
@@ -43,6 +51,7 @@ __all__ = [
     "resolve_dataset",
     "resolve_callable",
     "parse_dataset_args",
+    "bind_hook",
     "dataset_fingerprint",
     "read_npy_header",
     "read_npy_into",
@@ -58,6 +67,29 @@ BUILTINS: dict[str, Callable[..., Any]] = {
     "image-folder": ImageFolderDataset,
     "tar-shards": TarShardsDataset,  # a sharded (streaming) source: WebDataset .tar files
 }
+
+#: What each built-in serves, in a line: ``python -m ferry.producer --help`` lists them (:func:`describe_builtins`).
+ABOUT = {
+    "synthetic": "generated (array, label) samples whose content depends only on the index; delay: seconds per "
+                 "sample, standing in for storage",
+    "npy-folder": ".npy files in class folders, root/<class>/<name>.npy, labelled as torchvision's ImageFolder",
+    "packed": "the fixed-size records ferry pack writes: one read per sample, the fastest",
+    "image-folder": "PNG, JPEG and TIFF in class folders as (C, H, W) arrays; ordinary photos need mode=RGB and "
+                    "resize/crop (or a --transform) to batch (pip install 'ferry[images]')",
+    "tar-shards": "WebDataset .tar shards (a glob or a folder), streamed shard by shard; shuffle_buffer shuffles "
+                  "within each shard; mode/resize/crop decode images as image-folder does",
+}
+
+
+def describe_builtins(width: int = 110) -> str:
+    """Every built-in with its keyword arguments (and their defaults) and what it serves, wrapped to ``width``."""
+    lines = []
+    for name, factory in BUILTINS.items():
+        arguments = [p.name if p.default is p.empty else f"{p.name}={json.dumps(p.default)}"
+                     for p in inspect.signature(factory).parameters.values()]
+        text = f"{name} {' '.join(arguments)}: {ABOUT.get(name, '')}"
+        lines += textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="      ")
+    return "\n".join(lines)
 
 
 def resolve_dataset(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
@@ -91,29 +123,31 @@ def resolve_dataset(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
     return dataset
 
 
-def transformed_fingerprint(fingerprint: str, transform: Any) -> str:
+def transformed_fingerprint(fingerprint: str, transform: Any, args: dict[str, Any] | None = None) -> str:
     """The fingerprint of a dataset whose samples pass through ``transform`` (a spec, or a callable, named
-    by its module and qualified name): a producer applying another transform serves another stream."""
+    by its module and qualified name) with its keyword arguments ``args``: a producer applying another
+    transform serves another stream."""
     if not isinstance(transform, str):
         module = getattr(transform, "__module__", "?")
         module = "__main__" if module == "__mp_main__" else module
         transform = f"{module}:{getattr(transform, '__qualname__', type(transform).__qualname__)}"
-    return f"{fingerprint}|transform={transform}"
+    told = f"{fingerprint}|transform={transform}"
+    return told + (f"({', '.join(f'{k}={v!r}' for k, v in sorted(args.items()))})" if args else "")
 
 
 class Transformed:
     """A dataset whose samples pass through ``transform`` (a producer-side, per-sample hook): a callable, or
-    the ``package.module:callable`` spec of one."""
+    the ``package.module:callable`` spec of one, with its keyword arguments ``args`` (see :func:`bind_hook`)."""
 
-    def __new__(cls, dataset: Any, transform: Any) -> "Transformed":
+    def __new__(cls, dataset: Any, transform: Any, args: dict[str, Any] | None = None) -> "Transformed":
         if cls is Transformed and is_sharded(dataset):  # the sharded contract passes through, transformed
             return super().__new__(TransformedShards)
         return super().__new__(cls)
 
-    def __init__(self, dataset: Any, transform: Any) -> None:
+    def __init__(self, dataset: Any, transform: Any, args: dict[str, Any] | None = None) -> None:
         self.dataset, self.spec = dataset, transform
-        self.transform = resolve_callable(transform) if isinstance(transform, str) else transform
-        self.fingerprint = transformed_fingerprint(dataset_fingerprint(dataset), transform)
+        self.transform = bind_hook(transform, args, "transform")
+        self.fingerprint = transformed_fingerprint(dataset_fingerprint(dataset), transform, args)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -160,21 +194,44 @@ def resolve_callable(spec: str, what: str = "transform") -> Any:
 
 
 def parse_dataset_args(pairs: Iterable[str]) -> dict[str, Any]:
-    """Parse ``key=value`` strings; values are JSON when they parse, else plain strings."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise DatasetSpecError(f"dataset argument {pair!r} must look like key=value")
+    """Parse ``key=value`` strings; values are JSON when they parse, else plain strings.
+
+    Raises:
+        DatasetSpecError: a string that is not ``key=value``.
+    """
+    return parse_keyword_args(pairs, "dataset argument")
+
+
+def bind_hook(hook: Any, args: dict[str, Any] | None, what: str) -> Any:
+    """``hook`` (a callable or its ``package.module:callable`` spec) with its keyword arguments ``args``: a class is
+    built with them and its instance is the hook; a function gets them as keywords on every call
+    (``functools.partial``). Without arguments, the callable itself.
+
+    Raises:
+        DatasetSpecError: the spec cannot be resolved, the function does not take these keywords, or building the
+            class raised; the message names the hook.
+    """
+    fn = resolve_callable(hook, what) if isinstance(hook, str) else hook
+    if not args:
+        return fn
+    name = hook if isinstance(hook, str) else getattr(fn, "__qualname__", repr(fn))
+    if isinstance(fn, type):
         try:
-            out[key] = json.loads(raw)
-        except ValueError:
-            out[key] = raw
-    return out
+            return fn(**args)
+        except Exception as exc:
+            raise DatasetSpecError(f"{what} {name} with {args!r} failed: {type(exc).__name__}: {exc}") from exc
+    try:
+        inspect.signature(fn).bind(None, **args)  # the sample (or samples) and the arguments
+    except TypeError as exc:
+        raise DatasetSpecError(f"{what} {name} does not take {args!r}: {exc}") from None
+    except ValueError:  # no signature to check (some builtins): the first call tells
+        pass
+    return functools.partial(fn, **args)
 
 
 def dataset_fingerprint(dataset: Any) -> str:
-    """The dataset's own ``fingerprint`` if it has one, else its class's qualified name and its length."""
+    """The dataset's own ``fingerprint`` if it has one, else its class's qualified name and its length, and for
+    a folder dataset a digest of its files (see the module docstring)."""
     own = getattr(dataset, "fingerprint", None)
     if callable(own):
         own = own()
@@ -185,4 +242,6 @@ def dataset_fingerprint(dataset: Any) -> str:
     cls = type(dataset)
     # a class defined in the training script is __main__.X there and __mp_main__.X in a spawned producer
     module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
-    return f"{module}.{cls.__qualname__}:{len(dataset)}"
+    folder = folder_samples(dataset)
+    files = f":files={files_digest(*folder)}" if folder is not None else ""
+    return f"{module}.{cls.__qualname__}:{len(dataset)}{files}"

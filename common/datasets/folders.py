@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import os
 
-__all__ = ["scan_class_folders"]
+from typing import Any, Sequence
+
+__all__ = ["scan_class_folders", "files_digest", "folder_samples"]
 
 
 def scan_class_folders(root: str, extensions: tuple[str, ...], kind: str,
@@ -20,7 +22,29 @@ def scan_class_folders(root: str, extensions: tuple[str, ...], kind: str,
         files = sorted(f for f in os.listdir(folder)
                        if (os.path.splitext(f)[1].lower() if fold_case else os.path.splitext(f)[1]) in extensions)
         samples.extend((os.path.join(folder, f), label) for f in files)
+    return classes, samples, f"{kind}:{len(samples)}:{files_digest(root, samples)}"
+
+
+def files_digest(root: str, samples: Sequence[tuple[str, Any]]) -> str:
+    """A digest of each sample's path relative to ``root``, its label and its file's size, in sample order: two
+    folders agree when they list the same files, as large, under the same labels, in the same order (a renamed
+    class or a replaced file changes it; a file that cannot be read counts as size -1)."""
     digest = hashlib.sha1()
     for path, label in samples:
-        digest.update(f"{os.path.relpath(path, root)}:{label}:{os.path.getsize(path)}\n".encode())
-    return classes, samples, f"{kind}:{len(samples)}:{digest.hexdigest()[:16]}"
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = -1
+        digest.update(f"{os.path.relpath(path, root)}:{label}:{size}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def folder_samples(dataset: Any) -> tuple[str, list[tuple[str, Any]]] | None:
+    """``(root, samples)`` of a dataset laid out as torchvision's ``DatasetFolder`` (``ImageFolder``) is: a ``root``
+    folder and ``samples``, a list of ``(path, label)``; None for any other dataset."""
+    root, samples = getattr(dataset, "root", None), getattr(dataset, "samples", None)
+    if not isinstance(root, (str, os.PathLike)) or not isinstance(samples, (list, tuple)):
+        return None
+    if not all(isinstance(s, tuple) and len(s) == 2 and isinstance(s[0], (str, os.PathLike)) for s in samples):
+        return None
+    return os.fspath(root), [(os.fspath(path), label) for path, label in samples]

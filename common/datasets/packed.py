@@ -103,7 +103,12 @@ class PackedDataset:
 
 def pack(dataset: Any, out: str, *, shard_bytes: int = DEFAULT_SHARD_BYTES, classes: Iterable[str] = (),
          progress: Any = None) -> dict[str, Any]:
-    """Write ``dataset`` (samples ``(array, label)`` of one shape and dtype) as a packed folder."""
+    """Write ``dataset`` (samples ``(array, label)`` of one shape and dtype) as a packed folder; ``progress(done,
+    total, bytes_written)`` is called after every sample.
+
+    Raises:
+        DatasetError: an empty dataset, or a sample of another shape or dtype than the first.
+    """
     n = len(dataset)
     if n == 0:
         raise DatasetError("cannot pack an empty dataset")
@@ -132,8 +137,8 @@ def pack(dataset: Any, out: str, *, shard_bytes: int = DEFAULT_SHARD_BYTES, clas
         handle.write(memoryview(array.reshape(-1).view(np.uint8)))
         labels[i] = int(label)
         shards[-1]["count"] += 1
-        if progress and (i + 1) % 1000 == 0:
-            progress(i + 1, n)
+        if progress is not None:
+            progress(i + 1, n, (i + 1) * record)
     handle.close()
     np.save(os.path.join(out, "labels.npy"), labels)
     index = {"format": FORMAT, "version": 1, "dtype": dtype.str, "shape": list(shape), "record_bytes": record,

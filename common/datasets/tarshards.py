@@ -1,4 +1,4 @@
-"""The ``tar-shards`` dataset: a sharded (streaming) source in the WebDataset convention, and its writer.
+"""The ``tar-shards`` dataset: a sharded (streaming) source in the WebDataset convention.
 
 A shard is a ``.tar`` file; its members are grouped into samples by *key*: the member's path up to the first
 dot of its file name (``000017.npy`` and ``000017.cls`` are one sample, key ``000017``), in the order they
@@ -6,7 +6,8 @@ appear. Each member is decoded by its last extension:
 
 * ``.npy``: the array (``allow_pickle=False``);
 * ``.png``, ``.jpg``, ``.jpeg``, ``.tif``, ``.tiff``: the image as image-folder reads it, channels first
-  (C, H, W) in the file's dtype (Pillow or tifffile: ``pip install 'ferry[images]'``);
+  (C, H, W) in the file's dtype, with the same ``mode``, ``resize`` and ``crop`` options (:mod:`.decoding`;
+  Pillow or tifffile: ``pip install 'ferry[images]'``);
 * ``.cls``: an int label (decimal text);
 * anything else: the member's bytes.
 
@@ -14,34 +15,61 @@ A sample of one array (or image) and a ``.cls`` is ``(array, label)``, as npy-fo
 it; a sample of one member is that value; any other sample is a dict from extension to value.
 
 Shard names are the files' paths relative to the folder the glob's matches share, so producers that mount
-the data in different places still agree on them. ``shard_len`` counts a shard's keys by reading the tar's
-headers (member data is skipped), so ``len(loader)`` is known.
+the data in different places still agree on them; the fingerprint covers the names, the files' sizes, the
+shuffle buffer and the decoding options. ``shard_len`` comes from :data:`SHARD_INDEX` in that folder (wids'
+shard index, which ``ferry pack --format tar`` writes) for each shard it lists at its current size, else from
+counting the tar's headers (member data is skipped); producers announce the lengths, so ``len(loader)`` is
+known. ``shuffle_buffer`` shuffles within each shard (:mod:`ferry.common.shardplan`).
 
-:func:`pack_tar` (``ferry pack --format tar``) writes any map-style dataset of ``(array, label)`` samples (or
-bare arrays) as such shards: ``shard-00000.tar`` … with members ``<index>.npy`` and ``<index>.cls``.
+The writer, :func:`~ferry.common.datasets.tarpack.pack_tar` (``ferry pack --format tar``), is in
+:mod:`.tarpack`.
 """
 
 from __future__ import annotations
 
 import glob as globbing
+import hashlib
 import io
+import json
 import os
 import tarfile
 from typing import Any, Iterator
 
 import numpy as np
 
+from ferry.common.datasets.decoding import EXTENSIONS as IMAGE_EXTENSIONS
+from ferry.common.datasets.decoding import ImageDecoding
 from ferry.common.errors import DatasetError, SampleLoadError
 
-__all__ = ["TarShardsDataset", "pack_tar", "decode_member"]
+__all__ = ["TarShardsDataset", "pack_tar", "decode_member", "SHARD_INDEX", "read_shard_index"]
 
-IMAGE_EXTENSIONS = {".png": "pillow", ".jpg": "pillow", ".jpeg": "pillow", ".tif": "tifffile", ".tiff": "tifffile"}
+#: The shard index ``ferry pack --format tar`` writes beside the shards, in wids' format (webdataset's indexed
+#: datasets): ``{"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": [{"url", "nsamples",
+#: "filesize"}, ...]}``, urls relative to its folder.
+SHARD_INDEX = "shardindex.json"
+INDEX_KIND = "wids-shard-index-v1"
 
 
 class TarShardsDataset:
-    """``.tar`` shards matching ``pattern`` (a glob, or a folder: its ``*.tar``); see the module docstring."""
+    """``.tar`` shards matching ``pattern`` (a glob, or a folder: its ``*.tar``); see the module docstring.
 
-    def __init__(self, pattern: str) -> None:
+    Args:
+        pattern: a glob of ``.tar`` files, or a folder.
+        shuffle_buffer: with a loader's ``shuffle=True``, each shard's samples pass through a buffer of this many,
+            seeded from (seed, epoch, shard) only (:func:`ferry.common.shardplan.shuffled`); 0: file order.
+        mode, resize, crop: how image members are decoded, as image-folder's options (:mod:`.decoding`).
+
+    Raises:
+        FileNotFoundError: no file matches ``pattern``.
+        DatasetError: an option out of range.
+    """
+
+    def __init__(self, pattern: str, shuffle_buffer: int = 0, mode: str | None = None, resize: Any = None,
+                 crop: Any = None) -> None:
+        if not isinstance(shuffle_buffer, int) or isinstance(shuffle_buffer, bool) or shuffle_buffer < 0:
+            raise DatasetError(f"tar-shards: shuffle_buffer must be an int >= 0 (samples), got {shuffle_buffer!r}")
+        self.shuffle_buffer = shuffle_buffer
+        self.decoding = ImageDecoding.of(mode, resize, crop)
         pattern = os.path.abspath(os.path.expanduser(os.fspath(pattern)))
         if os.path.isdir(pattern):
             pattern = os.path.join(pattern, "*.tar")
@@ -51,12 +79,20 @@ class TarShardsDataset:
         self.pattern = pattern
         base = os.path.commonpath([os.path.dirname(p) for p in paths])
         self._paths = {os.path.relpath(p, base): p for p in paths}
-        self._lengths: dict[str, int] = {}
+        sizes = {name: os.path.getsize(path) for name, path in self._paths.items()}
+        self._lengths = {name: count for name, (count, size) in read_shard_index(base).items()
+                         if sizes.get(name) == size}  # an entry for a file since rewritten is not trusted
+        digest = hashlib.sha256("".join(f"{name}:{size}\n" for name, size in sizes.items()).encode())
+        options = ",".join(filter(None, [f"buffer={shuffle_buffer}" if shuffle_buffer else "",
+                                         self.decoding.describe()]))
+        self.fingerprint = f"tar-shards:{len(paths)}:{digest.hexdigest()[:16]}" + (f":{options}" if options else "")
 
     def shards(self) -> list[str]:
         return list(self._paths)
 
     def shard_len(self, name: str) -> int:
+        """Samples in shard ``name``: from the shard index when it lists the file at its size, else counted from
+        the tar's headers (member data is skipped)."""
         if name not in self._lengths:
             with tarfile.open(self._path(name), "r:") as tar:
                 self._lengths[name] = len({_key(m.name) for m in tar if m.isfile()})
@@ -71,14 +107,14 @@ class TarShardsDataset:
                     continue
                 this = _key(member.name)
                 if this != key and members:
-                    yield _sample(members, key, path)
+                    yield _sample(members, key, path, self.decoding)
                     members = {}
                 key = this
                 extension = member.name[len(this):]
                 handle = tar.extractfile(member)
                 members[extension] = handle.read() if handle is not None else b""
             if members:
-                yield _sample(members, key, path)
+                yield _sample(members, key, path, self.decoding)
 
     def _path(self, name: str) -> str:
         try:
@@ -88,14 +124,27 @@ class TarShardsDataset:
                                f"matching {self.pattern!r})") from None
 
 
+def read_shard_index(folder: str) -> dict[str, tuple[int, int]]:
+    """``{shard name: (samples, file size)}`` from ``folder``'s :data:`SHARD_INDEX`; empty without one (or with
+    one that is not a wids shard index: it is then ignored, and the shards counted)."""
+    try:
+        with open(os.path.join(folder, SHARD_INDEX)) as f:
+            index = json.load(f)
+        return {str(e["url"]): (int(e["nsamples"]), int(e["filesize"])) for e in index["shardlist"]
+                if index.get("__kind__") == INDEX_KIND}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
 def _key(member_name: str) -> str:
     folder, base = os.path.split(member_name)
     return os.path.join(folder, base.split(".", 1)[0])
 
 
-def _sample(members: dict[str, bytes], key: Any, path: str) -> Any:
+def _sample(members: dict[str, bytes], key: Any, path: str, decoding: ImageDecoding) -> Any:
     try:
-        values = {extension.lstrip("."): decode_member(extension, data) for extension, data in members.items()}
+        values = {extension.lstrip("."): decode_member(extension, data, decoding)
+                  for extension, data in members.items()}
     except Exception as exc:
         raise SampleLoadError(f"cannot decode sample {key!r} of {path}: {type(exc).__name__}: {exc}") from exc
     if len(values) == 2 and "cls" in values:
@@ -107,69 +156,20 @@ def _sample(members: dict[str, bytes], key: Any, path: str) -> Any:
     return dict(sorted(values.items()))
 
 
-def decode_member(extension: str, data: bytes) -> Any:
-    """A member's value, by its last extension (see the module docstring)."""
+def decode_member(extension: str, data: bytes, decoding: ImageDecoding = ImageDecoding()) -> Any:
+    """A member's value, by its last extension (see the module docstring); images as ``decoding`` says."""
     last = "." + extension.rsplit(".", 1)[-1].lower()
     if last == ".npy":
         return np.load(io.BytesIO(data), allow_pickle=False)
     if last == ".cls":
         return int(data.decode().strip())
     if last in IMAGE_EXTENSIONS:
-        from ferry.common.datasets.images import _chw, _import
-
-        if IMAGE_EXTENSIONS[last] == "pillow":
-            with _import("pillow").open(io.BytesIO(data)) as image:
-                return _chw(np.asarray(image), channels_last=True)
-        with _import("tifffile").TiffFile(io.BytesIO(data)) as tiff:
-            series = tiff.series[0]
-            return _chw(series.asarray(), channels_last=series.axes.endswith("S"))
+        return decoding.read(data, last)
     return data
 
 
-def pack_tar(dataset: Any, out: str, *, shard_samples: int = 1000, progress: Any = None) -> list[str]:
-    """Write a map-style ``dataset`` as WebDataset ``.tar`` shards of ``shard_samples`` samples each in ``out``.
+def pack_tar(dataset: Any, out: str, **options: Any) -> list[str]:
+    """Write ``dataset`` as ``.tar`` shards: :func:`ferry.common.datasets.tarpack.pack_tar`."""
+    from ferry.common.datasets.tarpack import pack_tar as write
 
-    Samples must be ``(array, label)`` or bare arrays. Returns the shard file names, in order.
-
-    Raises:
-        DatasetError: an empty dataset, or a sample of another kind.
-    """
-    n = len(dataset)
-    if n == 0:
-        raise DatasetError("cannot pack an empty dataset")
-    if shard_samples < 1:
-        raise DatasetError(f"shard_samples must be at least 1, got {shard_samples}")
-    os.makedirs(out, exist_ok=True)
-    digits = max(6, len(str(n - 1)))
-    names: list[str] = []
-    tar = None
-    try:
-        for i in range(n):
-            if i % shard_samples == 0:
-                if tar is not None:
-                    tar.close()
-                names.append(f"shard-{len(names):05d}.tar")
-                tar = tarfile.open(os.path.join(out, names[-1]), "w", format=tarfile.USTAR_FORMAT)
-            sample = dataset[i]
-            array, label = sample if isinstance(sample, tuple) and len(sample) == 2 else (sample, None)
-            if not isinstance(array, np.ndarray) or (label is not None and not isinstance(label, (int, np.integer))):
-                raise DatasetError(f"sample {i} is {type(sample).__name__}; tar packing takes (array, int label) "
-                                   "or array samples")
-            buffer = io.BytesIO()
-            np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
-            _add(tar, f"{i:0{digits}d}.npy", buffer.getvalue())
-            if label is not None:
-                _add(tar, f"{i:0{digits}d}.cls", str(int(label)).encode())
-            if progress and (i + 1) % 1000 == 0:
-                progress(i + 1, n)
-    finally:
-        if tar is not None:
-            tar.close()
-    return names
-
-
-def _add(tar: Any, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mode = 0o644
-    tar.addfile(info, io.BytesIO(data))
+    return write(dataset, out, **options)

@@ -76,6 +76,7 @@ class Peers:
         self.dataset_spec = dataset_spec  # admit only producers announcing this spec
         self.dataset_len = dataset_len
         self.fingerprint = fingerprint
+        self.shard_lengths: list[int] | None = None  # each shard's samples, as the first producer announced them
         self._first_name: str | None = None  # the producer whose dataset was adopted
         self._shm_token = shm_token  # of this consumer's shared-memory slab, if it has one
         self.seen = 0  # producers registered, in all
@@ -141,6 +142,12 @@ class Peers:
         if self.fingerprint is not None and dataset["fingerprint"] != self.fingerprint:
             return (f"dataset fingerprint {dataset['fingerprint']!r} (spec {dataset['spec']!r}) differs from "
                     f"{self.fingerprint!r}" + (f" of the first producer {first}" if first else ""))
+        lengths = dataset.get("shard_lens")
+        if lengths is not None and self.shard_lengths is not None and lengths != self.shard_lengths:
+            return (f"its shards hold other sample counts than the first producer's{f' ({first})' if first else ''}, "
+                    f"under the same fingerprint {dataset['fingerprint']!r}: has a shard been rewritten?")
+        if self.shard_lengths is None:
+            self.shard_lengths = lengths
         if not self.dataset_known:
             self.dataset_len, self.fingerprint, self._first_name = dataset["len"], dataset["fingerprint"], name
         return None

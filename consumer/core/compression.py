@@ -39,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
 
-__all__ = ["AutoCodec", "is_local_address", "LADDER"]
+__all__ = ["AutoCodec", "TaskCodecs", "is_local_address", "LADDER"]
 
 #: The codecs "auto" may choose, cheapest first ("none": frames travel raw).
 LADDER = ("none", "lz4", "zstd")
@@ -240,3 +240,45 @@ class AutoCodec:
     @staticmethod
     def _text(codec: str) -> str:
         return "uncompressed" if codec == "none" else codec
+
+
+class TaskCodecs:
+    """The codec each TASK names (``compression``), and what its batch then tells :class:`AutoCodec`.
+
+    With a fixed codec (``"lz4"``, ``"zstd"``, ``"none"``) every TASK names it. Under ``"auto"`` a local link's
+    TASK names none, and a remote link's the current choice, which is noted with the task id so that its batch
+    is judged as sent with that codec, however the choice changed meanwhile."""
+
+    def __init__(self, compression: str, codecs: Iterable[str]) -> None:
+        self.fixed = compression
+        self.auto = AutoCodec(codecs) if compression == "auto" else None
+        self._asked: dict[int, str] = {}  # task id -> the codec its TASK named, remote links under "auto"
+
+    def for_task(self, task: int, remote: bool) -> str:
+        if self.auto is None:
+            return self.fixed
+        if not remote:
+            return "none"
+        self._asked[task] = self.auto.codec
+        return self.auto.codec
+
+    def arrived(self, task: int, raw: int, wire: int, decode_s: float, now: float, waited: float) -> list[str]:
+        """The batch of ``task`` arrived: what "auto" says of it (log lines), if it judges that task."""
+        asked = self._asked.pop(task, None)
+        if asked is None or self.auto is None:
+            return []
+        return self.auto.arrived(asked, raw, wire, decode_s, now, waited)
+
+    @property
+    def judged(self) -> dict[int, str]:
+        """The tasks whose batches "auto" will judge, with the codec each asked for (a copy)."""
+        return dict(self._asked)
+
+    def forget(self, tasks: Iterable[int]) -> None:
+        """Tasks that will bring no batch to judge (failed, lost)."""
+        for task in tasks:
+            self._asked.pop(task, None)
+
+    def clear(self) -> None:
+        """A new run: the old run's tasks are forgotten (their late results are duplicates)."""
+        self._asked.clear()

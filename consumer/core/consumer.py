@@ -30,7 +30,7 @@ from ferry.common.errors import PoisonTaskError, ProtocolError, SampleIndexError
 
 from ferry.consumer.core.actions import Action, Deliver, Log, Send
 from ferry.consumer.core.admission import BadPeers, Loss, Peers
-from ferry.consumer.core.compression import AutoCodec, is_local_address
+from ferry.consumer.core.compression import TaskCodecs, is_local_address
 from ferry.consumer.core.delivery import Delivery
 from ferry.consumer.core.dispatcher import Attempt, Dispatcher, Poisoned, ProducerInfo, Task
 from ferry.consumer.core.results import BatchDecoder, check_fail, sample_error, skip_lines, unretryable
@@ -80,15 +80,11 @@ class ConsumerCore:
         self.sharded = False  # an admitted producer serves a sharded dataset (HELLO dataset.sharded)
         self._bad_peers = BadPeers(self.peers.describe)
         self._decoder = BatchDecoder(config.max_batch_bytes)
-        # "auto": the codec of the remote links, decided from what arrives (core/compression.py)
-        self.auto = AutoCodec(config.codecs) if config.compression == "auto" else None
-        self._asked: dict[int, str] = {}  # task id -> the codec its TASK named, for remote links under "auto"
+        # the codec each TASK names; under "auto", decided from what arrives (core/compression.py)
+        self.codecs = TaskCodecs(config.compression, config.codecs)
         self._epoch = 0
         self._out: list[Action] = []
-        # producer time in use: slot occupancy integrated over time (see _finish), for the demand gauge
-        self.busy_s = 0.0  # full-producer seconds: a producer with every slot holding a task counts 1 a second
-        self._busy_now = 0.0  # full producers in use since the last event
-        self._busy_at = now
+        self.dispatcher.occupancy(now)
 
     @property
     def sequencer(self) -> Sequencer | None:
@@ -104,7 +100,7 @@ class ConsumerCore:
         """The training loop began an iteration: forget the old run's tasks and items, issue ``sequencer``'s."""
         self._epoch = epoch
         self.dispatcher.start_run(sequencer)
-        self._asked.clear()  # the old run's tasks are forgotten: their late results are duplicates
+        self.codecs.clear()  # the old run's tasks are forgotten: their late results are duplicates
         self.peers.progressed(now)
         return self._finish(now)
 
@@ -255,7 +251,6 @@ class ConsumerCore:
         task = self._claim(info, header, now)
         if task is None:
             return
-        asked = self._asked.pop(task.task, None)
         sequencer = self.sequencer
         assert sequencer is not None  # a task exists only within a run
         try:
@@ -287,10 +282,9 @@ class ConsumerCore:
         c.bytes += batch.nbytes
         if header["errors"]:
             self._count_skips(header["errors"], info.name)
-        if asked is not None and self.auto is not None:
-            lines = self.auto.arrived(asked, batch.nbytes, sum(len(f) for f in data), batch.decode_s, now,
-                                      waited_so_far(self.counters, now))
-            self._out.extend(Log(_INFO, line) for line in lines)
+        lines = self.codecs.arrived(task.task, batch.nbytes, sum(len(f) for f in data), batch.decode_s, now,
+                                    waited_so_far(self.counters, now))
+        self._out.extend(Log(_INFO, line) for line in lines)
         sequencer.put(Delivery(run=task.run, seq=task.seq, tree=batch.tree, nbytes=batch.nbytes, frames=keep))
 
     def _fail(self, info: ProducerInfo, header: dict[str, Any], data: list[Any], now: float) -> None:
@@ -298,7 +292,7 @@ class ConsumerCore:
         task = self._claim(info, header, now)
         if task is None:
             return
-        self._asked.pop(task.task, None)
+        self.codecs.forget([task.task])
         sequencer = self.sequencer
         assert sequencer is not None
         self.slots.give_back(task.task)
@@ -327,8 +321,7 @@ class ConsumerCore:
     def _settle(self, losses: Iterable[Loss], level: int = _WARNING) -> None:
         for loss in losses:
             self.slots.set_aside(loss.tasks, loss.pid)  # it may still be writing into their slots
-            for task in loss.tasks:
-                self._asked.pop(task, None)
+            self.codecs.forget(loss.tasks)
             self._out.append(Log(level, f"producer {loss.name} lost ({loss.why}); {loss.live} live"))
             self._poison(loss.poisoned)
 
@@ -345,18 +338,14 @@ class ConsumerCore:
 
     # --- issuing and handing on ---------------------------------------------------------------------------
     def _finish(self, now: float) -> list[Action]:
-        """Every event ends here: issue what credits allow, hand on what is ready; the actions, in order.
-
-        Producer occupancy changes only within events, so what it was since the last event is integrated here
-        first (``busy_s``: how many producers had every slot busy, over time), then taken anew."""
-        self.busy_s += max(0.0, now - self._busy_at) * self._busy_now
-        self._busy_at = now
+        """Every event ends here: issue what credits allow, hand on what is ready, account producer occupancy
+        (for the demand gauge); the actions, in order."""
         sequencer = self.sequencer
         if sequencer is not None:
             self._dispatch(sequencer, now)
             while (item := sequencer.take()) is not None:
                 self._out.append(Deliver(item))
-        self._busy_now = sum(min(len(p.in_flight), p.slots) / p.slots for p in self.dispatcher.producers.values())
+        self.dispatcher.occupancy(now)
         out, self._out = self._out, []
         return out
 
@@ -376,7 +365,7 @@ class ConsumerCore:
                 slot = self.slots.lend(task.task, info.identity)
                 if slot is not None:  # none free (the loop holds many batches): this one goes over the socket
                     extra["slot"] = list(slot)
-            codec = self._codec_for(info, task.task)
+            codec = self.codecs.for_task(task.task, info.remote)
             if codec != "none":
                 extra["compression"] = codec
             self._out.append(Send(task.peer, [protocol.pack(
@@ -384,16 +373,6 @@ class ConsumerCore:
                 indices=indices, on_error=self.config.on_error, seed=self.config.seed, **extra,
                 **sequencer.task_fields(task.seq),
             )], task=task.task))
-
-    def _codec_for(self, info: ProducerInfo, task: int) -> str:
-        """The codec the TASK ``task`` to ``info`` names: the one asked for, or under "auto" none on a local link
-        and the remote links' current one elsewhere (noted, to tell which codec its batch was sent with)."""
-        if self.auto is None:
-            return self.config.compression
-        if not info.remote:
-            return "none"
-        self._asked[task] = self.auto.codec
-        return self.auto.codec
 
     def _send(self, peer: bytes, kind: str, **fields: Any) -> None:
         self._out.append(Send(peer, [protocol.pack(kind, **fields)]))
@@ -409,7 +388,7 @@ class ConsumerCore:
             "in_flight": self.dispatcher.in_flight,
             "queued": self.dispatcher.queued,
             "reissued": self.dispatcher.reissued,
-            "busy_s": self.busy_s + max(0.0, now - self._busy_at) * self._busy_now,
+            "busy_s": self.dispatcher.busy_until(now),
             "per_producer": self.peers.figures(now),
             "shared_memory": None if self.slab is None else {
                 "slots": self.slab.slots, "free": self.slab.free, "lost": self.slots.lost},

@@ -102,6 +102,10 @@ class Dispatcher:
         self._requeued: deque[int] = deque()  # seqs to issue again, first
         self._attempts: dict[int, list[Attempt]] = {}  # seq -> its lost attempts in this run
         self._poisoned: list[Poisoned] = []  # not yet taken
+        # producer time in use, for the demand gauge: how many producers had every slot holding a task, over time
+        self.busy_s = 0.0  # full-producer seconds
+        self._busy_now = 0.0  # full producers in use since the last change
+        self._busy_at = 0.0
         self.reissued = 0
 
     # --- runs -----------------------------------------------------------------------------------------
@@ -191,6 +195,18 @@ class Dispatcher:
             if producer is not None:
                 producer.in_flight.discard(task_id)
         return task
+
+    # --- occupancy ------------------------------------------------------------------------------------
+    def occupancy(self, now: float) -> None:
+        """Account producer time in use up to ``now``, then take the occupancy anew. Called at the end of every
+        event of the core: occupancy changes only within events, so it held since the last call."""
+        self.busy_s = self.busy_until(now)
+        self._busy_at = now
+        self._busy_now = sum(min(len(p.in_flight), p.slots) / p.slots for p in self.producers.values())
+
+    def busy_until(self, now: float) -> float:
+        """``busy_s`` with the time since the last event counted in."""
+        return self.busy_s + max(0.0, now - self._busy_at) * self._busy_now
 
     # --- tasks ----------------------------------------------------------------------------------------
     def overdue_tasks(self, deadline: float) -> dict[bytes, set[int]]:

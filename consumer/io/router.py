@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import zmq
 
 from ferry.common import protocol
-from ferry.common.constants import CONSUMER_BYE_LINGER_MS, SOCKET_HWM
+from ferry.common.constants import CONSUMER_RCVHWM, CONSUMER_BYE_LINGER_MS, SOCKET_HWM
 from ferry.common.errors import ConfigError
 
 
@@ -30,7 +30,7 @@ class Router:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a vanished peer raises instead of vanishing
             sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
-            sock.setsockopt(zmq.RCVHWM, SOCKET_HWM)
+            sock.setsockopt(zmq.RCVHWM, CONSUMER_RCVHWM)  # what a flooding peer can make it hold
             sock.setsockopt(zmq.MAXMSGSIZE, max_batch_bytes)
             if curve is not None:
                 curve.apply_server(sock)

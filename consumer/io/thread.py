@@ -156,6 +156,11 @@ class IoThread:
         with self._lock:
             return self._core.peers.dataset_len, self._core.sharded
 
+    def shard_lengths(self) -> list[int] | None:
+        """Each shard's samples, as the producers announced them; None where they did not (or not yet)."""
+        with self._lock:
+            return self._core.peers.shard_lengths
+
     def snapshot(self) -> dict[str, Any]:
         """A consistent view for stats(), read under the lock every event takes."""
         with self._lock:

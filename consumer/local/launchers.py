@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import multiprocessing.context
 import os
 import subprocess
 import sys
@@ -119,12 +120,14 @@ class SpecLauncher(_Launcher):
 
 
 class ObjectLauncher(_Launcher):
-    """Daemonic ``multiprocessing`` processes (start method ``mp_context``, default ``fork`` on Linux) running
-    ``serve`` with ``dataset``."""
+    """Daemonic ``multiprocessing`` processes (``mp_context``: a start method's name or a context object; default
+    ``fork`` on Linux) running ``serve`` with ``dataset``."""
 
-    def __init__(self, folder: str, config: Any, dataset: Any, *, mp_context: str | None,
+    def __init__(self, folder: str, config: Any, dataset: Any, *, mp_context: Any,
                  base_seed: int | None) -> None:
-        self._ctx = multiprocessing.get_context(mp_context or ("fork" if sys.platform == "linux" else "spawn"))
+        # a context object as given, or a start method's name (None: fork on Linux, as DataLoader)
+        self._ctx = (mp_context if isinstance(mp_context, multiprocessing.context.BaseContext) else
+                     multiprocessing.get_context(mp_context or ("fork" if sys.platform == "linux" else "spawn")))
         super().__init__(folder, dataclasses.replace(config, freeze_inherited=_forks(self._ctx)), base_seed)
         self._dataset = dataset
 

@@ -13,6 +13,7 @@ public API, importable from ``ferry`` and :mod:`ferry.consumer.options`. This mo
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.context
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -65,6 +66,22 @@ class _Group:
         return {f.metadata["flat"]: f.name for f in fields(cls)}
 
 
+class StartMethod(s.Choice):
+    """A start method's name, or a ``multiprocessing`` context object (DataLoader's ``multiprocessing_context``
+    takes both; ``torch.multiprocessing.get_context`` returns the same objects)."""
+
+    def __init__(self) -> None:
+        super().__init__(multiprocessing.get_all_start_methods())
+
+    def check(self, name: str, value: Any) -> Any:
+        if isinstance(value, multiprocessing.context.BaseContext):
+            return value
+        if not isinstance(value, str):
+            raise ConfigTypeError(f"{name} must be a start method name ({', '.join(self.choices)}) or a "
+                                  f"multiprocessing context, got {value!r} ({type(value).__name__})")
+        return super().check(name, value)
+
+
 #: ``count="auto"`` (flat ``local_producers="auto"``): as many producers as the training loop needs.
 AUTO = "auto"
 
@@ -88,9 +105,12 @@ MIN_COUNT = Setting(s.Int(1), "with ``count=\"auto\"``: the fewest producers, an
                     optional=True)
 MAX_COUNT = Setting(s.Int(1), "with ``count=\"auto\"``: the most producers. None: the CPUs this process may run on "
                     "(``os.sched_getaffinity``) minus one, at least 1 and at least ``min``.", None, optional=True)
-MP_CONTEXT = Setting(s.Choice(multiprocessing.get_all_start_methods()),
-                     "the multiprocessing start method for a dataset *object* (``\"fork\"`` on Linux by default, "
-                     "``\"spawn\"`` for objects that must not be forked).", None, optional=True)
+MP_CONTEXT = Setting(StartMethod(),
+                     "the multiprocessing start method for a dataset *object*: a name or a context object "
+                     "(``multiprocessing.get_context(\"spawn\")``), as DataLoader's ``multiprocessing_context``. "
+                     "``\"fork\"`` on Linux by default, ``\"spawn\"`` for objects that must not be forked. Only "
+                     "with local producers (without them it is a ConfigError, as DataLoader refuses it with "
+                     "``num_workers=0``).", None, optional=True)
 SHARED_MEMORY = Setting(s.Bool(), "producers write batches into shared memory that the loader maps, instead of "
                         "sending them over the socket (one copy of the bytes instead of four).", True)
 
@@ -107,11 +127,13 @@ class LocalOptions(_Group):
     count: int | str = option(COUNT, flat="local_producers")
     threads: int = option(s.THREADS, flat="producer_threads")
     slots: int = option(s.SLOTS, flat="producer_slots")
-    mp_context: str | None = option(MP_CONTEXT, flat="mp_context")
+    mp_context: Any = option(MP_CONTEXT, flat="mp_context")  # a name, a context object, or None
     transform: Any = option(s.TRANSFORM, flat="producer_transform")
     shared_memory: bool = option(SHARED_MEMORY, flat="shared_memory")
     collate: Any = option(s.COLLATE, flat="collate_fn")
     init: Any = option(s.INIT, flat="producer_init")
+    collate_args: dict[str, Any] = option(s.COLLATE_ARGS, flat="collate_args")
+    transform_args: dict[str, Any] = option(s.TRANSFORM_ARGS, flat="producer_transform_args")
     # last, so that the fields above keep their positions
     min: int | None = option(MIN_COUNT, flat="local_producers_min")
     max: int | None = option(MAX_COUNT, flat="local_producers_max")

@@ -9,7 +9,6 @@ never imports torch.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import textwrap
 from collections.abc import Iterable, Mapping
@@ -83,10 +82,18 @@ class _Generator(s.Kind):
 
 _NO_PRODUCER_TIMEOUT = Setting(
     s.Real(0, finite=False), "seconds without any live producer before ``__next__`` raises NoProducersError; "
-    "``None`` or 0: wait forever. Unlike DataLoader's ``timeout``, a limit on each batch, it counts only while no "
-    "producer is alive: a slow batch from a live producer never times out here (``task_timeout`` guards against "
-    "a hung one). It also fires when no batch arrives for that long while producers keep joining and leaving.",
-    DEFAULT_TIMEOUT_S, unit="second", optional=True)
+    "``None`` or 0: wait forever. It counts only while no producer is alive: a slow batch from a live producer "
+    "never ends it (``timeout`` bounds each batch, ``task_timeout`` a producer's hold on one task). It also "
+    "fires when no batch arrives for that long while producers keep joining and leaving, and it bounds the "
+    "wait for the first producer's dataset length (``iter()``, ``len()``).", DEFAULT_TIMEOUT_S, unit="second",
+    optional=True)
+
+_TIMEOUT = Setting(
+    s.Real(0, finite=False), "DataLoader's ``timeout``: how long each ``__next__`` waits for its batch before it "
+    "raises BatchTimeoutError (a RuntimeError, as DataLoader's \"timed out after N seconds\"). The batch is not "
+    "lost: the next call waits for it again. It counts from the call, whether producers are alive or not; "
+    "``None`` or 0: no limit. Before this meaning it was the old name of ``no_producer_timeout``.",
+    0, unit="second", optional=True)
 
 #: Every keyword of ``RemoteLoader`` but the groups' flat ones, in the signature's order.
 KEYWORDS: dict[str, Setting] = {
@@ -100,10 +107,17 @@ KEYWORDS: dict[str, Setting] = {
     "seed": Setting(s.Int(MIN_SEED, MAX_SEED), "the shuffle seed. ``sample_info().seed`` on the producers derives "
                     "from it too.", 0),
     "drop_last": Setting(s.Bool(), "drop the tail that does not fill a batch (and the uneven tail across ranks)."),
-    "generator": Setting(_Generator(), "a ``torch.Generator`` to draw the shuffle seed (and the local producers' "
-                         "base seed) from, as DataLoader draws its shuffle from one; instead of ``seed``.",
+    "generator": Setting(_Generator(), "a ``torch.Generator``, instead of ``seed``: with ``shuffle=True`` each "
+                         "epoch's order is the one ``DataLoader(shuffle=True, generator=g)`` draws in that epoch "
+                         "(replayed from ``g``'s state when the loader is built, so ``set_epoch`` and a resume give "
+                         "it too). The loader draws one number from ``g`` when it is built (DataLoader's first "
+                         "draw): its ``seed`` and the local producers' base seed. See docs/porting.md.",
                          optional=True),
-    "sampler": Setting(_Indices(), "a torch sampler (or any iterable of indices) instead of the default plan.",
+    "sampler": Setting(_Indices(), "a torch sampler (or any iterable of indices) instead of the default plan. One "
+                       "with ``set_epoch`` gets each epoch's number before it is planned; an epoch the script gave "
+                       "it itself (``sampler.set_epoch(e)``, read from its ``epoch`` as DistributedSampler keeps it) "
+                       "is the epoch planned, and one that conflicts with ``loader.set_epoch`` or "
+                       "``load_state_dict`` is a ConfigError naming both.",
                        optional=True),
     "batch_sampler": Setting(_Indices(), "an iterable of index lists, used as given; excludes batch_size / sampler "
                              "/ shuffle / drop_last.", optional=True),
@@ -112,8 +126,7 @@ KEYWORDS: dict[str, Setting] = {
     "buffer_batches": Setting(s.Int(1), "capacity C. Batches buffered + tasks in flight never exceed it."),
     "in_order": Setting(s.Bool(), "True: yield in plan order; False: as batches arrive."),
     "no_producer_timeout": _NO_PRODUCER_TIMEOUT,
-    "timeout": dataclasses.replace(_NO_PRODUCER_TIMEOUT, doc="``no_producer_timeout`` under its old name; give one "
-                                   "of the two."),
+    "timeout": _TIMEOUT,
     "dataset": Setting(_Dataset(), "a dataset object or a spec string (see ``ferry.common.datasets``), served by "
                        "local producers. Without them it says what remote producers must serve: an object gives the "
                        "dataset length and its fingerprint, a spec admits only producers announcing that spec (the "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -20,10 +21,10 @@ from ferry.common.constants import DEFAULT_ENDPOINT
 from ferry.common.errors import ConfigError
 from ferry.common.endpoints import shift_port
 
-from ferry.consumer.options.groups import UNSET, CurveOptions, LocalOptions, ProducerCount, TransportOptions
+from ferry.consumer.options.groups import AUTO, UNSET, CurveOptions, LocalOptions, ProducerCount, TransportOptions
 from ferry.consumer.options.keywords import KEYWORDS
 
-__all__ = ["LoaderOptions", "resolve_options", "env_int"]
+__all__ = ["LoaderOptions", "resolve_options", "env_int", "warn_excessive_producers"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ class LoaderOptions:
     shuffle: bool
     seed: int
     drop_last: bool
-    generator: Any  # a torch.Generator: the producers' base seed is drawn from it (else from torch's RNG)
+    generator: Any  # the user's torch.Generator, or None
+    generator_state: Any  # its state when the loader was built (a ByteTensor), which the shuffle replays; or None
     sampler: Any
     batch_sampler: Any
     rank: int
@@ -43,6 +45,7 @@ class LoaderOptions:
     buffer_batches: int
     in_order: bool
     no_producer_timeout: float  # math.inf: wait forever
+    timeout: float  # DataLoader's: seconds each batch may take to come; 0 (or math.inf): no limit
     dataset_len: int | None
     device: Any
     pin_memory: bool | None
@@ -59,7 +62,7 @@ class LoaderOptions:
 
 #: Keywords that only their declaration checks; the others have rules between them, below.
 _CHECKED_ALONE = ("drop_last", "sampler", "batch_sampler", "buffer_batches", "in_order", "dataset", "dataset_args",
-                  "dataset_len", "pin_memory", "device_transform", "on_error", "log_every", "metrics_port")
+                  "dataset_len", "pin_memory", "device_transform", "on_error", "log_every", "metrics_port", "timeout")
 
 
 def _check(name: str, value: Any) -> Any:
@@ -97,13 +100,8 @@ def _endpoints(given: Mapping[str, Any], local: bool, environ: Mapping[str, str]
 
 
 def _no_producer_timeout(given: Mapping[str, Any]) -> float:
-    """``no_producer_timeout`` or its old name ``timeout``; None or 0 wait forever (math.inf)."""
-    named = [k for k in ("no_producer_timeout", "timeout") if given[k] is not UNSET]
-    if len(named) == 2:
-        raise ConfigError("timeout= and no_producer_timeout= both given: they are one option (timeout is the "
-                          "old name); give no_producer_timeout")
-    name = named[0] if named else "timeout"
-    value = _check(name, given[name])
+    """``no_producer_timeout``; None or 0 wait forever (math.inf)."""
+    value = _check("no_producer_timeout", given["no_producer_timeout"])
     return math.inf if value in (None, 0) else value
 
 
@@ -132,16 +130,22 @@ def _batching(given: Mapping[str, Any], shuffle: bool, drop_last: bool) -> int |
     return batch_size
 
 
-def _seed(given: Mapping[str, Any]) -> int:
-    """``seed``, or one drawn from ``generator`` as DataLoader draws its shuffle from it; not both."""
+def _seed(given: Mapping[str, Any]) -> tuple[int, Any]:
+    """``seed``, or one drawn from ``generator``; not both. With a generator also its state before the draw, from
+    which the shuffle replays DataLoader's draws (:class:`ferry.common.plan.GeneratorOrder`).
+
+    The one draw is DataLoader's first from its generator (its workers' base seed, at its first ``iter()``): the
+    loader's ``seed`` and its local producers' base seed (consumer/pipeline.py).
+    """
     generator = _check("generator", given["generator"])
     if generator is None:
-        return _check("seed", given["seed"])
+        return _check("seed", given["seed"]), None
     if given["seed"] is not UNSET:
         raise ConfigError("seed= and generator= both given: the shuffle seed comes from one of them")
     import torch
 
-    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+    state = generator.get_state()  # a copy
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item()), state
 
 
 def _local(given: Mapping[str, Any], dataset: Any) -> LocalOptions | None:
@@ -154,10 +158,18 @@ def _local(given: Mapping[str, Any], dataset: Any) -> LocalOptions | None:
         for name in ("local_producers_min", "local_producers_max"):
             if given[name] not in (UNSET, None):
                 raise ConfigError(f'{name} bounds local_producers="auto", which is not given')
-        for name, flag in (("collate_fn", "--collate"), ("producer_init", "--init")):
-            if given[name] not in (UNSET, None):
+        if given["mp_context"] not in (UNSET, None):
+            raise ConfigError(f"mp_context applies to local producers (local_producers=N), and this loader starts "
+                              f"none (local_producers={0 if count is UNSET else count}): nothing would use "
+                              f"mp_context={given['mp_context']!r} (DataLoader refuses multiprocessing_context "
+                              f"with num_workers=0 too)")
+        for name, flag in (("collate_fn", "--collate package.module:function"),
+                           ("producer_init", "--init package.module:function"),
+                           ("collate_args", "--collate-arg KEY=VALUE"),
+                           ("producer_transform_args", "--transform-arg KEY=VALUE")):
+            if given[name] is not UNSET and given[name] not in (None, {}):
                 raise ConfigError(f"{name} applies to local producers (local_producers=N); producers on other "
-                                  f"hosts take {flag} package.module:function")
+                                  f"hosts take {flag}")
         return None
     if dataset is None:
         raise ConfigError("local_producers needs a dataset (an object or a spec string)")
@@ -202,13 +214,40 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
     shuffle = bool(_check("shuffle", given["shuffle"]))  # None: False
     alone = {name: _check(name, given[name]) for name in _CHECKED_ALONE}
     alone["metrics_port"] = alone["metrics_port"] or None  # 0: none
+    alone["timeout"] = alone["timeout"] or 0.0  # None: no limit, as 0
     batch_size = _batching(given, shuffle, alone["drop_last"])
     local = _local(given, alone["dataset"])
     curve = _curve(given, local)
     rank, world_size = _sharding(given)
+    endpoints, no_producer_timeout = _endpoints(given, local is not None), _no_producer_timeout(given)
+    transport = TransportOptions.from_flat(given, given["transport"], "transport")
+    seed, generator_state = _seed(given)  # last: a generator is drawn from only once every option is good
     return LoaderOptions(
-        **alone, endpoints=_endpoints(given, local is not None), batch_size=batch_size, shuffle=shuffle,
-        seed=_seed(given), generator=given["generator"], rank=rank, world_size=world_size,
-        no_producer_timeout=_no_producer_timeout(given), device=given["device"], local=local, curve=curve,
-        transport=TransportOptions.from_flat(given, given["transport"], "transport"),
+        **alone, endpoints=endpoints, batch_size=batch_size, shuffle=shuffle, seed=seed, generator=given["generator"],
+        generator_state=generator_state, rank=rank, world_size=world_size, no_producer_timeout=no_producer_timeout,
+        device=given["device"], local=local, curve=curve, transport=transport,
     )
+
+
+def warn_excessive_producers(local: LocalOptions | None, stacklevel: int) -> None:
+    """A UserWarning when ``local`` starts more producer processes than the CPUs this process may use, as
+    DataLoader warns about ``num_workers`` (``check_worker_number_rationality``). ``stacklevel`` as for
+    :func:`warnings.warn`: the caller's caller's line is the script's ``RemoteLoader(...)``."""
+    if local is None:
+        return
+    auto = local.count == AUTO  # then the most it may start: its max (None: fewer than the CPUs, no warning)
+    most = local.max if auto else local.count
+    if most is None:
+        return
+    affinity = getattr(os, "sched_getaffinity", None)
+    cpus = len(affinity(0)) if affinity is not None else os.cpu_count()
+    if cpus is not None and most <= cpus:
+        return
+    usable = ("the number of CPUs is not known" if cpus is None else f"this process may use {cpus} CPU(s)"
+              + ("" if affinity is not None else " (cpuset not taken into account)"))
+    start, knob = (f"may start up to {most}", "local_producers_max") if auto else (f"will start {most}",
+                                                                                   "local_producers")
+    warnings.warn(f"This RemoteLoader {start} local producer processes, and {usable}. Please be "
+                  f"aware that excessive producer creation might make loading slow or even freeze it; lower "
+                  f"{knob} if necessary (each producer also runs producer_threads={local.threads} "
+                  f"loading threads).", UserWarning, stacklevel=stacklevel + 1)

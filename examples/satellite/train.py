@@ -68,7 +68,7 @@ def main() -> None:
 
     with RemoteLoader(endpoint=args.endpoint, batch_size=args.batch_size, shuffle=True, drop_last=True,
                       device=device if device.type == "cuda" else None, device_transform=to_float,
-                      timeout=args.timeout) as loader:
+                      no_producer_timeout=args.timeout) as loader:
         print(f"{len(loader)} batches of {args.batch_size} per epoch; waiting for producers at {args.endpoint}",
               flush=True)
         for epoch in range(args.epochs):
