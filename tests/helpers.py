@@ -309,6 +309,14 @@ def local_producer_pids(loader: Any) -> list[int]:
     return list(loader._local.pids)
 
 
+def scale_local_producers(loader: Any, count: int) -> None:
+    """Ask a ``local_producers="auto"`` loader for ``count`` producers now, as its autoscaler does, and keep its
+    autoscaler from deciding anything from then on (a test's loop runs at no realistic step). PRIVATE:
+    ``RemoteLoader._local.scale_to`` and ``RemoteLoader._observer._on_demand``."""
+    loader._observer._on_demand = None
+    loader._local.scale_to(count)
+
+
 def local_folder(loader: Any) -> str:
     """The private folder of a local-mode loader's ipc socket. PRIVATE: ``RemoteLoader._local.folder``."""
     return loader._local.folder

@@ -9,6 +9,7 @@ No sockets, no threads, no clock: the io thread (:mod:`ferry.consumer.io.thread`
 * :meth:`~ConsumerCore.start_run`, :meth:`~ConsumerCore.released`: the training loop began an iteration, or
   took a batch (a credit back);
 * :meth:`~ConsumerCore.producer_died`: a local producer's process died (seen through its sentinel);
+* :meth:`~ConsumerCore.producer_leaving`: a local producer is about to be asked to stop (a scale-down);
 * :meth:`~ConsumerCore.unsent`: a TASK could not be sent.
 
 Each event ends by issuing what credits allow and handing on what is ready, in order. The parts it drives
@@ -153,6 +154,15 @@ class ConsumerCore:
             self._lose(peer, why, now, charge=True)
         return self._finish(now)
 
+    def producer_leaving(self, name: str, now: float) -> list[Action]:
+        """The local producer process ``name`` (host:pid) is about to be asked to stop: let it go now, as if it had
+        said BYE (its tasks cost no attempt), before its socket closes: a TASK sent to it after that would find
+        no one and cost its tasks an attempt ("unreachable") while its BYE still waited to be read."""
+        self.dispatcher.end_dealing()
+        for peer in [p.peer for p in self.dispatcher.producers.values() if p.name == name]:
+            self._lose(peer, "asked to stop: fewer producers needed", now, level=_INFO)
+        return self._finish(now)
+
     def unsent(self, peer: bytes, task_id: int, now: float) -> list[Action]:
         """The TASK ``task_id`` never reached ``peer``: its slot is free, and the producer is lost."""
         self.slots.give_back(task_id)
@@ -261,15 +271,15 @@ class ConsumerCore:
         return task
 
     # --- losses -------------------------------------------------------------------------------------------
-    def _lose(self, peer: bytes, why: str, now: float, *, charge: bool = False) -> None:
+    def _lose(self, peer: bytes, why: str, now: float, *, charge: bool = False, level: int = _WARNING) -> None:
         loss = self.peers.lose(peer, why, now, charge=charge)
-        self._settle([loss] if loss is not None else [])
+        self._settle([loss] if loss is not None else [], level)
 
-    def _settle(self, losses: Iterable[Loss]) -> None:
+    def _settle(self, losses: Iterable[Loss], level: int = _WARNING) -> None:
         for loss in losses:
             self.slots.set_aside(loss.tasks, loss.pid)  # it may still be writing into their slots
             self.codecs.forget(loss.tasks)
-            self._out.append(Log(_WARNING, f"producer {loss.name} lost ({loss.why}); {loss.live} live"))
+            self._out.append(Log(level, f"producer {loss.name} lost ({loss.why}); {loss.live} live"))
             self._poison(loss.poisoned)
 
     def _poison(self, poisoned: Iterable[Poisoned]) -> None:
