@@ -8,66 +8,12 @@
 #   bash docker/e2e.sh --print-mirror  (prints the Debian mirror debootstrap would use, then exits; no root)
 # Exit status: 0 passed; 77 cannot run on this machine (not root, a tool missing, dockerd does not start),
 # which .ci/run reports as a skip outside CI and as a failure under CI=true; anything else failed.
-# debootstrap's mirror comes from this host's own apt configuration (see apt_mirror below);
+# debootstrap's mirror comes from this host's own apt configuration (see apt_mirror in docker/lib.sh);
 # FERRY_DEBIAN_MIRROR=URL overrides it; FERRY_APT_DIR reads another apt folder than /etc/apt (for checks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SUITE=bookworm
-BASE=ferry-base:$SUITE
-
-# apt_mirror SUITE [APT_DIR]: the URI of the first enabled `deb` source in the apt configuration under
-# APT_DIR (default /etc/apt) that serves SUITE exactly, read in apt's own order: sources.list, then
-# sources.list.d/*.list and *.sources (one-line and deb822 formats). Prints nothing if there is none.
-apt_mirror() {
-    local suite=$1 dir=${2:-/etc/apt} f
-    local files=()
-    [ -f "$dir/sources.list" ] && files+=("$dir/sources.list")
-    for f in "$dir"/sources.list.d/*; do
-        case "$f" in *.list|*.sources) [ -f "$f" ] && files+=("$f") ;; esac
-    done
-    [ ${#files[@]} -gt 0 ] || return 0
-    awk -v suite="$suite" '
-        function usable(uri) { return uri ~ /^(https?|ftp|file):/ }
-        function found(uri) { sub(/\/+$/, "", uri); print uri; done = 1; exit }
-        function stanza_end(   i, n, t, s, u, typeok, suiteok) {
-            if (!deb822) return
-            typeok = 0; suiteok = 0
-            n = split(f["types"], t, /[ \t]+/); for (i = 1; i <= n; i++) if (t[i] == "deb") typeok = 1
-            n = split(f["suites"], s, /[ \t]+/); for (i = 1; i <= n; i++) if (s[i] == suite) suiteok = 1
-            if (typeok && suiteok && tolower(f["enabled"]) != "no") {
-                n = split(f["uris"], u, /[ \t]+/); for (i = 1; i <= n; i++) if (usable(u[i])) found(u[i])
-            }
-            delete f; key = ""
-        }
-        FNR == 1 { stanza_end(); deb822 = (FILENAME ~ /\.sources$/) }
-        /^[ \t]*#/ { next }
-        deb822 && /^[ \t]*$/ { stanza_end(); next }
-        deb822 && /^[ \t]/ { if (key != "") f[key] = f[key] " " $0; next }   # a continuation line
-        deb822 {                            # Key: value
-            key = tolower(substr($0, 1, index($0, ":") - 1)); v = substr($0, index($0, ":") + 1)
-            gsub(/^[ \t]+|[ \t\r]+$/, "", v); f[key] = v; next
-        }
-        $1 == "deb" {                       # deb [options] URI SUITE COMPONENT...
-            i = 2
-            if ($i ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
-            if ($(i + 1) == suite && usable($i)) found($i)
-        }
-        END { if (!done) stanza_end() }
-    ' "${files[@]}"
-}
-
-# the mirror debootstrap uses: FERRY_DEBIAN_MIRROR, else the host's apt configuration, else a clear error
-debian_mirror() {
-    local mirror=${FERRY_DEBIAN_MIRROR:-}
-    [ -n "$mirror" ] || mirror=$(apt_mirror "$SUITE" "${FERRY_APT_DIR:-/etc/apt}")
-    if [ -z "$mirror" ]; then
-        echo "e2e: no Debian mirror for '$SUITE' in this host's apt configuration (read" \
-             "${FERRY_APT_DIR:-/etc/apt}/sources.list and sources.list.d/*.list, *.sources: no enabled 'deb'" \
-             "source serves suite '$SUITE'); set FERRY_DEBIAN_MIRROR=URL to name one" >&2
-        return 1
-    fi
-    echo "$mirror"
-}
+# The steps it shares with docker/swarm-e2e.sh (dockerd, the base image, the wheels and the build): docker/lib.sh
+. docker/lib.sh
 
 if [ "${1:-}" = "--print-mirror" ]; then
     debian_mirror
@@ -77,24 +23,11 @@ WORK=${FERRY_E2E_DIR:-/var/tmp/ferry-e2e}
 # A project name of its own: the e2e never touches a `docker compose up` of this folder's, and its images,
 # network and volume have known names (ferry-e2e_trainer, ...).
 export COMPOSE_PROJECT_NAME=ferry-e2e
-log() { echo "[e2e $(date +%H:%M:%S)] $*"; }
-# cannot_run WHY: this machine cannot run the e2e at all; exit 77 (see the top)
-cannot_run() { echo "e2e: cannot run here: $*" >&2; exit 77; }
-# fail WHAT [LOG...]: say what failed, show the end of each log, exit 1 (the teardown still runs)
-fail() {
-    log "FAIL: $1"; shift
-    local f; for f in "$@"; do [ -s "$f" ] && { echo "--- the end of $f"; tail -40 "$f"; }; done
-    exit 1
-}
 
-[ "$(id -u)" = 0 ] || cannot_run "needs root (sudo bash docker/e2e.sh)"
-for tool in docker docker-compose iptables-save iptables-restore ip; do
-    command -v "$tool" >/dev/null || cannot_run "no $tool (apt-get install docker.io docker-compose iptables)"
-done
+require_tools docker docker-compose iptables-save iptables-restore ip
 mkdir -p "$WORK"
 rm -f "$WORK"/*.log "$WORK"/*.modules "$WORK"/*.diff "$WORK"/*.before
 
-DOCKERD_PID=""
 cleanup() {
     set +e
     log "teardown"
@@ -102,86 +35,17 @@ cleanup() {
         docker rm -f ferry-e2e-checker >/dev/null 2>&1
         docker-compose -f compose.yaml down -v --remove-orphans >/dev/null 2>&1
     fi
-    if [ -n "$DOCKERD_PID" ]; then
-        kill "$DOCKERD_PID" 2>/dev/null; for _ in $(seq 100); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 0.2; done
-        kill -9 "$DOCKERD_PID" 2>/dev/null
-        # the containerd that dockerd started as its child stops with it; if dockerd had to be killed, stop it here
-        local cpid; cpid=$(cat /var/run/docker/containerd/containerd.pid 2>/dev/null)
-        [ -n "$cpid" ] && kill -0 "$cpid" 2>/dev/null && { kill "$cpid"; sleep 1; kill -9 "$cpid" 2>/dev/null; }
-        local link
-        for link in $(ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}'); do
-            case "$link" in docker0|br-*) grep -qxF "$link" "$WORK/bridges.before" || ip link del "$link" ;; esac
-        done
-        if [ -s "$WORK/iptables.before" ]; then
-            iptables-restore < "$WORK/iptables.before"
-        else  # no rules before dockerd: back to empty tables and ACCEPT policies
-            for t in filter nat mangle raw; do iptables -t "$t" -F; iptables -t "$t" -X; done
-            iptables -P INPUT ACCEPT; iptables -P FORWARD ACCEPT; iptables -P OUTPUT ACCEPT
-        fi
-        [ -s "$WORK/ip6tables.before" ] && ip6tables-restore < "$WORK/ip6tables.before"
-        [ -s "$WORK/ip_forward.before" ] && cat "$WORK/ip_forward.before" > /proc/sys/net/ipv4/ip_forward
-        log "dockerd $DOCKERD_PID stopped; iptables, bridges and ip_forward as they were"
-    fi
-    rm -f docker/wheels/*/*.whl
+    stop_dockerd
+    remove_wheels
     rm -rf "$WORK/src" "$WORK/wheel" "$WORK/rootfs"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-if ! docker info >/dev/null 2>&1; then
-    command -v dockerd >/dev/null || cannot_run "no dockerd running and none installed (apt-get install docker.io)"
-    iptables-save > "$WORK/iptables.before" 2>/dev/null || true
-    ip6tables-save > "$WORK/ip6tables.before" 2>/dev/null || true
-    cat /proc/sys/net/ipv4/ip_forward > "$WORK/ip_forward.before" 2>/dev/null || true
-    ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}' > "$WORK/bridges.before"
-    log "starting dockerd"
-    dockerd --pidfile "$WORK/dockerd.pid" > "$WORK/dockerd.log" 2>&1 &
-    DOCKERD_PID=$!
-    for _ in $(seq 100); do docker info >/dev/null 2>&1 && break; kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 0.3; done
-    docker info >/dev/null 2>&1 || { tail -20 "$WORK/dockerd.log" >&2; cannot_run "dockerd did not start (log: $WORK/dockerd.log)"; }
-fi
-
-if ! docker image inspect "$BASE" >/dev/null 2>&1; then
-    command -v debootstrap >/dev/null || cannot_run "no debootstrap to build $BASE (apt-get install debootstrap)"
-    MIRROR=$(debian_mirror)
-    log "building $BASE with debootstrap from $MIRROR (cached in dockerd's image store for later runs)"
-    rm -rf "$WORK/rootfs"
-    debootstrap --variant=minbase --include=python3,python3-pip "$SUITE" "$WORK/rootfs" "$MIRROR" \
-        > "$WORK/debootstrap.log" 2>&1 || fail "debootstrap" "$WORK/debootstrap.log"
-    tar -C "$WORK/rootfs" -c . | docker import - "$BASE" >/dev/null || fail "docker import of $BASE"
-    rm -rf "$WORK/rootfs"
-fi
-
-# every wheel the images need, fetched here for the base image's Python (torch from the local CPU wheel):
-# the builds run offline
-PYVER=$(docker run --rm "$BASE" python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])') \
-    || fail "python3 does not run in $BASE"
-log "fetching wheels for Python $PYVER into docker/wheels"
-python3 -m pip download -q --only-binary=:all: --python-version "$PYVER" -d docker/wheels/base \
-    pyzmq msgpack numpy setuptools wheel > "$WORK/wheels.log" 2>&1 || fail "pip download" "$WORK/wheels.log"
-python3 -m pip download -q --only-binary=:all: --python-version "$PYVER" -d docker/wheels/torch torch==2.13.0 \
-    >> "$WORK/wheels.log" 2>&1 || fail "pip download torch" "$WORK/wheels.log"
-for w in docker/wheels/torch/*.whl; do case "$w" in */torch-*) ;; *) mv "$w" docker/wheels/base/ ;; esac; done
-WHEEL=$(ls docker/wheels/torch/torch-*.whl | head -1)
-export FERRY_BASE_IMAGE=$BASE
-log "docker-compose build"
-docker-compose -f compose.yaml build --build-arg TORCH_SPEC="/wheels/torch/$(basename "$WHEEL")" \
-    --build-arg PIP_OPTIONS="--no-index --find-links /wheels/base" > "$WORK/build.log" 2>&1 \
-    || fail "docker-compose build" "$WORK/build.log"
-
-# image_of SERVICE: the image compose built for it (compose 1.x names it project_service, 2.x project-service)
-image_of() {
-    local name
-    for name in "${COMPOSE_PROJECT_NAME}_$1" "${COMPOSE_PROJECT_NAME}-$1"; do
-        docker image inspect "$name" >/dev/null 2>&1 && { echo "$name"; return; }
-    done
-    return 1
-}
-TRAINER_IMAGE=$(image_of trainer) || fail "no image was built for the trainer service" "$WORK/build.log"
-PRODUCER_IMAGE=$(image_of producer) || fail "no image was built for the producer service" "$WORK/build.log"
-DATA_IMAGE=$(image_of data) || fail "no image was built for the data service" "$WORK/build.log"
-docker image ls --format '{{.Repository}} {{.Size}}' | grep -F "$COMPOSE_PROJECT_NAME" || true
+start_dockerd
+build_base_image
+build_images
 
 # The images hold what the wheel holds: the wheel built here from a copy of this tree lists the ferry modules,
 # and in each image `import ferry`, from the image's own working directory as `python -m` would, must come
