@@ -1,16 +1,16 @@
-"""The trainer of the Slurm test's job (tests/test_slurm.py), run by deploy/slurm/ferry.sbatch as its trainer
-command: one epoch from the job's producers, compared batch by batch with torch's DataLoader over the same
-npy-folder dataset, with a pause in the middle that the test ends.
+"""The trainer of the engines' real runs: deploy/slurm/ferry.sbatch runs it as its trainer command
+(tests/test_slurm.py), docker/swarm-e2e.sh as the Swarm stack's trainer service. One epoch from the job's
+producers, compared batch by batch with torch's DataLoader over the same npy-folder dataset, with pauses that the
+test or script ends.
 
-    python -m tests.slurm_trainer ROOT --control DIR [--batch-size 16] [--producers 2] [--gate 8]
+    python -m tests.engine_trainer ROOT --control DIR [--batch-size 16] [--producers 2] [--gate 8 [--gate 16]]
 
-It binds what the job script gives it, as any trainer of that script would: the endpoint in FERRY_ENDPOINT
-and the CURVE keys in FERRY_CURVE_SECRET_KEY and FERRY_CURVE_AUTHORIZED_KEYS, which RemoteLoader reads itself.
-It waits (bounded) for ``--producers`` producers, takes ``--gate`` batches, then keeps writing its figures to
-DIR/status.json until DIR/go appears (at most ``--gate-timeout`` seconds), takes the rest of the epoch, and
-writes DIR/result.json: the batches checked, ``producers_seen`` and the batches each producer (``host:pid``)
-delivered. An AssertionError (exit 1) names the first batch that differs from DataLoader's, or what it waited
-for in vain.
+It binds what the engine's files give it, as any trainer of theirs would: the endpoint in FERRY_ENDPOINT and the
+CURVE keys in FERRY_CURVE_SECRET_KEY and FERRY_CURVE_AUTHORIZED_KEYS, which RemoteLoader reads itself. It waits
+(bounded) for ``--producers`` producers, and at each ``--gate`` N (the batches taken so far) keeps writing its
+figures to DIR/status.json until DIR/go-N appears (at most ``--gate-timeout`` seconds); after the epoch it writes
+DIR/result.json: the batches checked, ``producers_seen`` and the batches each producer (``host:pid``) delivered.
+An AssertionError (exit 1) names the first batch that differs from DataLoader's, or what it waited for in vain.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def main() -> None:
     parser.add_argument("--control", required=True)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--producers", type=int, default=2)
-    parser.add_argument("--gate", type=int, default=8)
+    parser.add_argument("--gate", type=int, action="append", default=[],
+                        help="hold the epoch after this many batches until DIR/go-N appears; repeatable")
     parser.add_argument("--gate-timeout", type=float, default=180.0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="trainer %(name)s %(levelname)s %(message)s")
@@ -85,7 +86,7 @@ def main() -> None:
             assert_tree_equal(batch, expected[seq], f"batch {seq}")
             count += 1
             figures.write("training", count)
-            if count == args.gate:
+            if count in args.gate:
                 wait_for_go(figures, count, args.gate_timeout)
         assert count == len(expected), f"{count} batches, DataLoader has {len(expected)}"
         final = figures.write("done", count)
@@ -94,8 +95,8 @@ def main() -> None:
 
 
 def wait_for_go(figures: Figures, count: int, timeout: float) -> None:
-    """Hold the epoch at batch ``count`` until the test writes DIR/go, writing the figures meanwhile."""
-    go = os.path.join(figures.control, "go")
+    """Hold the epoch at batch ``count`` until the test writes DIR/go-COUNT, writing the figures meanwhile."""
+    go = os.path.join(figures.control, f"go-{count}")
     deadline = time.monotonic() + timeout
     while not os.path.exists(go):
         assert time.monotonic() < deadline, f"no {go} within {timeout} s of the pause at batch {count}"

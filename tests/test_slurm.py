@@ -2,7 +2,7 @@
 munged, slurmctld, a slurmd on each of three nodes, each node a network namespace with its own hostname and
 address).
 
-ferry.sbatch runs the trainer (tests/slurm_trainer.py: every batch compared with torch's DataLoader) in group 0 and
+ferry.sbatch runs the trainer (tests/engine_trainer.py: every batch compared with torch's DataLoader) in group 0 and
 two producers in group 1, on another node; CURVE keys are made by the job itself. Mid-epoch a producer task is
 SIGKILLed; while the trainer holds the epoch at batch GATE, add-producers.sbatch adds a producer from a second job,
 and a third job of the same script runs an intruder: a producer whose key pair was never authorized, serving a
@@ -130,7 +130,7 @@ def test_slurm_job_trains_every_batch_through_a_killed_producer_added_producers_
                "FERRY_DATASET_ARGS": json.dumps({"root": str(data)}), "FERRY_THREADS": "1",
                "FERRY_TRANSFORM": "tests.transforms:slow_identity", "FERRY_WATCH_S": "0.5"}
         run = Run(cluster, work, control)
-        main = run.submit("ferry.sbatch", sys.executable, "-m", "tests.slurm_trainer", str(data),
+        main = run.submit("ferry.sbatch", sys.executable, "-m", "tests.engine_trainer", str(data),
                           "--control", str(control), "--batch-size", str(BATCH), "--gate", str(GATE), env=env)
         run.expect(lambda: run.status().get("batches", 0) >= 2, 90, "the trainer's first 2 batches")
 
@@ -165,7 +165,7 @@ def test_slurm_job_trains_every_batch_through_a_killed_producer_added_producers_
                    "the intruder to log that its key was denied")
         added_names = run.expect(lambda: run.producers(added), 10, "the added producer's process")
         intruder_names = run.expect(lambda: run.producers(intruder), 10, "the intruder's process")
-        (control / "go").touch()
+        (control / f"go-{GATE}").touch()
 
         run.expect(lambda: not cluster.states(main) & ALIVE, 90, "the trainer's job to end")
         assert cluster.states(main) == {"COMPLETED"}, run.report()
