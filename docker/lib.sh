@@ -84,14 +84,17 @@ require_tools() {
 
 DOCKERD_PID=""
 # start_dockerd: unless a dockerd already answers, note this host's iptables, ip6tables, ip_forward and bridges in
-# WORK, start dockerd and wait (bounded) until it answers; exit 77 if it does not
+# WORK (unless noted there already), start dockerd and wait (bounded) until it answers; exit 77 if it does not
 start_dockerd() {
     docker info >/dev/null 2>&1 && return 0
     command -v dockerd >/dev/null || cannot_run "no dockerd running and none installed (apt-get install docker.io)"
-    iptables-save > "$WORK/iptables.before" 2>/dev/null || true
-    ip6tables-save > "$WORK/ip6tables.before" 2>/dev/null || true
-    cat /proc/sys/net/ipv4/ip_forward > "$WORK/ip_forward.before" 2>/dev/null || true
-    ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}' > "$WORK/bridges.before"
+    # notes a caller kept (from a run killed before its teardown) say what the host was before that run's dockerd
+    if [ ! -e "$WORK/bridges.before" ]; then
+        iptables-save > "$WORK/iptables.before" 2>/dev/null || true
+        ip6tables-save > "$WORK/ip6tables.before" 2>/dev/null || true
+        cat /proc/sys/net/ipv4/ip_forward > "$WORK/ip_forward.before" 2>/dev/null || true
+        ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}' > "$WORK/bridges.before"
+    fi
     log "starting dockerd"
     dockerd --pidfile "$WORK/dockerd.pid" > "$WORK/dockerd.log" 2>&1 &
     DOCKERD_PID=$!
