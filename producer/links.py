@@ -40,6 +40,7 @@ class Link:
     said_bye: bool = False
     frame_bytes: int = FRAME_CHUNK_BYTES  # leaves up to this travel as one frame: what its WELCOME announced
     max_batch_bytes: int | None = None  # the largest batch its consumer accepts (WELCOME); None: not announced
+    pickle_ok: bool = False  # its consumer's WELCOME allows pickled values (we are one of its local producers)
     watching_out: bool = False  # the poller watches ``sock`` for POLLOUT too (see watch_writable)
 
     def open(self) -> None:
