@@ -25,10 +25,10 @@ from typing import Any, Iterable
 
 from ferry.common import protocol
 from ferry.common.constants import DEAL_FIRST_TASKS_S, DEFAULT_FRAME_BYTES
-from ferry.common.errors import PoisonTaskError, ProtocolError, SampleIndexError, VersionMismatch
+from ferry.common.errors import BatchTypeError, PoisonTaskError, ProtocolError, SampleIndexError, VersionMismatch
 
 from ferry.consumer.core.actions import Action, Deliver, Log, Send
-from ferry.consumer.core.admission import BadPeers, Loss, Peers
+from ferry.consumer.core.admission import BadPeers, Loss, Peers, same_user_ipc
 from ferry.consumer.core.compression import TaskCodecs, is_local_address
 from ferry.consumer.core.delivery import Delivery
 from ferry.consumer.core.dispatcher import Attempt, Dispatcher, Poisoned, ProducerInfo, Task
@@ -174,7 +174,7 @@ class ConsumerCore:
             return
         info.last_heard = now
         if kind == protocol.BATCH:
-            self._batch(info, header, data, now, keep)
+            self._batch(info, header, data, now, keep, address)
         elif kind == protocol.FAIL:
             self._fail(info, header, data, now)
         elif kind == protocol.BYE:
@@ -220,9 +220,11 @@ class ConsumerCore:
         info = self.dispatcher.producers.get(peer)
         if info is not None:  # admitted (perhaps reconnected from elsewhere): is its link local?
             info.remote = not info.shared and not is_local_address(address)
+            info.pickle_ok = same_user_ipc(address)
         c = self.config
         self._send(peer, protocol.WELCOME, session=self.session, heartbeat=c.heartbeat, nonce=header["nonce"],
-                   codecs=list(c.codecs), frame_bytes=DEFAULT_FRAME_BYTES, max_batch_bytes=c.max_batch_bytes)
+                   codecs=list(c.codecs), frame_bytes=DEFAULT_FRAME_BYTES, max_batch_bytes=c.max_batch_bytes,
+                   **({"pickle": True} if info is not None and info.pickle_ok else {}))
 
     def _claim(self, info: ProducerInfo, header: dict[str, Any], now: float) -> Task | None:
         """The task a BATCH or FAIL answers, or None (counted) for another session or a late duplicate."""
@@ -237,7 +239,8 @@ class ConsumerCore:
         self.peers.progressed(now)
         return task
 
-    def _batch(self, info: ProducerInfo, header: dict[str, Any], data: list[Any], now: float, keep: Any) -> None:
+    def _batch(self, info: ProducerInfo, header: dict[str, Any], data: list[Any], now: float, keep: Any,
+               address: str) -> None:
         task = self._claim(info, header, now)
         if task is None:
             return
@@ -247,7 +250,14 @@ class ConsumerCore:
             answer = sequencer.read_answer(header, task.seq, self._epoch)
             batch = None if answer.empty else self._decoder.decode(
                 header, data, seq=task.seq, epoch=self._epoch, indices=answer.indices,
-                region=self.slots.take_region(task.task))
+                region=self.slots.take_region(task.task),
+                pickle_ok=info.pickle_ok and same_user_ipc(address))  # welcomed so, and still on that link
+        except BatchTypeError as exc:  # a registration this process lacks: every producer would send the same
+            self.slots.give_back(task.task)
+            self.codecs.forget([task.task])
+            sequencer.put(Delivery(run=task.run, seq=task.seq, error=BatchTypeError(
+                f"{exc} (epoch {self._epoch}, batch {task.seq}, from producer {info.name})")))
+            return
         except ProtocolError as exc:
             # it answered its own task with a batch we cannot use: broken or hostile. Re-issue the seq, and
             # drop and reject the producer, or a peer with many free slots would take the seq back every time
