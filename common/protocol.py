@@ -14,8 +14,9 @@ HELLO carries ``nonce``, which changes whenever the producer drops its state for
 (``spec``, ``len``, ``fingerprint``; for a sharded dataset ``sharded`` and, where it gives ``shard_len`` for at most
 MAX_ANNOUNCED_SHARDS shards, ``shard_lens``: the samples of each shard, so that ``len(loader)`` is known without
 the dataset).
-Optional: WELCOME ``frame_bytes`` (leaves up to that many bytes travel as one frame; without it, the
-producer splits leaves over FRAME_CHUNK_BYTES), HELLO ``shm`` (the token of the consumer's shared-memory
+WELCOME says ``frame_bytes`` (leaves up to that many bytes travel as one frame), ``max_batch_bytes`` and
+``codecs``. There has only ever been version 1: both sides ship together, so no field is optional for the sake of
+an older peer. Optional: HELLO ``shm`` (the token of the consumer's shared-memory
 slab the producer mapped), TASK ``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written;
 see :mod:`ferry.common.shm`) and TASK ``compression`` (the codec of that task's batch frames, one of the
 WELCOME's ``codecs``; see :mod:`ferry.consumer.core.compression`); WELCOME ``pickle`` (this producer may pickle
@@ -115,7 +116,12 @@ Check = Callable[[Any], bool]
 #: Required fields of each message type, with their checks. Optional fields are checked where used.
 SCHEMAS: dict[str, dict[str, Check]] = {
     HELLO: {"producer": _str, "nonce": _uint, "host": _str, "pid": _uint, "slots": _slots, "dataset": _dataset},
-    WELCOME: {"session": _uint, "heartbeat": _num, "nonce": _uint},
+    # frame_bytes: the largest array leaf the consumer wants as one frame (the producer clamps it into
+    # MIN/MAX_FRAME_BYTES); max_batch_bytes: the largest batch it accepts (a bigger one is answered by a FAIL);
+    # codecs: what it can decompress (a producer never sends another codec)
+    WELCOME: {"session": _uint, "heartbeat": _num, "nonce": _uint, "frame_bytes": lambda v: _uint(v) and v > 0,
+              "max_batch_bytes": lambda v: _uint(v) and v > 0,
+              "codecs": lambda v: isinstance(v, list) and len(v) <= 8 and all(_str(c) for c in v)},
     REJECT: {"reason": _str, "permanent": lambda v: isinstance(v, bool)},
     TASK: {"session": _uint, "task": _uint, "epoch": _uint, "seq": _uint, "indices": _indices,
            "on_error": lambda v: v in ("raise", "skip")},
@@ -130,14 +136,9 @@ SCHEMAS: dict[str, dict[str, Check]] = {
 #: Optional fields, checked when present.
 OPTIONAL: dict[str, dict[str, Check]] = {
     HELLO: {"shm": _str},
-    # the largest array leaf the consumer wants as one frame; the producer clamps it (MIN/MAX_FRAME_BYTES)
-    WELCOME: {"frame_bytes": lambda v: _uint(v) and v > 0,
-              "max_batch_bytes": lambda v: _uint(v) and v > 0,  # the largest batch it accepts: a bigger one FAILs
-              # the codecs the consumer can decompress: a producer's --compression never sends another
-              "codecs": lambda v: isinstance(v, list) and len(v) <= 8 and all(_str(c) for c in v),
-              # the producer may pickle what no tree spec describes: only its own local producers (ipc, same
-              # user; consumer/core/admission.py), never a producer over the network
-              "pickle": lambda v: v is True},
+    # the producer may pickle what no tree spec describes: only the consumer's own local producers (ipc, same
+    # user; consumer/core/admission.py), never a producer over the network
+    WELCOME: {"pickle": lambda v: v is True},
     TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0,
            "seed": _uint,  # the loader's seed, from which each sample's sample_info().seed is derived
            # the codec for this task's batch frames (absent: none); the consumer decides, "auto" included
