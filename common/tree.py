@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ferry.common.batch_types import Registered, rebuild, registered_type, typed_view
-from ferry.common.errors import ProtocolError
+from ferry.common.errors import BatchTypeError, ProtocolError
 
 __all__ = ["fold_tree", "map_tree", "iter_leaves", "path_text"]
 
@@ -111,13 +111,21 @@ def _rebuild(kind: str, keys: list | None, values: list, path: str | None) -> An
     if kind == "c":
         return rebuild(keys, values[0])  # type: ignore[arg-type]
     if kind == "r":
-        return keys.from_tree(values[0])  # type: ignore[union-attr]
+        try:
+            return keys.from_tree(values[0])  # type: ignore[union-attr]
+        except Exception as exc:  # the user's code: this batch's error, not the staging thread's end
+            raise BatchTypeError(f"from_tree of the registered type {keys.name!r} raised "  # type: ignore[union-attr]
+                                 f"{type(exc).__name__}: {exc}") from exc
     return values if kind == "l" else tuple(values)
 
 
 def map_tree(fn: Callable[[Any], Any], tree: Any) -> Any:
     """The same nest of dict / list / tuple (and namedtuples, typed containers, of the same classes), with
-    ``fn(leaf)`` in place of every leaf; a registered type comes back as its ``from_tree`` of the mapped tree."""
+    ``fn(leaf)`` in place of every leaf; a registered type comes back as its ``from_tree`` of the mapped tree.
+
+    Raises:
+        BatchTypeError: a registered type's ``from_tree`` raised (the original is the cause).
+    """
     return _fold(tree, lambda value, path: fn(value), _rebuild, None, -1, 0)
 
 

@@ -325,3 +325,34 @@ def test_an_unbatched_sample_is_converted_as_default_convert_converts_it(sample,
     assert type(got) is type(expected)
     for g, e in zip(got, expected) if isinstance(expected, list) else [(got, expected)]:
         assert type(g) is type(e) and np.array_equal(g, e)
+
+
+def test_a_from_tree_that_raises_fails_its_batch_not_the_staging_thread():
+    import queue
+    import threading
+
+    from ferry.consumer.staging.stagers import staging_loop
+
+    class Fragile:
+        pass
+
+    def refuse(tree):
+        raise ValueError("cannot rebuild")
+
+    register_batch_type(Fragile, lambda obj: {"x": np.zeros(2)}, refuse)
+    handoff, out, stop, failure = queue.Queue(), queue.Queue(), threading.Event(), []
+    bad = Delivery(run=1, seq=0, tree=round_trip(Fragile()), nbytes=16)
+    good = Delivery(run=1, seq=1, tree=round_trip({"x": np.arange(2)}), nbytes=16)
+    for item in (bad, good):
+        handoff.put(item)
+    thread = threading.Thread(target=staging_loop, args=(handoff, out, stop, CpuStager(pin_memory=False), failure))
+    thread.start()
+    try:
+        first, second = out.get(timeout=30), out.get(timeout=30)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive() and failure == []
+    assert isinstance(first.error, BatchTypeError) and "Fragile" in str(first.error) and first.tree is None
+    assert isinstance(first.error.__cause__, ValueError)
+    assert second.error is None and torch.equal(second.tree["x"], torch.arange(2))
