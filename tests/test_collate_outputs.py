@@ -112,22 +112,28 @@ def test_a_class_registered_only_on_the_producer_is_an_error_naming_it_and_the_r
         assert len(loader.stats()["per_producer"]) == 1, "the producer was not rejected for it"
 
 
-def test_an_unregistered_class_travels_between_a_trainer_and_its_local_producers():
+def test_an_unregistered_class_travels_between_a_trainer_and_its_local_producers(leak_check):
     expected = list(DataLoader(bt.Steps(10), batch_size=4, collate_fn=bt.unregistered_pair_collate))
     with RemoteLoader(dataset=bt.Steps(10), local_producers=2, batch_size=4,
                       collate_fn=bt.unregistered_pair_collate, **OPTIONS) as loader:
         got = list(loader)
+    leak_check.assert_clean()
     assert len(got) == 3
     for i, (g, e) in enumerate(zip(got, expected)):
         assert type(g) is bt.UnregisteredPair, f"batch {i}: {type(g).__name__}"
         assert_tree_equal(g.inputs, e.inputs, f"batch {i}.inputs")
 
 
-def test_an_unbatched_loader_over_the_network_yields_samples_as_default_convert_leaves_them(spawn, endpoint):
+def test_an_unbatched_loader_over_the_network_yields_samples_as_default_convert_leaves_them(spawn, endpoint,
+                                                                                           leak_check):
     expected = list(DataLoader(bt.Plain(10), batch_size=None))
     with remote(spawn, endpoint, "Plain", batch_size=None, shuffle=False) as loader:
         assert len(loader) == 10
         got = list(loader)
+    for producer in spawn.started:
+        assert producer.terminate() == 0
+        producer.close()  # its log file too: the harness's, opened after the snapshot
+    leak_check.assert_clean()
     assert len(got) == 10
     for i, (g, e) in enumerate(zip(got, expected)):
         assert type(g) is list and type(g[1]["i"]) is int and type(g[1]["name"]) is str, f"sample {i}: {g!r}"
