@@ -62,6 +62,9 @@ LOG_WINDOW_S = 60.0
 #: The producer's --log-level choices (given in any case), and its default.
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_LOG_LEVEL = "INFO"
+#: The producer's --log-format choices: plain lines, or one JSON object a line for an engine's log collector.
+LOG_FORMATS = ("plain", "json")
+DEFAULT_LOG_FORMAT = "plain"
 #: Local producers log at this level unless the trainer's environment sets FERRY_LOG_LEVEL.
 LOCAL_PRODUCER_LOG_LEVEL = "WARNING"
 
@@ -171,6 +174,21 @@ MAX_THREADS = 1024
 #: A producer first warns when no consumer answered for this long (then after 3x, 6x, and every 30x more).
 #: [Unit: second]
 DEFAULT_UNREACHABLE_WARNING_S = 10.0
+#: A producer resolves the host name of each --connect endpoint again this often, and follows what it finds:
+#: one consumer connection per address (a headless Service, several trainers behind one name). 0: never (ZeroMQ
+#: resolves the name itself, one connection per endpoint). [Unit: second]
+DEFAULT_RESOLVE_INTERVAL_S = 10.0
+#: Most addresses one name may resolve to: a producer opens no connection past them (and says so).
+MAX_ADDRESSES_PER_NAME = 256
+#: The live probe fails once a producer's main loop has not turned for this long. [Unit: second]
+DEFAULT_STUCK_AFTER_S = 20.0
+#: A producer rewrites its status file (--status-file) at most this far apart: every second, or a quarter of
+#: --stuck-after if that is shorter, so that a live loop never looks stuck. [Unit: second]
+STATUS_INTERVAL_S = 1.0
+#: A stopping producer waits this long for the samples it is loading (their tasks were handed back with its BYE)
+#: before it exits without them: its exit stays well within an engine's grace period (Docker's 10 s).
+#: [Unit: second]
+DEFAULT_DRAIN_TIMEOUT_S = 3.0
 #: The range of a loader's shuffle seed: torch.Generator.manual_seed's.
 MIN_SEED = -(2**63)
 MAX_SEED = 2**64 - 1

@@ -9,6 +9,7 @@ __all__ = [
     "FerryError",
     "ConfigError",
     "DatasetSpecError",
+    "DatasetOpenError",
     "DatasetError",
     "SampleLoadError",
     "MissingExtraError",
@@ -34,6 +35,12 @@ class ConfigError(FerryError, ValueError):
 
 class DatasetSpecError(FerryError, ValueError):
     """A dataset spec cannot be resolved into a dataset."""
+
+
+class DatasetOpenError(DatasetSpecError):
+    """A producer's dataset failed to open at its start: the dataset's constructor, its length or fingerprint, the
+    transform, the collate class or the init hook raised (not the spec itself, nor a bad argument: those stay
+    DatasetSpecError or ConfigError). The command line exits 4 for it (producer/exits.py); the cause is chained."""
 
 
 class DatasetError(FerryError, ValueError):

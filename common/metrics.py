@@ -1,13 +1,15 @@
 """An optional Prometheus endpoint (``pip install 'ferry[metrics]'``), for the consumer and the producer.
 
 The server thread reads the owner's figures at each scrape; nothing is recorded in between. ``close()``
-shuts the HTTP server down and joins its thread.
+shuts the HTTP server down and joins its thread. An owner may add plain-text paths that answer yes (200) or no
+(503), such as the producer's ``/livez`` and ``/readyz`` for an engine's HTTP probes (producer/status.py).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from ferry.common.errors import ConfigError
 
@@ -40,30 +42,68 @@ PRODUCER_FIGURES: tuple[Figure, ...] = (
     Figure("stale_messages", COUNTER, "messages of an old session (dropped)"),
     Figure("pending", GAUGE, "batches being loaded or waiting to be sent"),
     Figure("consumers", GAUGE, "consumers being served now"),
+    Figure("links", GAUGE, "consumer connections: one per endpoint, and per address an endpoint's name resolves to"),
 )
 
 
 class MetricsServer:
-    """Serves ``figures()`` on ``addr:port``, typed by ``declared`` (an undeclared number is a gauge)."""
+    """Serves ``figures()`` on ``addr:port``, typed by ``declared`` (an undeclared number is a gauge), on a thread
+    of its own (``ferry-metrics``).
+
+    ``answers``: more paths, each answered by a function giving yes or no and one line of text (200 or 503, plain
+    text), e.g. ``{"/livez": ...}``; every other path serves the metrics.
+    """
 
     def __init__(self, port: int, figures: Callable[[], dict[str, Any]], prefix: str, addr: str = "0.0.0.0",
-                 declared: Iterable[Figure] = PRODUCER_FIGURES) -> None:
+                 declared: Iterable[Figure] = PRODUCER_FIGURES,
+                 answers: Mapping[str, Callable[[], tuple[bool, str]]] | None = None) -> None:
         try:
-            from prometheus_client import CollectorRegistry, start_http_server
+            from prometheus_client import CollectorRegistry, make_wsgi_app
+            from prometheus_client.exposition import ThreadingWSGIServer
         except ImportError:
             raise ConfigError("a metrics port needs prometheus-client: pip install 'ferry[metrics]'") from None
+        from wsgiref.simple_server import make_server
+
         registry = CollectorRegistry()
         registry.register(_Collector(figures, prefix, declared))
+        app = _with_answers(make_wsgi_app(registry), dict(answers or {}))
         try:
-            self._httpd, self._thread = start_http_server(port, addr=addr, registry=registry)
+            self._httpd = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_quiet_handler())
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {addr}:{port}: {exc.strerror}") from None
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="ferry-metrics", daemon=True)
+        self._thread.start()
         self.port = self._httpd.server_port
 
     def close(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(5)
+
+
+def _with_answers(metrics: Callable, answers: dict[str, Callable[[], tuple[bool, str]]]) -> Callable:
+    """A WSGI app: the paths in ``answers`` answered yes (200) or no (503) in one line, the rest by ``metrics``."""
+
+    def app(environ: dict[str, Any], start_response: Callable) -> list[bytes]:
+        answer = answers.get(environ.get("PATH_INFO", ""))
+        if answer is None:
+            return metrics(environ, start_response)
+        ok, text = answer()
+        start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8")])
+        return [text.encode() + b"\n"]
+
+    return app
+
+
+def _quiet_handler() -> type:
+    """A request handler that logs nothing (a scrape every few seconds is no event)."""
+    from wsgiref.simple_server import WSGIRequestHandler
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Quiet
 
 
 class _Collector:

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from ferry.common.heap import keep_freed_memory
@@ -42,14 +43,20 @@ def preload() -> None:
 
 
 def serve(config: ProducerConfig, dataset: Any = None) -> int:
-    """Serve ``dataset`` (or the one ``config.dataset`` names) until SIGTERM/SIGINT. Returns an exit code.
+    """Serve ``dataset`` (or the one ``config.dataset`` names) until SIGTERM/SIGINT. Returns an exit code
+    (:mod:`ferry.producer.exits`).
 
     ``dataset`` may be a :class:`ferry.common.deferred_pickle.DeferredPickle` (local mode): it is unpickled here,
     once stderr goes where ``config.stderr_path`` says; a :class:`~ferry.common.deferred_pickle.WithHooks` in it
-    brings the hooks (``init``, ``collate``, ``transform``) pickled together with the dataset.
+    brings the hooks (``init``, ``collate``, ``transform``) pickled together with the dataset. With
+    ``config.status_file``, the status file says ``starting`` while the dataset opens (producer/status.py).
 
     Raises:
-        DatasetSpecError: the dataset spec cannot be resolved.
+        DatasetSpecError: the dataset spec cannot be resolved, or a dataset argument is refused (a ConfigError
+            in the dataset's constructor).
+        DatasetOpenError: a DatasetSpecError too: the dataset failed to open (its constructor, length or
+            fingerprint, the transform, the collate class or the init hook raised); the cause is chained.
+        ConfigError: the producer cannot start as configured (an endpoint, the metrics port, the status file).
         Exception: whatever unpickling a deferred dataset raises.
     """
     if config.freeze_inherited:  # before anything allocates: a collection now would walk the parent's objects
@@ -58,11 +65,9 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
         _die_with_parent()
     if config.stderr_path is not None:
         _stderr_to(config.stderr_path)
-    from ferry.common.datasets import Transformed, bind_hook, resolve_callable, resolve_dataset
     from ferry.common.deferred_pickle import DeferredPickle, WithHooks
-    from ferry.common.sampleinfo import seed_process
 
-    from ferry.producer.service import Producer
+    from ferry.producer.status import STARTING, StatusFile
 
     if isinstance(dataset, DeferredPickle):
         dataset = dataset.load()
@@ -70,23 +75,62 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
         config = dataclasses.replace(config, **dataset.hooks)
         dataset = dataset.dataset
     keep_freed_memory()
-    if dataset is None:
-        dataset = resolve_dataset(config.dataset, config.dataset_args)
-    if config.transform:
-        dataset = Transformed(dataset, config.transform, config.transform_args)
-    if config.collate is not None:  # its spec resolved, its keyword arguments bound
-        config = dataclasses.replace(config, collate=bind_hook(config.collate, config.collate_args, "collate function"))
-    if config.exit_with_parent and "torch" in sys.modules:  # a local producer, maybe forked from the trainer:
-        # as DataLoader's workers do; a fork inherits torch's OpenMP pool unusable ("Invalid thread pool!")
-        sys.modules["torch"].set_num_threads(1)
-    seed_process(config.seed, worker_id=config.worker_id, num_workers=config.num_workers, dataset=dataset)
-    if config.init is not None:
-        init = resolve_callable(config.init, "init function") if isinstance(config.init, str) else config.init
-        init(config.worker_id)
-    producer = Producer(config, dataset)
-    if threading.current_thread() is threading.main_thread():
-        install_signal_handlers(producer)
-    return producer.run()
+    status = StatusFile(config.status_file, config.stuck_after)
+    try:
+        status.write(STARTING, time.monotonic())
+        producer = _opened(config, dataset)
+        if threading.current_thread() is threading.main_thread():
+            install_signal_handlers(producer)
+        return producer.run()
+    finally:
+        status.remove()  # the producer's own is gone already; this one where it did not start
+
+
+def _opened(config: ProducerConfig, dataset: Any) -> Any:
+    """The dataset opened, the hooks bound and run, and the :class:`~ferry.producer.service.Producer` built.
+
+    Raises:
+        DatasetOpenError: anything raised in the way that is not a configuration error (see :func:`serve`).
+    """
+    from ferry.common.datasets import Transformed, bind_hook, resolve_callable, resolve_dataset
+    from ferry.common.errors import ConfigError, DatasetOpenError, DatasetSpecError, MissingExtraError
+    from ferry.common.sampleinfo import seed_process
+
+    from ferry.producer.service import Producer
+
+    try:
+        if dataset is None:
+            dataset = resolve_dataset(config.dataset, config.dataset_args)
+        if config.transform:
+            dataset = Transformed(dataset, config.transform, config.transform_args)
+        if config.collate is not None:  # its spec resolved, its keyword arguments bound
+            config = dataclasses.replace(config, collate=bind_hook(config.collate, config.collate_args,
+                                                                   "collate function"))
+        if config.exit_with_parent and "torch" in sys.modules:  # a local producer, maybe forked from the trainer:
+            # as DataLoader's workers do; a fork inherits torch's OpenMP pool unusable ("Invalid thread pool!")
+            sys.modules["torch"].set_num_threads(1)
+        seed_process(config.seed, worker_id=config.worker_id, num_workers=config.num_workers, dataset=dataset)
+        if config.init is not None:
+            init = resolve_callable(config.init, "init function") if isinstance(config.init, str) else config.init
+            init(config.worker_id)
+        return Producer(config, dataset)
+    except DatasetSpecError as exc:
+        if isinstance(exc, DatasetOpenError) or _is_configuration(exc.__cause__):
+            raise
+        raise DatasetOpenError(str(exc)) from exc.__cause__
+    except (ConfigError, MissingExtraError):
+        raise
+    except Exception as exc:
+        raise DatasetOpenError(f"the dataset {config.dataset_label!r} failed to open: {type(exc).__name__}: "
+                               f"{exc}") from exc
+
+
+def _is_configuration(cause: BaseException | None) -> bool:
+    """Whether a DatasetSpecError with this cause is the configuration's fault (the spec does not resolve, a
+    module is missing, an argument is refused), not the dataset's failing to open."""
+    from ferry.common.errors import ConfigError
+
+    return cause is None or isinstance(cause, (ConfigError, ImportError, TypeError))
 
 
 def install_signal_handlers(producer: Any) -> None:

@@ -4,7 +4,7 @@ actions returned by each event, applied by :mod:`ferry.producer.service`; and th
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 __all__ = ["Phase", "SendHello", "SendPing", "SendBye", "RunTask", "FailTask", "CheckAddress", "Stale", "Rebuild",
@@ -71,8 +71,12 @@ class Rebuild:
 
 @dataclass(frozen=True)
 class Log:
+    """Log ``message`` at ``level``; ``fields``: the event's fields for a JSON log line (producer/logs.py), not
+    compared (a test compares what is said)."""
+
     level: int
     message: str
+    fields: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 Action = Union[SendHello, SendPing, SendBye, RunTask, FailTask, CheckAddress, Stale, Rebuild, Log]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import textwrap
 from typing import Any, Mapping
@@ -21,6 +20,11 @@ from ferry.common.errors import ConfigError
 from ferry.common.settings import REQUIRED
 
 from ferry.producer.config import COMMAND_LINE, PRODUCER_ENV, WORKER, ProducerConfig, read_env
+from ferry.producer.exits import (
+    EXIT_CONFIG, EXIT_CRASH, EXIT_DATASET, describe_statuses, exit_past_lingering_threads, failure_status,
+)
+from ferry.producer.logs import configure as configure_logging, fields
+from ferry.producer.status import PROBES
 
 __all__ = ["build_parser", "command_line_values", "config_from_command_line", "command_line", "main"]
 
@@ -47,12 +51,16 @@ examples:
   python -m ferry.producer --connect tcp://trainer:5555 --dataset synthetic \\
       --curve-key keys/producer.key_secret --curve-server-key keys/server.key
 
+  # under an engine: every trainer behind a DNS name (a Kubernetes headless Service, a Swarm dnsrr service),
+  # followed as it changes; one JSON object per log line; a status file for the engine's exec probes
+  FERRY_STATUS_FILE=/tmp/ferry-status.json python -m ferry.producer --connect tcp://trainers:5555 \\
+      --dataset npy-folder --dataset-arg root=/data --log-format json
+  FERRY_STATUS_FILE=/tmp/ferry-status.json python -m ferry.producer --probe live     # exit 0: live, 1: not
+
 Every flag can also come from the environment, as its help says: FERRY_ and the flag's name (FERRY_CONNECT
 comma-separated, FERRY_DATASET_ARGS a JSON object). A flag wins over its variable; a variable that does not
 parse is an error (exit status 2), even with --help.
 
-Exit status: 0 after SIGTERM/SIGINT (it says BYE first), 2 on a configuration error,
-3 when every consumer rejected it permanently.
 """
 
 
@@ -84,10 +92,18 @@ def build_parser(prog: str = PROG, env: Mapping[str, Any] | None = None) -> argp
             "Ferry consumers (RemoteLoader) over ZeroMQ. Consumers decide which samples form each batch; "
             "start as many producers as you like, on any host, in any order."
         ),
-        epilog=EXAMPLES + _builtins() + _environment_only(),
+        epilog=EXAMPLES + describe_statuses() + _builtins() + _environment_only(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     env = env or {}
+    # a mode of the command, not an option of the producer: no variable (FERRY_PROBE in a container's environment
+    # would turn the producer itself into a probe)
+    parser.add_argument("--probe", choices=PROBES, default=None,
+                        help="answer an engine's probe instead of serving: read the status file of the producer "
+                             "running with the same --status-file (or FERRY_STATUS_FILE), print one line, and exit 0 "
+                             "(yes) or 1 (no). live: its main loop turned within --stuck-after seconds (or it is "
+                             "still starting); ready: live and serving its dataset (not starting or stopping); "
+                             "serving: ready, and at least one consumer is being served")
     for dest, setting in COMMAND_LINE.items():
         if not setting.flag:
             continue
@@ -170,24 +186,51 @@ def command_line(config: ProducerConfig, log_level: str = DEFAULT_LOG_LEVEL,
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
-    from ferry.common.errors import FerryError
-
+    """The producer's command line: serve until SIGTERM/SIGINT, or answer a probe. Returns the exit status
+    (:mod:`ferry.producer.exits`)."""
     from ferry.producer import serve
 
     try:
         env = read_env()  # before the flags, so that a bad variable is named even with --help
     except ConfigError as exc:
         print(f"ferry producer: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     parser = build_parser(prog, env)
     args = vars(parser.parse_args(argv))
-    logging.basicConfig(level=args["log_level"], format=f"ferry-producer[{os.getpid()}] %(levelname)s %(message)s",
-                        stream=sys.stderr)
+    if args["probe"]:
+        return _probe(args["probe"], args["status_file"])
+    configure_logging(args["log_level"], args["log_format"])
     for dest, setting in COMMAND_LINE.items():
         if setting.default is REQUIRED and not (args[dest] or env.get(setting.variable)):
             parser.error(f"{setting.flag} is required (or set {setting.variable})")
     try:
-        return serve(config_from_command_line(command_line_values(args, env)))
-    except (FerryError, ValueError) as exc:
+        code = serve(config_from_command_line(command_line_values(args, env)))
+    except Exception as exc:
+        code = failure_status(exc)
+        _report_failure(exc, code, json_lines=args["log_format"] == "json")
+    return exit_past_lingering_threads(code)
+
+
+def _probe(kind: str, status_file: str | None) -> int:
+    from ferry.producer.status import probe_file
+
+    try:
+        ok, line = probe_file(kind, status_file)
+    except ConfigError as exc:
         print(f"ferry producer: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
+    print(line)
+    return 0 if ok else 1
+
+
+def _report_failure(exc: Exception, code: int, json_lines: bool) -> None:
+    """One line for a failure the producer expects (configuration, the dataset), a traceback for a bug."""
+    log = logging.getLogger("ferry.producer")
+    failure = {EXIT_CONFIG: "configuration", EXIT_DATASET: "dataset"}.get(code, "crash")
+    extra = fields(event="exit", exit_code=code, failure=failure)
+    if code == EXIT_CRASH:
+        log.critical("unexpected error, exiting %d: %s: %s", code, type(exc).__name__, exc, exc_info=exc, extra=extra)
+    elif json_lines:
+        log.error("%s", exc, extra=extra)
+    else:
+        print(f"ferry producer: error: {exc}", file=sys.stderr)

@@ -17,7 +17,10 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from ferry.common import settings as s
-from ferry.common.constants import DEFAULT_LOG_LEVEL, DEFAULT_UNREACHABLE_WARNING_S, LOG_LEVELS
+from ferry.common.constants import (
+    DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, DEFAULT_RESOLVE_INTERVAL_S, DEFAULT_STUCK_AFTER_S,
+    DEFAULT_UNREACHABLE_WARNING_S, LOG_FORMATS, LOG_LEVELS,
+)
 from ferry.common.endpoints import expand_endpoints
 from ferry.common.errors import ConfigError
 from ferry.common.settings import Setting, option
@@ -92,7 +95,8 @@ class ProducerConfig:
 
     endpoints: tuple[str, ...] = option(Setting(
         _Endpoints(), "consumer endpoints, tcp://HOST:PORT, tcp://HOST:PORT-PORT (a range of ranks) or ipc://PATH; "
-        "repeat the flag for several consumers.", flag="--connect", metavar="ENDPOINT"))
+        "repeat the flag for several consumers; a host name reaches every address it resolves to (see "
+        "--resolve-interval).", flag="--connect", metavar="ENDPOINT"))
     dataset: str = option(Setting(
         s.Text("a dataset spec", nonempty=False), "a built-in dataset (synthetic, npy-folder, image-folder, packed, tar-shards) or "
         "package.module:callable that returns a dataset; only a label when serve() is given a dataset object.",
@@ -109,6 +113,24 @@ class ProducerConfig:
         s.Real(0, low_open=True, expected="a number of seconds"), "first warn when no consumer answered for this "
         "long (w), then after 3w, 6w and every 30w more (see producer/connection.py).",
         DEFAULT_UNREACHABLE_WARNING_S, unit="second", env="FERRY_UNREACHABLE_WARNING_S"))
+    resolve_interval: float = option(Setting(
+        s.Real(0, 86400, expected="a number of seconds"), "resolve each endpoint's host name again this often and "
+        "connect to every IPv4 address it has, one consumer each (a Kubernetes headless Service, a Swarm dnsrr "
+        "service): addresses that appear are joined, those that go are left, without a restart; 0: never (ZeroMQ "
+        "resolves each name itself, to one address).", DEFAULT_RESOLVE_INTERVAL_S, unit="second",
+        flag="--resolve-interval", metavar="SECONDS"))
+    status_file: str | None = option(Setting(
+        s.Path(), "keep this producer's status in this file (JSON, replaced every second, removed at exit) for "
+        "--probe: an engine's exec probe runs python -m ferry.producer --probe live (or ready) with the same "
+        "variable; none by default.", None, optional=True, flag="--status-file", metavar="PATH"))
+    stuck_after: float = option(Setting(
+        s.Real(0.1, 3600, expected="a number of seconds"), "--probe live fails once the main loop has not turned "
+        "for this long (it is stuck, even if its loading threads still run).", DEFAULT_STUCK_AFTER_S, unit="second",
+        flag="--stuck-after", metavar="SECONDS"))
+    drain_timeout: float = option(Setting(
+        s.Real(0, 3600, expected="a number of seconds"), "on SIGTERM, after saying BYE (its consumers re-issue "
+        "what it held), wait this long at most for the samples being loaded, then exit without them.",
+        DEFAULT_DRAIN_TIMEOUT_S, unit="second", flag="--drain-timeout", metavar="SECONDS"))
     exit_with_parent: bool = option(Setting(s.Bool(), "die with the parent process (local mode).", False,
                                             env="FERRY_EXIT_WITH_PARENT"))
     curve: Any = option(Setting(s.Kind(), "CURVE client keys (a CurveClient), or None for plaintext; the command "
@@ -160,6 +182,9 @@ class ProducerConfig:
 # --- the command line and the environment -------------------------------------------------------------
 LOG_LEVEL = Setting(s.Choice(LOG_LEVELS, fold=str.upper), "log verbosity, in any case.", DEFAULT_LOG_LEVEL,
                     flag="--log-level")
+LOG_FORMAT = Setting(s.Choice(LOG_FORMATS, fold=str.lower), "plain: a line of text per event; json: one JSON object "
+                     "per line (time, level, logger, message, pid and the event's fields), for an engine's log "
+                     "collector.", DEFAULT_LOG_FORMAT, flag="--log-format")
 CURVE_KEY = Setting(s.Path(), "this producer's CURVE key pair (a .key_secret file from ferry keys); enables "
                     "encryption and authentication.", None, optional=True, flag="--curve-key", metavar="FILE")
 CURVE_SERVER_KEY = Setting(s.Path(), "the consumer's CURVE public key (server.key).", None, optional=True,
@@ -168,10 +193,11 @@ WORKER = Setting(_Worker(), "this producer's worker_id/num_workers (set by a loa
                  env="FERRY_WORKER")
 
 #: What the command line sets, by where the value goes: a ProducerConfig field with a flag or a variable, or
-#: one of the command line's own (the log level, the CURVE key files, the worker id and count).
+#: one of the command line's own (the log level and format, the CURVE key files, the worker id and count).
 COMMAND_LINE: dict[str, Setting] = {
     **{f.name: s.setting_of(f) for f in fields(ProducerConfig) if s.setting_of(f).variable},
     "curve_key": CURVE_KEY, "curve_server_key": CURVE_SERVER_KEY, "worker": WORKER, "log_level": LOG_LEVEL,
+    "log_format": LOG_FORMAT,
 }
 #: Every ``FERRY_*`` variable of the producer, with its setting.
 PRODUCER_ENV: dict[str, Setting] = {setting.variable: setting for setting in COMMAND_LINE.values()}

@@ -49,18 +49,20 @@ from ferry.common.errors import ProtocolError
 from ferry.producer.actions import (
     Action, CheckAddress, FailTask, Log, Phase, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
 )
+# the process's exit statuses are declared in producer/exits.py (these two are imported from here too)
+from ferry.producer.exits import EXIT_OK, EXIT_REJECTED
 
 __all__ = [
     "Phase", "Connection", "SendHello", "SendPing", "SendBye", "RunTask", "FailTask", "CheckAddress", "Stale",
     "Rebuild", "Log", "Action",
-    "exit_code", "EXIT_OK", "EXIT_REJECTED",
+    "exit_code", "warning_due", "EXIT_OK", "EXIT_REJECTED",
 ]
 
-#: Process exit codes of a producer: stopped (SIGTERM, SIGINT, ``stop()``), or rejected by every consumer.
-EXIT_OK = 0
-EXIT_REJECTED = 3
 
-
+def warning_due(w: float, given: int) -> float:
+    """Seconds of waiting after which "no consumer has answered" warning number ``given`` (from 0) is due, for a
+    first warning after ``w``: w, 3w, 6w, then every 30w."""
+    return (w, 3 * w, 6 * w)[given] if given < 3 else 6 * w + 30 * w * (given - 2)
 
 
 class Connection:
@@ -138,7 +140,8 @@ class Connection:
         if kind == protocol.TASK:
             return [self._task(header, nframes)]
         if kind == protocol.BYE:
-            return self._reset(Phase.GREETING, now, logging.INFO, f"consumer at {self.endpoint} said BYE")
+            return self._reset(Phase.GREETING, now, logging.INFO, f"consumer at {self.endpoint} said BYE",
+                               "consumer_bye")
         if kind != protocol.PING:
             raise ProtocolError(f"unexpected {kind} from a consumer")
         return []
@@ -157,22 +160,22 @@ class Connection:
                 dns = f"; {self.address_problem}" if self.address_problem else ""
                 actions += [Log(logging.WARNING, f"no consumer has answered at {self.endpoint} for {waited:.0f} s"
                                                  f"{dns}; still trying (next warning after "
-                                                 f"{self._warning_due(self.warnings):.0f} s)"), CheckAddress()]
+                                                 f"{self._warning_due(self.warnings):.0f} s)",
+                                {"event": "unreachable", "waited_s": round(waited, 1)}), CheckAddress()]
             return actions
         if self.phase is Phase.SERVING:
             silent = now - self.last_heard
             if silent > self.liveness * self.heartbeat:
                 return self._reset(Phase.GREETING, now, logging.WARNING,
                                    f"consumer at {self.endpoint} silent for {silent:.1f} s; "
-                                   "dropping its work and saying HELLO again")
+                                   "dropping its work and saying HELLO again", "consumer_silent")
             if now - self.last_sent >= self.heartbeat:
                 return [SendPing(self.pending)]
         return []
 
     def _warning_due(self, given: int) -> float:
         """Seconds of GREETING after which warning number ``given`` (from 0) is due: w, 3w, 6w, then every 30w."""
-        w = self.unreachable_warning_s
-        return (w, 3 * w, 6 * w)[given] if given < 3 else 6 * w + 30 * w * (given - 2)
+        return warning_due(self.unreachable_warning_s, given)
 
     def auth_denied(self, now: float) -> list[Action]:
         """The consumer refused this producer's CURVE key. libzmq never retries a denied handshake on its own,
@@ -184,7 +187,8 @@ class Connection:
         self.rebuild_at = now + delay
         level = logging.WARNING if self.denials == 1 else logging.DEBUG
         return [Log(level, f"the consumer at {self.endpoint} denied this producer's CURVE key (is its public key "
-                           f"in the consumer's authorized folder?); trying again in {delay:.1f} s, then with back-off")]
+                           f"in the consumer's authorized folder?); trying again in {delay:.1f} s, then with back-off",
+                    {"event": "auth_denied", "retry_s": delay})]
 
     def address_checked(self, problem: str | None) -> None:
         """What resolving the endpoint's host found: None (it resolves, or it has no host), else why not."""
@@ -215,7 +219,7 @@ class Connection:
             self.unsendable_since = None
             self.welcomed_here = False  # libzmq connects a fresh socket by itself once a consumer listens
             return [Log(logging.WARNING, f"no connection to {self.endpoint} for {self.liveness} heartbeats: "
-                                         "rebuilding the socket"), Rebuild()]
+                                         "rebuilding the socket", {"event": "rebuild"}), Rebuild()]
         return []
 
     def stop(self) -> list[Action]:
@@ -239,15 +243,18 @@ class Connection:
         self.denials, self.rebuild_at = 0, None
         self.heartbeat = min(max(float(header["heartbeat"]), MIN_WELCOME_HEARTBEAT_S), MAX_WELCOME_HEARTBEAT_S)
         self.last_heard, self.warnings, self.address_problem = now, 0, None
-        return [Log(logging.INFO, f"serving consumer at {self.endpoint} (session {self.session:x})")]
+        return [Log(logging.INFO, f"serving consumer at {self.endpoint} (session {self.session:x})",
+                    {"event": "welcomed", "session": f"{self.session:x}"})]
 
     def _reject(self, header: dict[str, Any], now: float) -> list[Action]:
         if header["permanent"]:
             return self._reset(Phase.CLOSED, now, logging.ERROR,
-                               f"consumer at {self.endpoint} rejected this producer: {header['reason']}")
+                               f"consumer at {self.endpoint} rejected this producer: {header['reason']}", "rejected",
+                               reason=header["reason"])
         if self.phase is Phase.SERVING:  # while GREETING we are saying HELLO already
             return self._reset(Phase.GREETING, now, logging.INFO,
-                               f"consumer at {self.endpoint} asks for a new HELLO: {header['reason']}")
+                               f"consumer at {self.endpoint} asks for a new HELLO: {header['reason']}", "rehello",
+                               reason=header["reason"])
         return []
 
     def _task(self, header: dict[str, Any], nframes: int) -> RunTask | FailTask:
@@ -262,13 +269,13 @@ class Connection:
             return FailTask(header, bad, f"sample index {bad} is out of range for {self.dataset_len} samples")
         return RunTask(header)
 
-    def _reset(self, phase: Phase, now: float, level: int, why: str) -> list[Action]:
+    def _reset(self, phase: Phase, now: float, level: int, why: str, event: str, **fields: str) -> list[Action]:
         self.phase, self.session, self.pending = phase, None, 0
         self.nonce = self._new_nonce()
         self.started, self.warnings = now, 0
         self.last_sent = 0.0  # say HELLO at the next tick
         self.awaiting_connection = False
-        return [Log(level, why)]
+        return [Log(level, why, {"event": event, **fields})]
 
 
 def exit_code(connections: Iterable[Connection]) -> int | None:

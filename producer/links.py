@@ -1,4 +1,4 @@
-"""One consumer endpoint of a producer: its DEALER socket (and, with CURVE, that socket's monitor) and the
+"""One consumer connection of a producer: its DEALER socket (and, with CURVE, that socket's monitor) and the
 state machine of its connection. Only the producer's main loop (:mod:`ferry.producer.service`) touches a Link.
 
 A Link registers its sockets with the loop's poller itself, so that a rebuilt socket (a fresh one after a
@@ -42,6 +42,10 @@ class Link:
     max_batch_bytes: int | None = None  # the largest batch its consumer accepts (WELCOME); None: not announced
     pickle_ok: bool = False  # its consumer's WELCOME allows pickled values (we are one of its local producers)
     watching_out: bool = False  # the poller watches ``sock`` for POLLOUT too (see watch_writable)
+    #: what follows the producer's id in this connection's HELLO: "" for an endpoint, "/ADDRESS" for an address a
+    #: name resolved to, so that two addresses of one consumer (a multi-homed host, a load balancer) are two
+    #: producers to it, not one that restarts its work at each HELLO of the other
+    id_suffix: str = ""
 
     def open(self) -> None:
         """Make the socket (and its monitor) and connect it. Not yet registered: see :meth:`register`."""
@@ -70,11 +74,15 @@ class Link:
             self.poller.register(self.monitor, zmq.POLLIN)
         self.watching_out = False
 
-    def rebuild(self) -> None:
-        """A fresh socket: libzmq never reconnects one that hit a protocol error, nor retries a denied key."""
+    def unregister(self) -> None:
+        """Take the sockets off the loop's poller (before :meth:`close`, or a rebuild)."""
         self.poller.unregister(self.sock)
         if self.monitor is not None:
             self.poller.unregister(self.monitor)
+
+    def rebuild(self) -> None:
+        """A fresh socket: libzmq never reconnects one that hit a protocol error, nor retries a denied key."""
+        self.unregister()
         self.close(linger=0)
         self.open()
         self.register()

@@ -1,34 +1,40 @@
-"""The producer service: one poll loop that owns every DEALER socket and applies what the connections decide.
+"""The producer service: one poll loop that owns every DEALER socket and applies what the state machines decide.
 
-Each ``--connect`` endpoint is a :class:`~ferry.producer.links.Link`: one DEALER socket and one
-:class:`~ferry.producer.connection.Connection`, the pure state machine of that consumer connection (its
-lifecycle is drawn there). The loop reads the clock, feeds the machine its events (messages, ticks, the
-fate of a send, the socket becoming writable while a HELLO waits for a connection, stop) and carries out
-the actions it returns: send HELLO / PING / BYE, run a TASK, rebuild
-the socket, log.
+Each consumer connection is a :class:`~ferry.producer.links.Link`: a DEALER socket and a
+:class:`~ferry.producer.connection.Connection`, the pure state machine of that connection (its lifecycle is
+drawn there). Which connections exist is decided by :class:`~ferry.producer.discovery.Discovery` (one per
+endpoint, or per address of an endpoint's name, kept fresh): :mod:`ferry.producer.linkset`. The loop reads the
+clock, feeds the machines their events (messages, ticks, lookups, the fate of a send, the socket becoming
+writable while a HELLO waits for a connection, stop) and carries out the actions they return: send HELLO /
+PING / BYE (:mod:`ferry.producer.outbox`), run a TASK, open, rebuild or close a connection, log. Each turn it
+also writes the status that the engine's probes read (:mod:`ferry.producer.status`).
 
-Threads: the main loop (this module), plus the batcher's pools (:mod:`ferry.producer.batcher`). Shutdown order,
-on SIGTERM / SIGINT / ``stop()``: the main loop leaves its poll, says BYE on every serving connection,
-closes sockets with LINGER=0 (PRODUCER_BYE_LINGER_MS where a BYE was queued: the frames still queued are dropped,
-which hands their pooled buffers back), stops the batcher (waits for running samples, cancels queued
-ones), then terminates its own zmq context.
+Threads: the main loop (this module), the batcher's pools (:mod:`ferry.producer.batcher`), the compression pool,
+``ferry-resolve`` (DNS, :mod:`ferry.producer.resolver`) and, with ``--metrics-port``, ``ferry-metrics``.
+Shutdown order, on SIGTERM / SIGINT / ``stop()``: the main loop leaves its poll, marks its status ``stopping``,
+says BYE on every serving connection (the consumer re-issues what it held here, charging no attempt), closes
+the sockets with LINGER=0 (PRODUCER_BYE_LINGER_MS where a BYE was queued: the frames still queued are dropped,
+which hands their pooled buffers back), stops the batcher (queued samples are cancelled; running ones get
+``--drain-timeout`` seconds, then the process exits without them:
+:func:`ferry.producer.exits.exit_past_lingering_threads`), terminates its zmq context, removes its status file.
 """
 
 from __future__ import annotations
 
-import itertools
+import functools
 import logging
 import os
 import queue
 import socket as pysocket
+import threading
 import time
 import uuid
 from typing import Any
 
 import zmq
 
+from ferry.common.constants import HEARTBEAT_S, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST
 from ferry.common import protocol
-from ferry.common.constants import PRODUCER_BYE_LINGER_MS, HEARTBEAT_S, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST
 from ferry.common.datasets import dataset_fingerprint
 from ferry.common.errors import ProtocolError
 from ferry.common.ratelimit import RateLimitedLog
@@ -36,15 +42,16 @@ from ferry.common.shardplan import announced_shard_lengths, is_sharded, shard_na
 from ferry.common.waker import Waker
 
 from ferry.producer.batcher import Batcher, Job, Outcome
-from ferry.producer.buffers import tracked
-from ferry.producer.compressing import FrameCompressor, LinkCodec
+from ferry.producer.compressing import FrameCompressor
 from ferry.producer.config import ProducerConfig
 from ferry.producer.connection import (
-    EXIT_OK, Action, CheckAddress, Connection, FailTask, Log, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
-    exit_code,
+    EXIT_OK, Action, CheckAddress, FailTask, Log, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale, exit_code,
 )
 from ferry.producer.links import Link, announced_frame_bytes
-from ferry.producer.resolver import AddressResolver
+from ferry.producer.linkset import LinkSet
+from ferry.producer.logs import fields
+from ferry.producer.outbox import Outbox, hello_fields
+from ferry.producer.status import PROBES, SERVING, STARTING, STOPPING, StatusFile, judge
 
 log = logging.getLogger("ferry.producer")
 
@@ -58,7 +65,7 @@ class Producer:
         self.sharded = is_sharded(dataset)  # a stream of shards: "len" is the shard count (producer/shards.py)
         self.dataset_len = len(shard_names(dataset)) if self.sharded else len(dataset)
         # each shard's samples, told in every HELLO: how a loader that does not hold the dataset knows len()
-        self.shard_lengths = announced_shard_lengths(dataset) if self.sharded else None
+        shard_lengths = announced_shard_lengths(dataset) if self.sharded else None
         self.fingerprint = dataset_fingerprint(dataset)
         self.producer_id = uuid.uuid4().hex[:12]
         self.name = f"{pysocket.gethostname()}:{os.getpid()}"
@@ -66,38 +73,37 @@ class Producer:
         self._waker = Waker()
         self._done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self._ctx = zmq.Context()
-        self._links: dict[int, Link] = {}
-        self._resolver = AddressResolver(self._waker)  # DNS lookups off the main loop (producer/resolver.py)
+        self._poller = zmq.Poller()
+        self._metrics = None
+        self._status = StatusFile(config.status_file, config.stuck_after)
+        # the consumer connections, as the endpoints and what their names resolve to call for (producer/linkset.py)
+        self._links = LinkSet(config, dataset_len=self.dataset_len, ctx=self._ctx, poller=self._poller,
+                              waker=self._waker, say_bye=lambda link: self._apply(link, link.conn.stop()))
         self._slab = self._map_slab(config.shared_memory)
         # compresses frames for links that use a codec, on its own threads (common/compression.py)
         self._compressor = FrameCompressor(workers=min(config.threads, os.cpu_count() or 1))
-        self._batcher = Batcher(
-            dataset,
-            collate_fn=config.collate,
-            threads=config.threads,
-            batch_workers=config.slots * max(1, len(config.endpoints)),
-            done=self._done,
-            waker=self._waker,
-            compressor=self._compressor,
-        )
-        self.batches_sent = 0
-        self.bytes_sent = 0
-        self.shared_batches = 0  # batches written into the consumer's shared-memory slab
+        # one batch worker per slot of every connection there may be (threads start only when work needs them)
+        self._batcher = Batcher(dataset, collate_fn=config.collate, threads=config.threads,
+                                batch_workers=config.slots * max(1, self._links.capacity), done=self._done,
+                                waker=self._waker, compressor=self._compressor)
+        dataset_info = {"spec": config.dataset_label, "len": self.dataset_len, "fingerprint": self.fingerprint,
+                        **({"sharded": True} if self.sharded else {}),
+                        **({"shard_lens": shard_lengths} if shard_lengths is not None else {})}
+        self._outbox = Outbox(hello_fields(producer_id=self.producer_id, slots=config.slots, dataset=dataset_info,
+                                           shm_token=config.shared_memory[1] if self._slab is not None else None),
+                              self._batcher.pool)
         self.invalid_messages = 0
         self.stale_messages = 0
         self._invalid_log = RateLimitedLog(log, suppressed="%d more invalid messages were dropped without a log line")
-        self._keys = itertools.count()
-        self._poller = zmq.Poller()
-        self._metrics = None
+        self.last_turn = time.monotonic()  # when the main loop last turned (the live probe's question)
         try:
-            for endpoint in config.endpoints:
-                link = self._connect(endpoint)
-                self._links[link.key] = link
-                self._check_address(link)  # known before the first "no consumer answers" warning
+            self._status.write(STARTING, time.monotonic())  # a path that cannot be written fails here, at start
+            self._links.start()
             if config.metrics_port:
                 from ferry.common.metrics import MetricsServer
 
-                self._metrics = MetricsServer(config.metrics_port, self.figures, "ferry_producer")
+                self._metrics = MetricsServer(config.metrics_port, self.figures, "ferry_producer", answers={
+                    f"/{kind}z": functools.partial(self.answer, kind) for kind in PROBES})  # /livez, /readyz ...
         except BaseException:
             self._close()
             raise
@@ -116,31 +122,34 @@ class Producer:
     def run(self) -> int:
         """Serve until stopped or permanently rejected everywhere. Returns the process exit code."""
         cfg = self.config
-        log.info(
-            "ferry producer %s (id %s) serving %s: %d samples, fingerprint %s, %d threads, %d slots -> %s",
-            self.name, self.producer_id, cfg.dataset_label, self.dataset_len, self.fingerprint,
-            cfg.threads, cfg.slots, ", ".join(cfg.endpoints),
-        )
+        log.info("ferry producer %s (id %s) serving %s: %d samples, fingerprint %s, %d threads, %d slots -> %s",
+                 self.name, self.producer_id, cfg.dataset_label, self.dataset_len, self.fingerprint, cfg.threads,
+                 cfg.slots, ", ".join(cfg.endpoints),
+                 extra=fields(event="start", producer=self.name, producer_id=self.producer_id,
+                              dataset=cfg.dataset_label, samples=self.dataset_len, fingerprint=self.fingerprint,
+                              threads=cfg.threads, slots=cfg.slots, endpoints=list(cfg.endpoints)))
         poller = self._poller
         poller.register(self._waker.fileno(), zmq.POLLIN)
-        for link in self._links.values():
-            link.register()
         code = EXIT_OK
         try:
             while not self._stop_requested:
-                rejected = exit_code(link.conn for link in self._links.values())
+                rejected = exit_code(link.conn for link in self._links) if self._links.complete else None
                 if rejected is not None:
-                    log.error("every consumer rejected this producer permanently; exiting")
+                    log.error("every consumer rejected this producer permanently; exiting",
+                              extra=fields(event="rejected_everywhere", exit_code=rejected))
                     code = rejected
                     break
-                now = time.monotonic()  # ticks before the poll: the first HELLO goes out at once
-                for link in self._links.values():
+                now = self.last_turn = time.monotonic()  # ticks before the poll: the first HELLO goes out at once
+                self._links.tick(now)
+                for link in self._links:
                     self._apply(link, link.conn.tick(now))
                     link.watch_writable()
-                events = dict(poller.poll(timeout=self._poll_timeout_ms()))
+                if self._status.due(now, SERVING):
+                    self._write_status(SERVING, now)
+                events = dict(poller.poll(timeout=self._poll_timeout_ms(now)))
                 if self._waker.fileno() in events:
                     self._waker.drain()
-                for link in self._links.values():
+                for link in self._links:
                     ready = events.get(link.sock, 0)
                     if ready & zmq.POLLIN:
                         self._receive(link)
@@ -148,39 +157,41 @@ class Producer:
                         self._apply(link, link.conn.writable(time.monotonic()))
                     if link.auth_denials(events):  # with CURVE: the consumer refused our key
                         self._apply(link, link.conn.auth_denied(time.monotonic()))
-                self._send_outcomes()
-                self._address_results()
-            for link in self._links.values():
+                while (outcome := self._next_outcome()) is not None:
+                    self._outbox.deliver(outcome, self._links.get(outcome.job.conn_key), time.monotonic())
+                self._links.answers()
+            self._write_status(STOPPING, time.monotonic())
+            for link in self._links:
                 self._apply(link, link.conn.stop())
         finally:
             self._close()
-        log.info("ferry producer %s stopped after %d batches", self.name, self.batches_sent)
+        log.info("ferry producer %s stopped after %d batches", self.name, self._outbox.batches_sent,
+                 extra=fields(event="stop", batches_sent=self._outbox.batches_sent, exit_code=code))
         return code
 
-    # --- applying the connections' decisions ---------------------------------------------------------
+    # --- applying the machines' decisions ----------------------------------------------------------------
     def _apply(self, link: Link, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, SendHello):
-                if not self._send(link, [self._hello(action.nonce)]):
+                if not self._outbox.hello(link, action.nonce, time.monotonic()):
                     self._apply(link, link.conn.hello_unsent(time.monotonic()))
             elif isinstance(action, SendPing):
-                self._send(link, [protocol.pack(protocol.PING, load={
-                    "pending": action.pending, "sent": self.batches_sent,
-                    "compression": link.compression.last or "off"})])
+                self._outbox.ping(link, action.pending, time.monotonic())
             elif isinstance(action, RunTask):
                 self._run_task(link, action.header)
             elif isinstance(action, FailTask):
-                self._send(link, [_index_fail(action)])
+                self._outbox.index_fail(link, action, time.monotonic())
             elif isinstance(action, CheckAddress):
-                self._check_address(link)
+                self._links.check(link)
             elif isinstance(action, Stale):
                 self.stale_messages += 1
             elif isinstance(action, Rebuild):
                 link.rebuild()
             elif isinstance(action, SendBye):
-                link.said_bye = self._send(link, [protocol.pack(protocol.BYE)])
+                self._outbox.bye(link, time.monotonic())
             elif isinstance(action, Log):
-                log.log(action.level, "%s", action.message)
+                log.log(action.level, "%s", action.message,
+                        extra={"fields": {"endpoint": link.conn.endpoint, **action.fields}})
 
     def _run_task(self, link: Link, header: dict[str, Any]) -> None:
         slot = None
@@ -196,55 +207,6 @@ class Producer:
                 compress=link.compression.task(header), frame_bytes=link.frame_bytes,
                 max_batch_bytes=link.max_batch_bytes, unbatched=header.get("unbatched"), pickle_ok=link.pickle_ok)
         )
-
-    # --- sockets ------------------------------------------------------------------------------------
-    def _connect(self, endpoint: str) -> Link:
-        cfg = self.config
-        conn = Connection(endpoint, now=time.monotonic(), heartbeat=cfg.heartbeat, liveness=cfg.liveness,
-                          unreachable_warning_s=cfg.unreachable_warning_s, dataset_len=self.dataset_len)
-        link = Link(key=next(self._keys), endpoint=endpoint, conn=conn, ctx=self._ctx, poller=self._poller,
-                    compression=LinkCodec(endpoint, cfg.compression),
-                    curve=cfg.curve)
-        link.open()
-        return link
-
-    def _check_address(self, link: Link) -> None:
-        self._resolver.check(link.key, link.endpoint)
-
-    def _address_results(self) -> None:
-        for key, problem in self._resolver.results():
-            self._links[key].conn.address_checked(problem)
-
-    def _send(self, link: Link, frames: list[Any]) -> bool:
-        try:
-            link.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            return False  # not connected, or the consumer stopped reading: it will re-issue
-        link.conn.sent(time.monotonic())
-        return True
-
-    def figures(self) -> dict[str, Any]:
-        """What the metrics endpoint exports (read from its thread; plain int reads)."""
-        return {
-            "batches_sent": self.batches_sent, "bytes_sent": self.bytes_sent, "shared_batches": self.shared_batches,
-            "invalid_messages": self.invalid_messages, "stale_messages": self.stale_messages,
-            "pending": self._batcher.pending,
-            "consumers": sum(1 for link in list(self._links.values()) if link.conn.serving),
-        }
-
-    def _close(self) -> None:
-        if self._metrics is not None:
-            self._metrics.close()
-        # sockets first: closing them drops the frames still queued to a consumer (after a BYE's bounded
-        # linger), which hands their pooled buffers back. A batch job waiting for such a buffer would
-        # otherwise hold the batcher's shutdown for BUFFER_ACQUIRE_TIMEOUT_S. Batch jobs never touch sockets.
-        for link in self._links.values():
-            link.close(linger=PRODUCER_BYE_LINGER_MS if link.said_bye else 0)  # let a BYE leave, bounded
-        self._batcher.close()
-        self._compressor.close()
-        self._resolver.close()  # ends after the lookup in progress, if any (not waited for)
-        self._ctx.term()
-        self._waker.close()
 
     # --- receiving ------------------------------------------------------------------------------------
     def _receive(self, link: Link) -> None:
@@ -265,51 +227,75 @@ class Producer:
             except ProtocolError as exc:
                 self.invalid_messages += 1
                 self._invalid_log.warning("invalid message #%d from %s dropped: %s", self.invalid_messages,
-                                          link.endpoint, exc)
+                                          link.conn.endpoint, exc)
 
-    # --- sending ------------------------------------------------------------------------------------
-    def _send_outcomes(self) -> None:
-        while True:
-            try:
-                outcome = self._done.get_nowait()
-            except queue.Empty:
-                return
-            link = self._links[outcome.job.conn_key]
-            if not link.conn.owns(outcome.job.session):
-                self._release(outcome, None)
-                continue  # the session it belonged to is gone
-            link.conn.task_finished()
-            frames, tracker = outcome.frames, None
-            count = outcome.buffer_frames if outcome.buffer is not None else 0
-            if count:  # the pooled buffer's views: it goes back to the pool once ZeroMQ has sent them
-                frames, tracker = tracked(frames, count)
-            sent = self._send(link, frames)
-            del frames
-            self._release(outcome, tracker if sent else None)
-            if sent and not outcome.failed:
-                self.batches_sent += 1
-                self.bytes_sent += sum(len(f) for f in outcome.frames[1:])
-                if outcome.job.slot is not None and outcome.job.slot.used:
-                    self.shared_batches += 1
-                    self.bytes_sent += outcome.job.slot.used
+    def _next_outcome(self) -> Outcome | None:
+        try:
+            return self._done.get_nowait()
+        except queue.Empty:
+            return None
 
-    def _release(self, outcome: Outcome, tracker: Any) -> None:
-        if outcome.buffer is not None:
-            self._batcher.pool.release(outcome.buffer, tracker)
+    # --- figures, status, probes --------------------------------------------------------------------
+    def figures(self) -> dict[str, Any]:
+        """What the metrics endpoint exports (read from its thread; plain int reads)."""
+        return {
+            "batches_sent": self._outbox.batches_sent, "bytes_sent": self._outbox.bytes_sent,
+            "shared_batches": self._outbox.shared_batches, "invalid_messages": self.invalid_messages,
+            "stale_messages": self.stale_messages, "pending": self._batcher.pending, **self._links.describe(),
+        }
 
-    def _hello(self, nonce: int) -> bytes:
-        return protocol.pack(
-            protocol.HELLO,
-            producer=self.producer_id,
-            nonce=nonce,
-            host=pysocket.gethostname(),
-            pid=os.getpid(),
-            slots=self.config.slots,
-            dataset={"spec": self.config.dataset_label, "len": self.dataset_len, "fingerprint": self.fingerprint,
-                     **({"sharded": True} if self.sharded else {}),
-                     **({"shard_lens": self.shard_lengths} if self.shard_lengths is not None else {})},
-            **({"shm": self.config.shared_memory[1]} if self._slab is not None else {}),
-        )
+    def _status_figures(self) -> dict[str, Any]:
+        figures = self.figures()
+        return {name: figures[name] for name in ("consumers", "links", "batches_sent")}
+
+    def _write_status(self, state: str, now: float) -> None:
+        failed = self._status.failed
+        self._status.write(state, now, **self._status_figures())
+        if self._status.failed and not failed:  # once per run of failures: the live probe will say no
+            log.warning("cannot write the status file %s: %s", self._status.path, self._status.failed,
+                        extra=fields(event="status_file_failed", path=self._status.path))
+
+    def answer(self, probe: str) -> tuple[bool, str]:
+        """The answer to ``probe`` (producer/status.py) from the last turn of the main loop, as the status file would
+        give it now. Any thread may ask: the metrics server's /livez, /readyz and /servingz do."""
+        state = STOPPING if self._stop_requested else SERVING
+        status = {"state": state, "monotonic": self.last_turn, "stuck_after": self.config.stuck_after,
+                  "pid": os.getpid(), **self._status_figures()}
+        return judge(probe, status, time.monotonic())
+
+    def _poll_timeout_ms(self, now: float) -> int:
+        beat = min((link.conn.heartbeat for link in self._links), default=HEARTBEAT_S)
+        wait = min(beat * POLL_HEARTBEAT_FRACTION, self._links.discovery.wait_s(now),
+                   self._status.interval if self._status.path else float("inf"))
+        return max(POLL_MIN_MS, int(wait * 1000))
+
+    # --- shutdown -------------------------------------------------------------------------------------
+    def _close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+        # sockets first: closing them drops the frames still queued to a consumer (after a BYE's bounded
+        # linger), which hands their pooled buffers back. A batch job waiting for such a buffer would
+        # otherwise hold the batcher's shutdown for BUFFER_ACQUIRE_TIMEOUT_S. Batch jobs never touch sockets.
+        self._links.close()  # BYEs leave within a bounded linger; the resolver thread ends (not waited for)
+        self._drain()
+        self._compressor.close()
+        self._ctx.term()
+        self._waker.close()
+        self._status.remove()
+
+    def _drain(self) -> None:
+        """Stop the batcher: queued work is cancelled, running samples get ``drain_timeout`` seconds. Their tasks
+        went back to the consumers with the BYE, so nothing waits for them: past the bound the process exits
+        without them (exit_past_lingering_threads), and the abandoned threads go with it."""
+        pending = self._batcher.pending
+        closer = threading.Thread(target=self._batcher.close, name="ferry-drain", daemon=True)
+        closer.start()
+        closer.join(self.config.drain_timeout)
+        if closer.is_alive():
+            log.warning("%d batches were still loading %g s after the stop (--drain-timeout); exiting without them "
+                        "(their consumers re-issue them)", self._batcher.pending, self.config.drain_timeout,
+                        extra=fields(event="drain_timeout", pending=self._batcher.pending, pending_at_stop=pending,
+                                     drain_timeout_s=self.config.drain_timeout))
 
     @staticmethod
     def _map_slab(shared_memory: tuple[str, str] | None) -> Any:
@@ -323,17 +309,3 @@ class Producer:
             log.warning("cannot map the consumer's shared memory %s (%s); sending batches over the socket",
                         shared_memory[0], exc)
             return None
-
-    def _poll_timeout_ms(self) -> int:
-        beat = min((link.conn.heartbeat for link in self._links.values()), default=HEARTBEAT_S)
-        return max(POLL_MIN_MS, int(beat * POLL_HEARTBEAT_FRACTION * 1000))
-
-
-
-def _index_fail(action: FailTask) -> bytes:
-    """The FAIL answering a TASK that names a sample outside the dataset (the consumer raises
-    SampleIndexError for it, whatever its on_error)."""
-    h = action.header
-    error = {"index": action.index, "exc_type": "SampleIndexError", "message": action.message, "traceback": ""}
-    return protocol.pack(protocol.FAIL, session=h["session"], task=h["task"], epoch=h["epoch"], seq=h["seq"],
-                         errors=[error])

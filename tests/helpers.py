@@ -95,7 +95,8 @@ class ProducerProcess:
 
     def __init__(self, endpoints: str | Iterable[str], dataset: str, args: dict[str, Any] | None = None, *,
                  threads: int = 2, slots: int = 2, heartbeat: float = 0.2, extra: Iterable[str] = (),
-                 netns: str | None = None) -> None:
+                 netns: str | None = None, prefix: Iterable[str] = (), env: dict[str, str] | None = None) -> None:
+        """``prefix``: a command that runs the producer's (its arguments follow it); ``env``: more variables."""
         endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         command = [sys.executable, "-m", "ferry.producer", "--dataset", dataset, "--threads", str(threads),
                    "--slots", str(slots), "--heartbeat", str(heartbeat), *extra]
@@ -107,9 +108,11 @@ class ProducerProcess:
             command += ["--dataset-arg", f"{key}={json.dumps(value)}"]
         if netns:
             command = ["ip", "netns", "exec", netns, *command]
+        command = [*prefix, *command]
         self.log_path = f"/tmp/ferry-test-producer-{os.getpid()}-{id(self)}.log"
         self._log = open(self.log_path, "w+")
-        self.proc = subprocess.Popen(command, env=producer_env(), stdin=subprocess.DEVNULL, stdout=self._log,
+        self.proc = subprocess.Popen(command, env={**producer_env(), **(env or {})}, stdin=subprocess.DEVNULL,
+                                     stdout=self._log,
                                      stderr=subprocess.STDOUT, cwd=REPO)
 
     @property

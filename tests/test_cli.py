@@ -42,8 +42,6 @@ def test_ferry_help_lists_subcommands_and_produce_passes_through():
         (["--connect", "tcp://127.0.0.1:5", "--dataset", "no_such_module_xyz:Thing"], "cannot import module"),
         (["--connect", "tcp://127.0.0.1:5", "--dataset", "tests.datasets:Missing"], "has no attribute"),
         (["--connect", "tcp://127.0.0.1:5", "--dataset", "synthetic", "--dataset-arg", "length=-3"], "length must"),
-        (["--connect", "tcp://127.0.0.1:5", "--dataset", "npy-folder", "--dataset-arg", "root=/nonexistent"],
-         "not a directory"),
         (["--connect", "localhost:5555", "--dataset", "synthetic"], "must look like tcp://"),
         (["--connect", "tcp://127.0.0.1:99999", "--dataset", "synthetic"], "invalid port"),
         (["--connect", "tcp://127.0.0.1:5", "--dataset", "synthetic", "--slots", "0"], "slots must be"),
@@ -52,6 +50,25 @@ def test_ferry_help_lists_subcommands_and_produce_passes_through():
 def test_bad_configuration_is_one_clear_line(args, cause):
     out = run("-m", "ferry.producer", *args)
     assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("ferry producer: error:") and cause in lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, cause",
+    [
+        (["--connect", "tcp://127.0.0.1:5", "--dataset", "npy-folder", "--dataset-arg", "root=/nonexistent"],
+         "not a directory"),
+        (["--connect", "tcp://127.0.0.1:5", "--dataset", "tests.datasets:PairDataset", "--dataset-arg", "length=4",
+          "--init", "tests.engine_datasets:storage_not_mounted"], "OSError: worker 0: /data is not mounted yet"),
+    ],
+)
+def test_a_dataset_that_fails_to_open_is_one_clear_line_and_exit_4(args, cause):
+    """Exit 4 (producer/exits.py): the dataset failed to open, which a restart may mend (a volume mounted late);
+    the line is the one exit 2 gave before it had its own status."""
+    out = run("-m", "ferry.producer", *args)
+    assert out.returncode == 4, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith("ferry producer: error:") and cause in lines[0]

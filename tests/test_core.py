@@ -390,3 +390,21 @@ def test_a_remote_producer_is_never_lent_a_slot(slab):
     loop.hello(b"r", slots=2, shm_token="not-the-token")
     loop.start()
     assert all("slot" not in t for t in loop.tasks(b"r")) and slab.free == 4
+
+
+def test_a_producer_asked_to_stop_is_not_admitted_again_before_it_exits():
+    """A scale-down lets a local producer go first (no attempt charged), then stops it. Told "say HELLO" in
+    between (its next PING reaches a consumer that no longer knows it), it must not be admitted again: its
+    socket closes a moment later, and a TASK sent to it would cost an attempt ("unreachable")."""
+    loop = Loop(capacity=2, max_attempts=1)
+    loop.hello(b"a", slots=1, pid=7)
+    loop.hello(b"b", slots=1, pid=8)
+    loop.start()
+    loop.apply(loop.core.producer_leaving("h:7", loop.now))
+    assert b"a" not in loop.core.dispatcher.producers
+    loop.receive(b"a", {"type": protocol.PING, "load": {}})
+    loop.hello(b"a", slots=1, pid=7, nonce=2)  # what it does when told to say HELLO
+    assert b"a" not in loop.core.dispatcher.producers
+    refusal = [h for p, h, _ in loop.sent if p == b"a" and h["type"] == protocol.REJECT and h["permanent"]]
+    assert refusal and "asked to stop" in refusal[-1]["reason"]
+    assert all(t["task"] not in loop.core.dispatcher.tasks for t in loop.tasks(b"a"))  # nothing held there

@@ -32,7 +32,7 @@ def test_first_hello_goes_out_when_the_consumer_binds_not_at_the_next_heartbeat(
     dataset = SyntheticDataset(length=8, shape=[4], dtype="uint8")
     producer = Producer(ProducerConfig(endpoints=(endpoint,), dataset="synthetic", threads=1, slots=1,
                                        heartbeat=HEARTBEAT_S), dataset)
-    conn = next(iter(producer._links.values())).conn
+    conn = next(iter(producer._links)).conn
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)

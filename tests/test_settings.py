@@ -100,6 +100,11 @@ VARIABLES = {
     "FERRY_CURVE_SERVER_KEY": ("server.key", "server.key", None),
     "FERRY_WORKER": ("1/3", (1, 3), "3/3"),
     "FERRY_LOG_LEVEL": ("debug", "DEBUG", "loud"),
+    "FERRY_LOG_FORMAT": ("JSON", "json", "xml"),
+    "FERRY_RESOLVE_INTERVAL": ("2.5", 2.5, "often"),
+    "FERRY_STATUS_FILE": ("/tmp/s.json", "/tmp/s.json", None),
+    "FERRY_STUCK_AFTER": ("30", 30.0, "long"),
+    "FERRY_DRAIN_TIMEOUT": ("1.5", 1.5, "soon"),
 }
 
 
@@ -126,6 +131,7 @@ CONFIGS = [
         threads=7, slots=3, heartbeat=0.25, liveness=9, unreachable_warning_s=0.3, exit_with_parent=True,
         transform="tests.transforms:double", metrics_port=9100, shared_memory=("/memfd:ferry (deleted)", "tok"),
         seed=-5, worker_id=2, num_workers=3, init="m:f", collate="m:g", compression="none",
+        resolve_interval=0.0, status_file="/tmp/ferry-x/status.json", stuck_after=7.5, drain_timeout=0.25,
     ),
     ProducerConfig(endpoints=("tcp://h:1",), dataset="synthetic", heartbeat=1 / 3, seed=0, compression="auto"),
 ]

@@ -22,11 +22,12 @@ names (:mod:`.compression`) and the shared-memory slots (:mod:`.slots`).
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 from ferry.common import protocol
-from ferry.common.constants import DEAL_FIRST_TASKS_S, DEFAULT_FRAME_BYTES
+from ferry.common.constants import DEAL_FIRST_TASKS_S, DEFAULT_FRAME_BYTES, MAX_TRACKED_PEERS
 from ferry.common.errors import PoisonTaskError, ProtocolError, VersionMismatch
 
 from ferry.consumer.core.actions import Action, Deliver, Log, Send
@@ -88,6 +89,7 @@ class ConsumerCore:
                                dispatcher=self.dispatcher, slots=self.slots, codecs=self.codecs, counters=counters)
         self._epoch = 0
         self._out: list[Action] = []
+        self._leaving: OrderedDict[str, None] = OrderedDict()  # local producers asked to stop (host:pid)
         self.dispatcher.occupancy(now)
 
     @property
@@ -159,6 +161,9 @@ class ConsumerCore:
         said BYE (its tasks cost no attempt), before its socket closes: a TASK sent to it after that would find
         no one and cost its tasks an attempt ("unreachable") while its BYE still waited to be read."""
         self.dispatcher.end_dealing()
+        self._leaving[name] = None  # not admitted again: told "say HELLO", it would be, then lost unreachable
+        while len(self._leaving) > MAX_TRACKED_PEERS:
+            self._leaving.popitem(last=False)
         for peer in [p.peer for p in self.dispatcher.producers.values() if p.name == name]:
             self._lose(peer, "asked to stop: fewer producers needed", now, level=_INFO)
         return self._finish(now)
@@ -218,6 +223,9 @@ class ConsumerCore:
             self._send(peer, protocol.REJECT, reason="unknown producer: say HELLO", permanent=False)
 
     def _hello(self, peer: bytes, header: dict[str, Any], now: float, address: str) -> None:
+        if f"{header['host']}:{header['pid']}" in self._leaving:  # asked to stop: it is on its way out
+            self._send(peer, protocol.REJECT, reason="asked to stop: fewer producers needed", permanent=True)
+            return
         admission = self.peers.admit(peer, header, now)
         if admission.reject is not None:
             self._out.append(Log(_WARNING, f"rejected producer {admission.name}: {admission.reject}"))

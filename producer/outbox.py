@@ -1,0 +1,96 @@
+"""What a producer sends, and the counts of what it sent: HELLO, PING, BYE, a FAIL for an index out of range, and
+the finished batches (:class:`~ferry.producer.batcher.Outcome`). Only the main loop (:mod:`ferry.producer.service`)
+calls it; every send is non-blocking (a consumer that is not connected or not reading misses it, and re-issues).
+"""
+
+from __future__ import annotations
+
+import os
+import socket as pysocket
+from typing import Any
+
+import zmq
+
+from ferry.common import protocol
+
+from ferry.producer.actions import FailTask
+from ferry.producer.batcher import Outcome
+from ferry.producer.buffers import BufferPool, tracked
+from ferry.producer.links import Link
+
+__all__ = ["Outbox"]
+
+
+class Outbox:
+    """Sends on the links' sockets and counts what left.
+
+    Args:
+        hello: the fields of every HELLO but the nonce (producer id, host, pid, slots, dataset, shm).
+        pool: the batcher's buffer pool: a pooled buffer goes back once ZeroMQ has sent its frames.
+    """
+
+    def __init__(self, hello: dict[str, Any], pool: BufferPool) -> None:
+        self._hello = hello
+        self._pool = pool
+        self.batches_sent = 0
+        self.bytes_sent = 0
+        self.shared_batches = 0  # batches written into the consumer's shared-memory slab
+
+    def send(self, link: Link, frames: list[Any], now: float) -> bool:
+        """Queue ``frames`` on ``link`` without blocking; False when they cannot be (no connection, a full queue)."""
+        try:
+            link.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False  # not connected, or the consumer stopped reading: it will re-issue
+        link.conn.sent(now)
+        return True
+
+    def hello(self, link: Link, nonce: int, now: float) -> bool:
+        fields = {**self._hello, "producer": self._hello["producer"] + link.id_suffix}
+        return self.send(link, [protocol.pack(protocol.HELLO, nonce=nonce, **fields)], now)
+
+    def ping(self, link: Link, pending: int, now: float) -> None:
+        self.send(link, [protocol.pack(protocol.PING, load={
+            "pending": pending, "sent": self.batches_sent, "compression": link.compression.last or "off"})], now)
+
+    def bye(self, link: Link, now: float) -> None:
+        link.said_bye = self.send(link, [protocol.pack(protocol.BYE)], now)
+
+    def index_fail(self, link: Link, action: FailTask, now: float) -> None:
+        """The FAIL answering a TASK that names a sample outside the dataset (the consumer raises
+        SampleIndexError for it, whatever its on_error)."""
+        h = action.header
+        error = {"index": action.index, "exc_type": "SampleIndexError", "message": action.message, "traceback": ""}
+        self.send(link, [protocol.pack(protocol.FAIL, session=h["session"], task=h["task"], epoch=h["epoch"],
+                                       seq=h["seq"], errors=[error])], now)
+
+    def deliver(self, outcome: Outcome, link: Link | None, now: float) -> None:
+        """Send a finished batch (or FAIL) to the connection it belongs to; dropped when that connection is gone
+        or has left the session (the consumer re-issues it)."""
+        if link is None or not link.conn.owns(outcome.job.session):
+            self._release(outcome, None)
+            return
+        link.conn.task_finished()
+        frames, tracker = outcome.frames, None
+        count = outcome.buffer_frames if outcome.buffer is not None else 0
+        if count:  # the pooled buffer's views: it goes back to the pool once ZeroMQ has sent them
+            frames, tracker = tracked(frames, count)
+        sent = self.send(link, frames, now)
+        del frames
+        self._release(outcome, tracker if sent else None)
+        if sent and not outcome.failed:
+            self.batches_sent += 1
+            self.bytes_sent += sum(len(f) for f in outcome.frames[1:])
+            if outcome.job.slot is not None and outcome.job.slot.used:
+                self.shared_batches += 1
+                self.bytes_sent += outcome.job.slot.used
+
+    def _release(self, outcome: Outcome, tracker: Any) -> None:
+        if outcome.buffer is not None:
+            self._pool.release(outcome.buffer, tracker)
+
+
+def hello_fields(*, producer_id: str, slots: int, dataset: dict[str, Any], shm_token: str | None) -> dict[str, Any]:
+    """The HELLO's fields but the nonce."""
+    return {"producer": producer_id, "host": pysocket.gethostname(), "pid": os.getpid(), "slots": slots,
+            "dataset": dataset, **({"shm": shm_token} if shm_token is not None else {})}
