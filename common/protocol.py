@@ -2,7 +2,7 @@
 
 Every message is multipart. Frame 0 is a msgpack map holding ``v`` (the protocol version), ``type`` and
 the fields listed in :data:`SCHEMAS`. A BATCH carries its array leaves as further raw frames (see
-:mod:`ferry.common.codec`). Nothing is pickled.
+:mod:`ferry.common.codec`). Nothing is pickled, but the values a consumer lets its own local producers pickle.
 
 ``parse_header`` is the single gate for frame 0: it rejects anything that is not a map of the known type
 with the required fields of the right types, and raises :class:`~ferry.common.errors.ProtocolError` with the
@@ -19,7 +19,10 @@ WELCOME says ``frame_bytes`` (leaves up to that many bytes travel as one frame),
 an older peer. Optional: HELLO ``shm`` (the token of the consumer's shared-memory
 slab the producer mapped), TASK ``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written;
 see :mod:`ferry.common.shm`) and TASK ``compression`` (the codec of that task's batch frames, one of the
-WELCOME's ``codecs``; see :mod:`ferry.consumer.core.compression`). A sample error of a BATCH or FAIL may name
+WELCOME's ``codecs``; see :mod:`ferry.consumer.core.compression`); WELCOME ``pickle`` (this producer may pickle
+values no tree spec describes: the consumer's own local producers only), TASK ``unbatched`` (one sample, not a
+batch: ``batch_size=None``) and BATCH ``batch_first`` (False: not Ferry's collation, so no sample counts are
+checked). A sample error of a BATCH or FAIL may name
 its exception's classes (``exc_classes``, a list of ``module:qualname``): names only, from which the consumer
 rebuilds the type (:mod:`ferry.common.remote_errors`).
 """
@@ -133,14 +136,21 @@ SCHEMAS: dict[str, dict[str, Check]] = {
 #: Optional fields, checked when present.
 OPTIONAL: dict[str, dict[str, Check]] = {
     HELLO: {"shm": _str},
+    # the producer may pickle what no tree spec describes: only the consumer's own local producers (ipc, same
+    # user; consumer/core/admission.py), never a producer over the network
+    WELCOME: {"pickle": lambda v: v is True},
     TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0,
            "seed": _uint,  # the loader's seed, from which each sample's sample_info().seed is derived
            # the codec for this task's batch frames (absent: none); the consumer decides, "auto" included
            "compression": lambda v: v in ("lz4", "zstd"),
            # a sharded dataset's task: [batch k, batch_size, drop_last, shuffle] of the shard indices[0] names
-           "shard": lambda v: isinstance(v, list) and len(v) == 4 and all(_uint(x) for x in v) and v[1] > 0},
-    # a sharded dataset's answer: its sample count (0: the shard has no such batch) and whether it is the last
-    BATCH: {"count": _uint, "last": lambda v: isinstance(v, bool)},
+           "shard": lambda v: isinstance(v, list) and len(v) == 4 and all(_uint(x) for x in v) and v[1] > 0,
+           # an unbatched loader's task (batch_size=None): one sample, dataset[indices[0]] ("index") or
+           # dataset[indices] ("list", a sampler that yields lists), not collated
+           "unbatched": lambda v: v in ("index", "list")},
+    # a sharded dataset's answer: its sample count (0: the shard has no such batch) and whether it is the last;
+    # batch_first False: not Ferry's collation (a user's collate_fn, an unbatched sample): no sample counts checked
+    BATCH: {"count": _uint, "last": lambda v: isinstance(v, bool), "batch_first": lambda v: isinstance(v, bool)},
 }
 
 

@@ -74,6 +74,9 @@ class EpochPlanner:
             if o.sampler is not None or o.batch_sampler is not None:
                 raise ConfigError("a sharded dataset is planned over its shards: sampler and batch_sampler do "
                                   "not apply (use shuffle and seed)")
+            if o.unbatched:
+                raise ConfigError("batch_size=None (unbatched) is not supported for a sharded dataset: use "
+                                  "batch_size=1")
             shard_count = self.dataset_len(check_health)
             if self._shard_lengths is None:  # a spec: the lengths come with the producers' HELLO (common/protocol.py)
                 self._shard_lengths = self._io.shard_lengths()
@@ -87,7 +90,7 @@ class EpochPlanner:
         self.sampler_epoch.planned(epoch)  # build_plan gives it to the samplers first thing
         return build_plan(epoch=epoch, dataset_len=dataset_len, batch_size=o.batch_size, shuffle=o.shuffle,
                           seed=o.seed, drop_last=o.drop_last, rank=o.rank, world_size=o.world_size,
-                          sampler=o.sampler, batch_sampler=o.batch_sampler, order=order)
+                          sampler=o.sampler, batch_sampler=o.batch_sampler, order=order, unbatched=o.unbatched)
 
     def length(self, epoch: int, check_health: Callable[[], None]) -> int:
         """Batches per epoch. For a sharded dataset only when it gives ``shard_len``, else TypeError."""
@@ -96,10 +99,11 @@ class EpochPlanner:
             return len(self.build(epoch, check_health))
         if o.batch_sampler is not None:
             return len(o.batch_sampler)
+        batch_size = 1 if o.unbatched else o.batch_size  # unbatched: one sample (or sampler item) a task
         if o.sampler is not None:
             n = len(o.sampler)
-            return n // o.batch_size if o.drop_last else -(-n // o.batch_size)
-        return plan_length(self.dataset_len(check_health), world_size=o.world_size, batch_size=o.batch_size,
+            return n // batch_size if o.drop_last else -(-n // batch_size)
+        return plan_length(self.dataset_len(check_health), world_size=o.world_size, batch_size=batch_size,
                            drop_last=o.drop_last)
 
     def is_sharded(self, check_health: Callable[[], None]) -> bool:

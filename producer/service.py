@@ -205,7 +205,7 @@ class Producer:
             Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
                 header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"),
                 compress=link.compression.task(header), frame_bytes=link.frame_bytes,
-                max_batch_bytes=link.max_batch_bytes)
+                max_batch_bytes=link.max_batch_bytes, unbatched=header.get("unbatched"), pickle_ok=link.pickle_ok)
         )
 
     # --- receiving ------------------------------------------------------------------------------------
@@ -222,6 +222,7 @@ class Producer:
                     link.compression.welcome(header)
                     link.frame_bytes = announced_frame_bytes(header)
                     link.max_batch_bytes = header.get("max_batch_bytes")
+                    link.pickle_ok = header.get("pickle") is True
                 self._apply(link, actions)
             except ProtocolError as exc:
                 self.invalid_messages += 1

@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from ferry.common import protocol
-from ferry.common.codec import encode_tree
+from ferry.common.encoder import encode_tree
 from ferry.common.sampleinfo import loading
 from ferry.common.shardplan import SHARD_STRIDE, shard_names, shuffle_buffer, shuffled
+from ferry.producer.jobs import Outcome
 
 __all__ = ["MAX_CURSORS", "ShardRunner"]
 
@@ -55,7 +56,7 @@ class _Queued:
 class ShardRunner:
     """Runs streaming jobs: per shard in ``k`` order, one worker per shard at a time."""
 
-    def __init__(self, dataset: Any, *, pool: Executor, collate: Callable[[list[Any]], Any],
+    def __init__(self, dataset: Any, *, pool: Executor, collate: Callable[[list[Any]], Any], batch_first: bool = True,
                  finish: Callable[[Any, Any], None], fail: Callable[[Any, list[dict[str, Any]]], Any],
                  error_record: Callable[[int, BaseException], dict[str, Any]],
                  compress: Callable[[Any, Any, list[Any]], tuple[Any, list[Any]]] | None = None) -> None:
@@ -64,6 +65,7 @@ class ShardRunner:
         self._buffer = shuffle_buffer(dataset)  # within-shard shuffle, when a task asks for it
         self._pool = pool
         self._collate = collate
+        self._batch_first = batch_first  # False: the user's collate_fn, whose output the BATCH marks so
         self._finish = finish  # (job, outcome): hand the message to the main loop
         self._fail = fail
         self._error_record = error_record
@@ -109,11 +111,12 @@ class ShardRunner:
                                    tree=None, errors=[], count=0, last=True)
             return _outcome(job, [header])
         tree = self._collate(samples)
-        spec, frames = encode_tree(tree, chunk_bytes=job.frame_bytes, slot=job.slot)
+        spec, frames = encode_tree(tree, chunk_bytes=job.frame_bytes, slot=job.slot, pickle_ok=job.pickle_ok)
         if self._compress is not None:
             spec, frames = self._compress(job, spec, frames)
         header = protocol.pack(protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq,
-                               tree=spec, errors=[], count=len(samples), last=last)
+                               tree=spec, errors=[], count=len(samples), last=last,
+                               **({} if self._batch_first else {"batch_first": False}))
         return _outcome(job, [header, *frames])
 
     def _read(self, shard: int, k: int, batch_size: int, job: Any) -> list[Any]:
@@ -197,7 +200,5 @@ def _close(cursor: _Cursor | None) -> None:
         close()
 
 
-def _outcome(job: Any, frames: list[Any]) -> Any:
-    from ferry.producer.batcher import Outcome
-
+def _outcome(job: Any, frames: list[Any]) -> Outcome:
     return Outcome(job, frames)

@@ -22,7 +22,7 @@ from torch.utils.data import (
 from ferry import RemoteLoader
 
 from . import parity_datasets as pd
-from .parity_support import BULK_START_METHODS, COMMON, ITERABLE, UNBATCHED, WORKERS, cpus, local, xfail
+from .parity_support import BULK_START_METHODS, COMMON, ITERABLE, WORKERS, cpus, local, xfail
 
 DATASET = TensorDataset(torch.randn(100, 2, 3, 5, generator=torch.Generator().manual_seed(0)),
                         torch.arange(50).repeat(2))
@@ -150,7 +150,6 @@ def test_builtin_collection_conversion_map_style(mp_context):
                 assert torch.equal(got, torch.tensor([start, start + 1]))
 
 
-@xfail(UNBATCHED)
 def test_builtin_collection_conversion_unbatched():
     """torch: TestDataLoader.test_builtin_collection_conversion, map-style batch_size=None part: the samples
     themselves, 0..19 as ints."""
@@ -175,7 +174,6 @@ def test_excessive_thread_creation_warning():
 
 
 # --- unbatched mode (batch_size=None) -----------------------------------------------------------------------
-@xfail(UNBATCHED)
 def test_sequential_nonbatch():
     """torch: TestDataLoader.test_sequential_nonbatch: batch_size=None yields sample i at step i."""
     with RemoteLoader(dataset=DATASET, local_producers=WORKERS, batch_size=None, **COMMON) as loader:
@@ -184,14 +182,12 @@ def test_sequential_nonbatch():
     assert i == len(DATASET) - 1
 
 
-@xfail(UNBATCHED)
 def test_shuffle_batch_none():
     """torch: TestDataLoader.test_shuffle_batch_none: batch_size=None, shuffled: every sample once."""
     with RemoteLoader(dataset=DATASET, local_producers=WORKERS, batch_size=None, shuffle=True, **COMMON) as loader:
         assert sorted(int(target) for _, target in loader) == sorted(DATASET.tensors[1].tolist())
 
 
-@xfail(UNBATCHED)
 def test_bulk_loading_nobatch():
     """torch: TestDataLoader.test_bulk_loading_nobatch: batch_size=None with a sampler that yields lists of
     indices hands each list to the dataset's __getitem__ (BulkLoadingDataset); every index comes back."""

@@ -26,10 +26,15 @@ no-progress timeout reads both.
 :class:`BadPeers` remembers peers that sent invalid messages or talked without a HELLO, so that each is
 logged once (and at most INVALID_LOG_BURST lines a minute in all) and told to say HELLO at most once per
 heartbeat.
+
+:func:`same_user_ipc` tells a peer that may send pickled values (the loader's own local producers) from every
+other: see its docstring.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -38,11 +43,27 @@ from ferry.common.constants import MAX_TRACKED_PEERS
 
 from ferry.consumer.core.dispatcher import Dispatcher, Poisoned, ProducerInfo
 
-__all__ = ["Loss", "Admission", "Peers", "BadPeers", "INVALID_LOG_BURST"]
+__all__ = ["Loss", "Admission", "Peers", "BadPeers", "INVALID_LOG_BURST", "same_user_ipc"]
 
 #: Invalid-message log lines per minute, over all peers.
 INVALID_LOG_BURST = 10
 _WINDOW_S = 60.0
+
+
+def same_user_ipc(address: str | None) -> bool:
+    """True for a peer connected over ipc whose process runs as this process's user, as the kernel says: ZeroMQ's
+    ``Peer-Address`` of an ipc link ends in the peer's ``uid:gid:pid`` (SO_PEERCRED, which the peer cannot
+    choose); over tcp it is an IP. The loader's local producers are such peers (its ipc socket lies in a folder
+    only its user can open), and such a peer could read this process's files and memory anyway: it may send
+    pickled values, as DataLoader's workers do. Any other peer may not (no pickle over the network)."""
+    text = (address or "").strip()
+    try:
+        ipaddress.ip_address(text.strip("[]").split("%", 1)[0])
+        return False  # tcp, even over loopback: any local user may connect to a tcp port
+    except ValueError:
+        pass
+    parts = text.rsplit(":", 3)
+    return len(parts) == 4 and all(p.isdigit() for p in parts[1:]) and int(parts[1]) == os.getuid()
 
 
 @dataclass(frozen=True)

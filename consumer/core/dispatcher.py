@@ -46,6 +46,7 @@ class ProducerInfo:
     in_flight: set[int] = field(default_factory=set)  # task ids
     shared: bool = False  # mapped this consumer's shared-memory slab (a local producer)
     remote: bool = False  # on another machine (neither shared memory, ipc nor loopback): "auto" may compress
+    pickle_ok: bool = False  # over ipc as this process's user (a local producer): may send pickled values
     pid: int = 0
     batches: int = 0
     bytes: int = 0

@@ -169,6 +169,9 @@ class MapSequencer(Sequencer):
     def indices(self, seq: int) -> list[int]:
         return self.plan.batch(seq)
 
+    def task_fields(self, seq: int) -> dict[str, Any]:
+        return {"unbatched": self.plan.unbatched} if self.plan.unbatched else {}
+
     def read_answer(self, header: dict[str, Any], seq: int, epoch: int) -> Answer:
         if "count" in header or "last" in header:
             raise ProtocolError("BATCH count/last must come exactly with the tasks of a sharded dataset")

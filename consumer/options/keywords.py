@@ -102,7 +102,10 @@ KEYWORDS: dict[str, Setting] = {
                         f"without editing the script; else ``{DEFAULT_ENDPOINT}``, and in local mode only the private "
                         "ipc socket. None: bind nothing else. A tcp port is shifted by ``LOCAL_RANK`` under torchrun.",
                         optional=True),
-    "batch_size": Setting(s.Int(1), "samples per batch."),
+    "batch_size": Setting(s.Int(1), "samples per batch. None (without a ``batch_sampler``): DataLoader's unbatched "
+                          "mode, each sample on its own, as ``default_convert`` leaves it (or through "
+                          "``collate_fn``); a sampler may then yield lists of indices, each passed to the "
+                          "dataset whole."),
     "shuffle": Setting(s.Bool(), "shuffle with DistributedSampler's permutation (seed + epoch).", optional=True),
     "seed": Setting(s.Int(MIN_SEED, MAX_SEED), "the shuffle seed. ``sample_info().seed`` on the producers derives "
                     "from it too.", 0),

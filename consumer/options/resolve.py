@@ -32,7 +32,8 @@ class LoaderOptions:
     """Every option of a RemoteLoader, checked and resolved (environment, defaults, groups)."""
 
     endpoints: tuple[str, ...]  # to bind, before local mode adds its ipc socket; LOCAL_RANK applied
-    batch_size: int | None
+    batch_size: int | None  # None: a batch_sampler's batches, or unbatched mode
+    unbatched: bool  # batch_size=None without a batch_sampler: DataLoader's unbatched mode, one sample a task
     shuffle: bool
     seed: int
     drop_last: bool
@@ -115,19 +116,21 @@ def _sharding(given: Mapping[str, Any]) -> tuple[int, int]:
     return rank, world
 
 
-def _batching(given: Mapping[str, Any], shuffle: bool, drop_last: bool) -> int | None:
+def _batching(given: Mapping[str, Any], shuffle: bool, drop_last: bool) -> tuple[int | None, bool]:
+    """``batch_size`` (None with a batch_sampler, or unbatched), and whether the loader is unbatched."""
     batch_size, sampler = given["batch_size"], given["sampler"]
     if given["batch_sampler"] is not None:
         if sampler is not None or shuffle or drop_last or batch_size not in (None, 1):
             raise ConfigError("batch_sampler is mutually exclusive with batch_size, shuffle, sampler and drop_last")
-        return None
-    if batch_size is None:
-        raise ConfigError("batch_size=None (DataLoader's unbatched mode) is not supported: Ferry always sends "
-                          "batches. Use batch_size=1 and take sample [0] of each, or give a batch_sampler")
-    batch_size = _check("batch_size", given["batch_size"])
+        return None, False
     if sampler is not None and shuffle:
         raise ConfigError("sampler is mutually exclusive with shuffle")
-    return batch_size
+    if batch_size is None:  # DataLoader's unbatched mode: each sample as it is, one task each
+        if drop_last:
+            raise ConfigError("batch_size=None option disables auto-batching and is mutually exclusive with "
+                              "drop_last")
+        return None, True
+    return _check("batch_size", batch_size), False
 
 
 def _seed(given: Mapping[str, Any]) -> tuple[int, Any]:
@@ -215,7 +218,7 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
     alone = {name: _check(name, given[name]) for name in _CHECKED_ALONE}
     alone["metrics_port"] = alone["metrics_port"] or None  # 0: none
     alone["timeout"] = alone["timeout"] or 0.0  # None: no limit, as 0
-    batch_size = _batching(given, shuffle, alone["drop_last"])
+    batch_size, unbatched = _batching(given, shuffle, alone["drop_last"])
     local = _local(given, alone["dataset"])
     curve = _curve(given, local)
     rank, world_size = _sharding(given)
@@ -223,7 +226,8 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
     transport = TransportOptions.from_flat(given, given["transport"], "transport")
     seed, generator_state = _seed(given)  # last: a generator is drawn from only once every option is good
     return LoaderOptions(
-        **alone, endpoints=endpoints, batch_size=batch_size, shuffle=shuffle, seed=seed, generator=given["generator"],
+        **alone, endpoints=endpoints, batch_size=batch_size, unbatched=unbatched, shuffle=shuffle, seed=seed,
+        generator=given["generator"],
         generator_state=generator_state, rank=rank, world_size=world_size, no_producer_timeout=no_producer_timeout,
         device=given["device"], local=local, curve=curve, transport=transport,
     )
