@@ -13,7 +13,9 @@ batch and its late twin are told apart without guessing) and ``on_error``; BATCH
 HELLO carries ``nonce``, which changes whenever the producer drops its state for this consumer, and ``dataset``
 (``spec``, ``len``, ``fingerprint``; for a sharded dataset ``sharded`` and, where it gives ``shard_len`` for at most
 MAX_ANNOUNCED_SHARDS shards, ``shard_lens``: the samples of each shard, so that ``len(loader)`` is known without
-the dataset).
+the dataset; for an iterable dataset ``iterable`` and ``sized``, its ``len`` then ``len(dataset)`` or 0).
+An iterable dataset's producer says its ``worker`` place (``[id, count]``) in HELLO, and its TASKs carry
+``streams`` (see :mod:`ferry.common.streamplan`).
 Optional: WELCOME ``frame_bytes`` (leaves up to that many bytes travel as one frame; without it, the
 producer splits leaves over FRAME_CHUNK_BYTES), HELLO ``shm`` (the token of the consumer's shared-memory
 slab the producer mapped), TASK ``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written;
@@ -30,7 +32,8 @@ from typing import Any, Callable
 import msgpack
 
 from ferry.common.constants import (MAX_ANNOUNCED_SHARDS, MAX_CLASS_PATH, MAX_DATASET_LEN, MAX_EXC_CLASSES,
-                                    MAX_HEADER_BYTES, MAX_SLOTS, MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION)
+                                    MAX_HEADER_BYTES, MAX_SLOTS, MAX_STREAMS, MAX_TASK_INDICES, MAX_TEXT,
+                                    PROTOCOL_VERSION)
 from ferry.common.errors import ProtocolError, VersionMismatch
 
 __all__ = [
@@ -67,6 +70,8 @@ def _dataset(v: Any) -> bool:
         and v["len"] <= MAX_DATASET_LEN
         and _str(v.get("fingerprint"))
         and ("shard_lens" not in v or _shard_lens(v["shard_lens"], v))
+        and ("iterable" not in v or v["iterable"] is True)
+        and ("sized" not in v or (v.get("iterable") is True and isinstance(v["sized"], bool)))
     )
 
 
@@ -126,7 +131,9 @@ SCHEMAS: dict[str, dict[str, Check]] = {
 
 #: Optional fields, checked when present.
 OPTIONAL: dict[str, dict[str, Check]] = {
-    HELLO: {"shm": _str},
+    HELLO: {"shm": _str,
+            # an iterable dataset's producer: its [worker id, worker count] (a local producer's place in its loader)
+            "worker": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[0] < v[1]},
     # the largest array leaf the consumer wants as one frame; the producer clamps it (MIN/MAX_FRAME_BYTES)
     WELCOME: {"frame_bytes": lambda v: _uint(v) and v > 0,
               "max_batch_bytes": lambda v: _uint(v) and v > 0,  # the largest batch it accepts: a bigger one FAILs
@@ -137,7 +144,9 @@ OPTIONAL: dict[str, dict[str, Check]] = {
            # the codec for this task's batch frames (absent: none); the consumer decides, "auto" included
            "compression": lambda v: v in ("lz4", "zstd"),
            # a sharded dataset's task: [batch k, batch_size, drop_last, shuffle] of the shard indices[0] names
-           "shard": lambda v: isinstance(v, list) and len(v) == 4 and all(_uint(x) for x in v) and v[1] > 0},
+           "shard": lambda v: isinstance(v, list) and len(v) == 4 and all(_uint(x) for x in v) and v[1] > 0,
+           # an iterable dataset's task (with "shard"): stream indices[0] of this many (common/streamplan.py)
+           "streams": lambda v: _uint(v) and 1 <= v <= MAX_STREAMS},
     # a sharded dataset's answer: its sample count (0: the shard has no such batch) and whether it is the last
     BATCH: {"count": _uint, "last": lambda v: isinstance(v, bool)},
 }
