@@ -13,7 +13,7 @@ No sockets, no threads, no clock: the io thread (:mod:`ferry.consumer.io.thread`
 
 Each event ends by issuing what credits allow and handing on what is ready, in order. The parts it drives
 hold the rules: admission and liveness (:mod:`.admission`), credits, tasks and attempts (:mod:`.dispatcher`),
-the run's order and reorder buffer (:mod:`.sequencers`, :mod:`.shards`), what an answer may hold
+the run's order and reorder buffer (:mod:`.sequencers`, :mod:`.shards`, :mod:`.streams`), what an answer may hold
 (:mod:`.results`) and the shared-memory slots (:mod:`.slots`).
 """
 
@@ -342,7 +342,7 @@ class ConsumerCore:
     def _dispatch(self, sequencer: Sequencer, now: float) -> None:
         for task in self.dispatcher.assign(sequencer.held, now):
             indices = sequencer.indices(task.seq)
-            length = self.peers.dataset_len
+            length = sequencer.index_range(self.peers.dataset_len)
             bad = next((i for i in indices if not 0 <= i < length), None) if length is not None else None
             if bad is not None:  # raised at this batch's position, at once; its credit passes to the error
                 self.dispatcher.drop(task.task)
