@@ -43,7 +43,6 @@ from ferry.common.codec import encode_tree
 from ferry.common.constants import FRAME_CHUNK_BYTES
 from ferry.common.errors import BatchTooLarge
 from ferry.common.shm import SLOT_ALIGN
-from ferry.common.shardplan import is_sharded
 from ferry.common.waker import Waker
 
 from ferry.producer.buffers import BufferPool
@@ -51,6 +50,7 @@ from ferry.producer.collate import CollateError, RowLayout, collate, describe, o
 from ferry.producer.loading import (
     BatchFailed, error_record, load_row, read_row, sample_file, written_first,
 )
+from ferry.producer.shards import runner_for
 
 
 @dataclass
@@ -67,6 +67,7 @@ class Job:
     slot: Any = None  # a ferry.common.shm.SlotWriter: the consumer's shared memory to write this batch into
     seed: int = 0  # the loader's seed: sample_info().seed derives from (seed, epoch, index)
     shard: Any = None  # a sharded dataset's task: [k, batch_size, drop_last] of shard indices[0] (producer/shards.py)
+    streams: int | None = None  # an iterable dataset's task (with shard): stream indices[0] of this many (streams.py)
     frame_bytes: int = FRAME_CHUNK_BYTES  # array leaves up to this travel as one frame (the consumer's WELCOME)
     compress: str | None = None  # the codec of this batch's frames (its TASK's; producer/compressing.py), None: raw
     max_batch_bytes: int | None = None  # the consumer's bound (its WELCOME): a larger batch is answered by a FAIL
@@ -103,13 +104,10 @@ class Batcher:
         self._compressor = compressor  # a ferry.producer.compressing.FrameCompressor, owned by the service
         self._lock = threading.Lock()
         self.pending = 0  # jobs submitted and not yet in `done`
-        self._shards = None  # a sharded dataset's tasks run through producer/shards.py
-        if is_sharded(dataset):
-            from ferry.producer.shards import ShardRunner
-
-            self._shards = ShardRunner(dataset, pool=self._batches, collate=collate_fn or collate,
-                                       finish=self._finish, fail=self._fail, error_record=error_record,
-                                       compress=lambda job, spec, frames: self._compress(job, spec, frames, None, 0)[:2])
+        # a sharded or iterable dataset's tasks run through producer/shards.py (and streams.py); None: map-style
+        self._shards = runner_for(dataset, pool=self._batches, collate=collate_fn or collate,
+                                  finish=self._finish, fail=self._fail, error_record=error_record,
+                                  compress=lambda job, spec, frames: self._compress(job, spec, frames, None, 0)[:2])
 
     def submit(self, job: Job) -> None:
         with self._lock:
@@ -117,8 +115,8 @@ class Batcher:
         if self._shards is not None:
             if job.shard is None:  # the consumer planned a map-style dataset: answer, never crash the loop
                 self._finish(job, self._fail(job, [error_record(job.indices[0], TypeError(
-                    "this producer serves a sharded dataset; the consumer sent a map-style task (was it given "
-                    "dataset_len? a sharded dataset needs none)"))]))
+                    "this producer serves a sharded or iterable dataset; the consumer sent a map-style task (was it "
+                    "given dataset_len, or a sampler? such a dataset takes neither)"))]))
                 return
             self._shards.submit(job)
             return

@@ -28,11 +28,13 @@ from typing import Any
 import zmq
 
 from ferry.common import protocol
-from ferry.common.constants import PRODUCER_BYE_LINGER_MS, HEARTBEAT_S, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST
+from ferry.common.constants import (MAX_DATASET_LEN, PRODUCER_BYE_LINGER_MS, HEARTBEAT_S, POLL_HEARTBEAT_FRACTION,
+                                    POLL_MIN_MS, RECEIVE_BURST)
 from ferry.common.datasets import dataset_fingerprint
 from ferry.common.errors import ProtocolError
 from ferry.common.ratelimit import RateLimitedLog
 from ferry.common.shardplan import announced_shard_lengths, is_sharded, shard_names
+from ferry.common.streamplan import is_iterable, iterable_fields, iterable_len
 from ferry.common.waker import Waker
 
 from ferry.producer.batcher import Batcher, Job, Outcome
@@ -56,7 +58,10 @@ class Producer:
         self.config = config
         self.dataset = dataset
         self.sharded = is_sharded(dataset)  # a stream of shards: "len" is the shard count (producer/shards.py)
-        self.dataset_len = len(shard_names(dataset)) if self.sharded else len(dataset)
+        self.iterable = is_iterable(dataset)  # an IterableDataset: "len" is len(dataset) or 0 (producer/streams.py)
+        self.dataset_len = (len(shard_names(dataset)) if self.sharded else (iterable_len(dataset) or 0)
+                            if self.iterable else len(dataset))
+        self.iterable_fields = iterable_fields(dataset) if self.iterable else {}  # told in every HELLO
         # each shard's samples, told in every HELLO: how a loader that does not hold the dataset knows len()
         self.shard_lengths = announced_shard_lengths(dataset) if self.sharded else None
         self.fingerprint = dataset_fingerprint(dataset)
@@ -193,6 +198,7 @@ class Producer:
         self._batcher.submit(
             Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
                 header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"),
+                streams=header.get("streams"),
                 compress=link.compression.task(header), frame_bytes=link.frame_bytes,
                 max_batch_bytes=link.max_batch_bytes)
         )
@@ -201,7 +207,9 @@ class Producer:
     def _connect(self, endpoint: str) -> Link:
         cfg = self.config
         conn = Connection(endpoint, now=time.monotonic(), heartbeat=cfg.heartbeat, liveness=cfg.liveness,
-                          unreachable_warning_s=cfg.unreachable_warning_s, dataset_len=self.dataset_len)
+                          unreachable_warning_s=cfg.unreachable_warning_s,
+                          # a stream task's indices name its stream, which the stream runner checks
+                          dataset_len=MAX_DATASET_LEN if self.iterable else self.dataset_len)
         link = Link(key=next(self._keys), endpoint=endpoint, conn=conn, ctx=self._ctx, poller=self._poller,
                     compression=LinkCodec(endpoint, cfg.compression),
                     curve=cfg.curve)
@@ -306,8 +314,10 @@ class Producer:
             slots=self.config.slots,
             dataset={"spec": self.config.dataset_label, "len": self.dataset_len, "fingerprint": self.fingerprint,
                      **({"sharded": True} if self.sharded else {}),
-                     **({"shard_lens": self.shard_lengths} if self.shard_lengths is not None else {})},
+                     **({"shard_lens": self.shard_lengths} if self.shard_lengths is not None else {}),
+                     **self.iterable_fields},
             **({"shm": self.config.shared_memory[1]} if self._slab is not None else {}),
+            **({"worker": [self.config.worker_id, self.config.num_workers]} if self.iterable else {}),
         )
 
     @staticmethod
