@@ -45,8 +45,6 @@ def xfail(reason: str) -> Any:
 
 
 # --- gaps of issue 18 ----------------------------------------------------------------------------------------
-ITERABLE = ("issue 18: iterable datasets: RemoteLoader refuses a torch IterableDataset without "
-            "shards()/iter_shard() (ConfigError), where DataLoader iterates it in each worker")
 NON_BATCH_FIRST = ("issue 18: non-batch-first collate_fn outputs: a collate_fn whose leaves are not batch-first "
                    "tensors/arrays (tuple(zip(*batch)), a PackedSequence) is refused as an unusable batch")
 CUSTOM_CLASSES = ("issue 18: collate_fn outputs of custom classes: an object that is not a dict/list/tuple "

@@ -22,7 +22,7 @@ from torch.utils.data import (
 from ferry import RemoteLoader
 
 from . import parity_datasets as pd
-from .parity_support import BULK_START_METHODS, COMMON, ITERABLE, UNBATCHED, WORKERS, cpus, local, xfail
+from .parity_support import BULK_START_METHODS, COMMON, UNBATCHED, WORKERS, cpus, local, xfail
 
 DATASET = TensorDataset(torch.randn(100, 2, 3, 5, generator=torch.Generator().manual_seed(0)),
                         torch.arange(50).repeat(2))
@@ -108,7 +108,6 @@ def test_invalid_ctor_args_combinations_map_style():
     refused(ValueError, drop_last=3, batch_sampler=batch_sampler)
 
 
-@xfail(ITERABLE)
 def test_invalid_ctor_args_combinations_iterable_style():
     """torch: TestDataLoader.test_invalid_ctor_args_combinations, iterable-style part: an IterableDataset is
     accepted, but not with shuffle, a sampler or a batch_sampler (ValueError naming the option)."""
@@ -158,7 +157,6 @@ def test_builtin_collection_conversion_unbatched():
         assert list(loader) == list(range(20)) and tuple(loader) == tuple(range(20))
 
 
-@xfail(ITERABLE)
 def test_builtin_collection_conversion_iterable_style():
     """torch: TestDataLoader.test_builtin_collection_conversion, iterable-style part (one worker, so that the
     stream is not repeated): batches of 2 of CountingIterableDataset(20)."""
@@ -209,7 +207,6 @@ def test_bulk_loading_nobatch():
 
 
 # --- iterable datasets --------------------------------------------------------------------------------------
-@xfail(ITERABLE)
 def test_iterable_style_dataset():
     """torch: TestDataLoader.test_iterable_style_dataset (its multi-worker, batched part): worker k yields
     range(sizes[k]); batches of 7 never mix workers: {range(4), range(7), range(7, 14), range(14, 20)}."""
@@ -221,7 +218,6 @@ def test_iterable_style_dataset():
         i for t in fetched for i in t)
 
 
-@xfail(ITERABLE)
 def test_chain_iterable_style_dataset():
     """torch: TestDataLoader.test_chain_iterable_style_dataset: ChainDataset of two counting streams, one
     worker: 0..19 then 0..14."""
@@ -230,7 +226,6 @@ def test_chain_iterable_style_dataset():
         assert [int(b) for b in loader] == list(range(20)) + list(range(15))
 
 
-@xfail(ITERABLE)
 def test_iterabledataset_len():
     """torch: TestDataLoader.test_iterabledataset_len: len() of an IterableDataset of 10 is ceil(10 / bs), also
     with drop_last (DataLoader cannot know which worker's tail to drop)."""
@@ -240,7 +235,6 @@ def test_iterabledataset_len():
             assert len(loader) == expected
 
 
-@xfail(ITERABLE)
 def test_multi_epochs_reproducibility():
     """torch: TestDataLoader.test_multi_epochs_reproducibility: with 2 workers each yielding its id, batch i
     of every epoch comes from worker i % 2 (TestMultiEpochDataset)."""
