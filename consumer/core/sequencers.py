@@ -10,7 +10,8 @@ from the kind of plan (docs/ARCHITECTURE.md#epoch-plan):
   answers, and producers keep an affinity to the shard they read (docs/ARCHITECTURE.md#streaming-sources);
 * :class:`~ferry.consumer.core.streams.StreamSequencer`, an iterable dataset's
   :class:`~ferry.common.streamplan.StreamPlan`: N streams read one batch after another, delivered round robin
-  as DataLoader interleaves its workers; a producer may be bound to its stream (docs/ARCHITECTURE.md#iterable-datasets).
+  as DataLoader interleaves its workers; a producer may be bound to its stream
+  (docs/ARCHITECTURE.md#iterable-datasets).
 
 All keep the reorder buffer of their run and its ``held`` count: batches put and not yet released by the
 training loop. The :class:`~ferry.consumer.core.dispatcher.Dispatcher` issues a new task only while
