@@ -42,7 +42,7 @@ import torch
 from ferry import RemoteLoader, keep_freed_memory
 from ferry.common import shm
 from ferry.common.codec import decode_tree, encode_tree
-from ferry.common.constants import FRAME_CHUNK_BYTES
+from ferry.common.constants import MIN_FRAME_BYTES
 from ferry.consumer.core import Delivery
 from ferry.consumer.staging.pinning import HostRegistry
 from ferry.consumer.staging.cuda import CudaStager
@@ -142,7 +142,7 @@ class SocketFeed:
 
     def __init__(self, nbytes: int, chunked: bool) -> None:
         self.name = "socket, chunked" if chunked else "socket, one frame"
-        chunk = min(FRAME_CHUNK_BYTES, max(nbytes // 4, 1)) if chunked else None
+        chunk = min(MIN_FRAME_BYTES, max(nbytes // 4, 1)) if chunked else None
         self.sources = [np.full(nbytes, value, np.uint8) for value in range(1, 5)]
         self.trees = [decode_tree(*encode_tree([source], chunk_bytes=chunk)) for source in self.sources]
 

@@ -8,7 +8,7 @@ Tree spec grammar (what msgpack carries):
 
 * ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes`` -- a scalar leaf, stored as itself;
 * ``{"t": "a", "d": "<f4", "s": [2, 3], "f": 0}`` -- an array leaf: dtype, shape, frame number;
-  a large leaf adds ``"n": k``: its bytes are the k consecutive frames from ``f`` (see FRAME_CHUNK_BYTES);
+  a large leaf adds ``"n": k``: its bytes are the k consecutive frames from ``f`` (the bound a consumer announces: ``frame_bytes``);
 * ``{"t": "a", "d": "<f4", "s": [2, 3], "m": 4096}`` -- an array leaf in the task's shared-memory slot, at
   that byte offset (local producers only; see :mod:`ferry.common.shm`);
 * ``{"t": "d", "k": [keys], "v": [specs]}`` -- a dict (keys are str or int);

@@ -87,9 +87,6 @@ CONSUMER_RCVHWM = 2 * MAX_SLOTS
 #: Largest batch a consumer accepts by default. It is the consumer's ZMQ_MAXMSGSIZE (libzmq drops a
 #: connection that sends a bigger frame) and the bound on a decoded batch's total array bytes.
 DEFAULT_MAX_BATCH_BYTES = 1 << 31
-#: Array leaves larger than this travel as several frames of at most this size, when the consumer announces
-#: no bound of its own (a consumer of an earlier version). [Unit: byte]
-FRAME_CHUNK_BYTES = 8 << 20
 #: The bound a consumer announces in WELCOME (``frame_bytes``): leaves up to it travel as one frame, larger
 #: ones as frames of this size that the consumer copies back together (``Chunked``). libzmq allocates each
 #: received frame with malloc; the consumer raises glibc's mmap threshold to HEAP_BLOCK_BYTES (32 MiB, glibc's
@@ -151,6 +148,15 @@ RESPAWNS_PER_WINDOW = 5
 #: A loader with local producers deals its first tasks one to each producer, the rest waiting until all of them
 #: are live (or one died), at most this long after it started (consumer/core/dispatcher.py). [Unit: second]
 DEAL_FIRST_TASKS_S = 30.0
+#: local_producers="auto" (consumer/local/autoscale.py): the count changes at most once per control period, which
+#: is the demand gauge's window (consumer/figures/demand.py: WINDOW_S), so each change rests on a window of
+#: evidence of its own; a change against the direction of the last one waits AUTOSCALE_REVERSAL_S after it, so the
+#: direction changes at most once a minute. [Unit: second]
+AUTOSCALE_PERIOD_S = 5.0
+AUTOSCALE_REVERSAL_S = 60.0
+#: How long the watch thread waits for the io thread to let a local producer go before it asks it to stop anyway
+#: (the io thread answers within one poll: at most 0.1 s plus the event in progress). [Unit: second]
+LEAVE_WAIT_S = 1.0
 #: Batches the staging thread may hold ready for the training loop (part of C, not extra).
 STAGED_BATCHES = 2
 #: Peers (or CURVE keys) whose first invalid message or denied handshake we remember, to log once per peer;

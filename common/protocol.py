@@ -16,8 +16,9 @@ MAX_ANNOUNCED_SHARDS shards, ``shard_lens``: the samples of each shard, so that 
 the dataset; for an iterable dataset ``iterable`` and ``sized``, its ``len`` then ``len(dataset)`` or 0).
 An iterable dataset's producer says its ``worker`` place (``[id, count]``) in HELLO, and its TASKs carry
 ``streams`` (see :mod:`ferry.common.streamplan`).
-Optional: WELCOME ``frame_bytes`` (leaves up to that many bytes travel as one frame; without it, the
-producer splits leaves over FRAME_CHUNK_BYTES), HELLO ``shm`` (the token of the consumer's shared-memory
+WELCOME says ``frame_bytes`` (leaves up to that many bytes travel as one frame), ``max_batch_bytes`` and
+``codecs``. There has only ever been version 1: both sides ship together, so no field is optional for the sake of
+an older peer. Optional: HELLO ``shm`` (the token of the consumer's shared-memory
 slab the producer mapped), TASK ``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written;
 see :mod:`ferry.common.shm`) and TASK ``compression`` (the codec of that task's batch frames, one of the
 WELCOME's ``codecs``; see :mod:`ferry.consumer.core.compression`). A sample error of a BATCH or FAIL may name
@@ -117,7 +118,12 @@ Check = Callable[[Any], bool]
 #: Required fields of each message type, with their checks. Optional fields are checked where used.
 SCHEMAS: dict[str, dict[str, Check]] = {
     HELLO: {"producer": _str, "nonce": _uint, "host": _str, "pid": _uint, "slots": _slots, "dataset": _dataset},
-    WELCOME: {"session": _uint, "heartbeat": _num, "nonce": _uint},
+    # frame_bytes: the largest array leaf the consumer wants as one frame (the producer clamps it into
+    # MIN/MAX_FRAME_BYTES); max_batch_bytes: the largest batch it accepts (a bigger one is answered by a FAIL);
+    # codecs: what it can decompress (a producer never sends another codec)
+    WELCOME: {"session": _uint, "heartbeat": _num, "nonce": _uint, "frame_bytes": lambda v: _uint(v) and v > 0,
+              "max_batch_bytes": lambda v: _uint(v) and v > 0,
+              "codecs": lambda v: isinstance(v, list) and len(v) <= 8 and all(_str(c) for c in v)},
     REJECT: {"reason": _str, "permanent": lambda v: isinstance(v, bool)},
     TASK: {"session": _uint, "task": _uint, "epoch": _uint, "seq": _uint, "indices": _indices,
            "on_error": lambda v: v in ("raise", "skip")},
@@ -134,11 +140,6 @@ OPTIONAL: dict[str, dict[str, Check]] = {
     HELLO: {"shm": _str,
             # an iterable dataset's producer: its [worker id, worker count] (a local producer's place in its loader)
             "worker": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[0] < v[1]},
-    # the largest array leaf the consumer wants as one frame; the producer clamps it (MIN/MAX_FRAME_BYTES)
-    WELCOME: {"frame_bytes": lambda v: _uint(v) and v > 0,
-              "max_batch_bytes": lambda v: _uint(v) and v > 0,  # the largest batch it accepts: a bigger one FAILs
-              # the codecs the consumer can decompress: a producer's --compression never sends another
-              "codecs": lambda v: isinstance(v, list) and len(v) <= 8 and all(_str(c) for c in v)},
     TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0,
            "seed": _uint,  # the loader's seed, from which each sample's sample_info().seed is derived
            # the codec for this task's batch frames (absent: none); the consumer decides, "auto" included

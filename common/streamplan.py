@@ -29,7 +29,7 @@ from ferry.common.constants import MAX_STREAMS
 from ferry.common.errors import ConfigError, ConfigTypeError
 from ferry.common.shardplan import decode_seq, is_sharded, is_torch_iterable
 
-__all__ = ["MAX_STREAMS", "is_iterable", "check_iterable", "check_iterable_options", "iterable_len",
+__all__ = ["MAX_STREAMS", "AUTOSCALED", "is_iterable", "check_iterable", "check_iterable_options", "iterable_len",
            "iterable_fields", "StreamPlan"]
 
 
@@ -41,6 +41,12 @@ def is_iterable(dataset: Any) -> bool:
     cls = type(dataset)  # special methods are looked up on the class; None there says "not supported"
     iterates, maps = getattr(cls, "__iter__", None) is not None, getattr(cls, "__getitem__", None) is not None
     return is_torch_iterable(dataset) or (iterates and not maps)
+
+
+#: Why ``local_producers="auto"`` does not serve an iterable dataset.
+AUTOSCALED = ('local_producers="auto" changes the number of producers, and an IterableDataset is split into a '
+              "fixed number of streams, each read by the producer of its own worker id (DataLoader's num_workers): "
+              "give local_producers=N")
 
 
 def check_iterable(dataset: Any) -> None:

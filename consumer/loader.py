@@ -106,7 +106,8 @@ class RemoteLoader:
         on_error: str = "raise", log_every: float | None = DEFAULT_LOG_EVERY_S, metrics_port: int | None = None,
         local: LocalOptions | None = None, transport: TransportOptions | None = None, curve: CurveOptions | None = None,
         # the flat shorthand of the groups above, as accepted before the groups existed
-        local_producers: int = UNSET, producer_threads: int = UNSET, producer_slots: int = UNSET,
+        local_producers: int | str = UNSET, local_producers_min: int | None = UNSET,
+        local_producers_max: int | None = UNSET, producer_threads: int = UNSET, producer_slots: int = UNSET,
         mp_context: str | None = UNSET, producer_transform: Any = UNSET, shared_memory: bool = UNSET,
         collate_fn: Any = UNSET, producer_init: Any = UNSET,
         collate_args: dict[str, Any] | None = UNSET, producer_transform_args: dict[str, Any] | None = UNSET,
@@ -141,7 +142,7 @@ class RemoteLoader:
                                     self.no_producer_timeout, pipeline.stop)
         self._observer = EpochObserver(self._counters, self._io.snapshot,
                                        capacity=self.buffer_batches, log_every=self.log_every,
-                                       threads=(self._io.thread, self._staging))
+                                       threads=(self._io.thread, self._staging), on_demand=pipeline.autoscale)
         device = self.device
         self._parts = EpochParts(
             staged=pipeline.staged, release=self._io.release, check_health=self._health.check,
@@ -241,7 +242,8 @@ class RemoteLoader:
         io = self._io.snapshot() if self._io is not None else {}
         epoch = self._active.epoch if self._active is not None else self._own_next_start().epoch
         return stats_figures(self._counters, io, capacity=self.buffer_batches, epoch=epoch,
-                             producers_needed=self._observer.demand.value)
+                             producers_needed=self._observer.demand.value,
+                             local_producers=self._local.count if self._local is not None else 0)
 
     def state_dict(self) -> dict[str, Any]:
         """A small, JSON-serialisable state: resume with ``load_state_dict`` in a new process."""

@@ -1,6 +1,7 @@
 """The parts a RemoteLoader runs: started in order, stopped in reverse.
 
-Start (``Pipeline(...)``): local producers, if any (and their shared-memory slab); the io thread, which
+Start (``Pipeline(...)``): local producers, if any (and their shared-memory slab, and with
+``local_producers="auto"`` the autoscaler the training thread calls); the io thread, which
 binds the ROUTER; the staging thread; the metrics server, if asked for. A failure part-way stops what
 already started, and raises. Batches flow io thread -> ``handoff`` (in the order the loop must see them) ->
 staging thread -> ``staged`` -> the training thread.
@@ -24,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from ferry.common import compression as comp
-from ferry.common.constants import JOIN_TIMEOUT_S, STAGED_BATCHES
+from ferry.common.constants import JOIN_TIMEOUT_S, LEAVE_WAIT_S, STAGED_BATCHES
 from ferry.common.datasets import dataset_fingerprint, transformed_fingerprint
 from ferry.common.errors import ConfigError
 from ferry.common.heap import wanted_by_environment
@@ -33,8 +34,10 @@ from ferry.common.streamplan import is_iterable, iterable_len
 
 from ferry.consumer.core import CoreConfig
 from ferry.consumer.io.thread import IoThread
+from ferry.consumer.local.autoscale import Autoscaler
 from ferry.consumer.local.producers import LocalProducers
 from ferry.consumer.options import LoaderOptions
+from ferry.consumer.options.groups import AUTO
 from ferry.consumer.staging.stagers import make_stager, staging_loop
 from ferry.consumer.figures.counters import STATS, Counters
 from ferry.consumer.window import Window
@@ -88,6 +91,8 @@ class Pipeline:
         # deliveries, in order; bounded by the credits (each holds one) plus one end-of-run marker per run
         self.handoff: queue.Queue[Any] = queue.Queue()
         self.local: LocalProducers | None = None
+        #: local_producers="auto": called with each demand sample on the training thread (else None)
+        self.autoscale: Autoscaler | None = None
         self.io: IoThread | None = None
         self.staging: threading.Thread | None = None
         self.metrics: Any = None
@@ -131,6 +136,8 @@ class Pipeline:
                 if local.shared_memory else None,
             )
             endpoints.append(self.local.endpoint)
+            if local.count == AUTO:
+                self.autoscale = Autoscaler(self.local)
         if not endpoints:
             raise ConfigError("no endpoint to bind")
         self.endpoints = tuple(endpoints)
@@ -141,15 +148,17 @@ class Pipeline:
                        seed=opts.seed % (1 << 63), max_attempts=transport.max_attempts,
                        # dataset= a spec, no local producers: remote producers must serve that spec
                        dataset_spec=dataset if isinstance(dataset, str) and local is None else None,
-                       local_producers=local.count if local is not None else 0,
+                       local_producers=self.local.count if self.local is not None else 0,
                        **compression_welcome(transport.compression)),
             endpoints=self.endpoints, handoff=self.handoff, counters=counters, curve=curve,
             slab=self.local.slab if self.local is not None else None,
         )
         self.io.start()
         if self.local is not None:  # a local producer's death, seen through its sentinel, loses it at once
-            self.local.on_death = self.io.producer_died
-            io = self.io  # a replacement only once some producer has served (else a start-up failure repeats)
+            io = self.io
+            self.local.on_death = io.producer_died
+            self.local.on_leave = lambda pid: io.producer_leaving(pid, LEAVE_WAIT_S)  # before a scale-down's SIGTERM
+            # a replacement only once some producer has served (else a start-up failure repeats)
             self.local.served = lambda: io.health().producers_seen > 0
         self.stager = make_stager(device, pin_memory, window.pool_buffers,
                                   slab=self.local.slab if self.local is not None else None)
@@ -172,7 +181,7 @@ class Pipeline:
         if self.staging is not None and self.staging.is_alive():
             self.staging.join(JOIN_TIMEOUT_S)
         if self.local is not None:
-            self.local.on_death = None  # deaths from here on are the shutdown's own
+            self.local.on_death = self.local.on_leave = None  # deaths from here on are the shutdown's own
             self.local.served = lambda: False
         if self.io is not None:
             self.io.close(JOIN_TIMEOUT_S)

@@ -18,7 +18,7 @@ from ferry.common.constants import POLL_SLICE_S
 from ferry.common.errors import ConfigError
 from ferry.common.plan import GeneratorOrder, build_plan, plan_length
 from ferry.common.shardplan import build_shard_plan, is_sharded, shard_names
-from ferry.common.streamplan import StreamPlan, check_iterable_options, is_iterable, iterable_len
+from ferry.common.streamplan import AUTOSCALED, StreamPlan, check_iterable_options, is_iterable, iterable_len
 
 __all__ = ["EpochPlanner", "SamplerEpoch"]
 
@@ -84,12 +84,14 @@ class EpochPlanner:
 
         Raises:
             ConfigError: options that do not apply to the dataset's kind (an iterable dataset with ``shuffle``, a
-                ``sampler`` or a ``batch_sampler``; a sharded one with a sampler).
+                ``sampler``, a ``batch_sampler`` or ``local_producers="auto"``; a sharded one with a sampler).
         """
         o = self._opts
         iterable = self.iterable(check_health)
         if iterable is not None:
             check_iterable_options(shuffle=o.shuffle, sampler=o.sampler, batch_sampler=o.batch_sampler)
+            if o.iterable_streams is None:  # local_producers="auto", with a spec that turned out iterable
+                raise ConfigError(AUTOSCALED)
             return StreamPlan(epoch, o.iterable_streams, o.batch_size, o.drop_last, iterable.length)
         if self.is_sharded(check_health):
             if o.sampler is not None or o.batch_sampler is not None:

@@ -40,7 +40,7 @@ import numpy as np
 
 from ferry.common import protocol
 from ferry.common.codec import encode_tree
-from ferry.common.constants import FRAME_CHUNK_BYTES
+from ferry.common.constants import DEFAULT_FRAME_BYTES
 from ferry.common.errors import BatchTooLarge
 from ferry.common.shm import SLOT_ALIGN
 from ferry.common.waker import Waker
@@ -68,7 +68,7 @@ class Job:
     seed: int = 0  # the loader's seed: sample_info().seed derives from (seed, epoch, index)
     shard: Any = None  # a sharded dataset's task: [k, batch_size, drop_last] of shard indices[0] (producer/shards.py)
     streams: int | None = None  # an iterable dataset's task (with shard): stream indices[0] of this many (streams.py)
-    frame_bytes: int = FRAME_CHUNK_BYTES  # array leaves up to this travel as one frame (the consumer's WELCOME)
+    frame_bytes: int = DEFAULT_FRAME_BYTES  # array leaves up to this travel as one frame (the consumer's WELCOME)
     compress: str | None = None  # the codec of this batch's frames (its TASK's; producer/compressing.py), None: raw
     max_batch_bytes: int | None = None  # the consumer's bound (its WELCOME): a larger batch is answered by a FAIL
 

@@ -122,8 +122,7 @@ class LinkCodec:
     def welcome(self, header: dict[str, Any]) -> None:
         """The consumer's WELCOME: the codecs it can decompress. No codec library is loaded here: a link whose
         tasks never name one (a local link) never loads one."""
-        codecs = header.get("codecs")
-        self.codecs = tuple(c for c in codecs if c in comp.CODECS) if isinstance(codecs, list) else ()
+        self.codecs = tuple(c for c in header["codecs"] if c in comp.CODECS)
 
     def task(self, header: dict[str, Any]) -> str | None:
         """The codec for the batch answering the TASK ``header``, or None (raw)."""

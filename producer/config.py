@@ -127,7 +127,8 @@ class ProducerConfig:
         "dataset instead.", None, optional=True, flag="--seed"))
     worker_id: int = option(Setting(s.Int(0), "this producer's place among the local producers of one loader, as "
                                     "torch.utils.data.get_worker_info() reports it.", 0))
-    num_workers: int = option(Setting(s.Int(1), "how many local producers that loader started.", 1))
+    num_workers: int = option(Setting(s.Int(1), "how many local producers that loader runs (under "
+                                      "local_producers=\"auto\", the most it may run).", 1))
     init: Any = option(s.INIT)
     collate: Any = option(s.COLLATE)
     collate_args: dict[str, Any] = option(s.COLLATE_ARGS)

@@ -13,7 +13,7 @@ from typing import Any
 import zmq
 
 from ferry.common.constants import (
-    FRAME_CHUNK_BYTES, MAX_FRAME_BYTES, MAX_HEADER_BYTES, MIN_FRAME_BYTES, RECEIVE_BURST, RECONNECT_IVL_MAX_MS,
+    DEFAULT_FRAME_BYTES, MAX_FRAME_BYTES, MAX_HEADER_BYTES, MIN_FRAME_BYTES, RECEIVE_BURST, RECONNECT_IVL_MAX_MS,
     RECONNECT_IVL_MS, SOCKET_HWM,
 )
 from ferry.common.errors import ConfigError
@@ -38,7 +38,7 @@ class Link:
     sock: zmq.Socket | None = None
     monitor: zmq.Socket | None = None  # with CURVE: ``sock``'s event socket, which reports a denied key
     said_bye: bool = False
-    frame_bytes: int = FRAME_CHUNK_BYTES  # leaves up to this travel as one frame: what its WELCOME announced
+    frame_bytes: int = DEFAULT_FRAME_BYTES  # leaves up to this travel as one frame: what its WELCOME announced
     max_batch_bytes: int | None = None  # the largest batch its consumer accepts (WELCOME); None: not announced
     watching_out: bool = False  # the poller watches ``sock`` for POLLOUT too (see watch_writable)
 
@@ -113,8 +113,6 @@ class Link:
 
 def announced_frame_bytes(welcome: dict[str, Any]) -> int:
     """The frame bound a WELCOME announces (validated as a positive int by parse_header), clamped into
-    [MIN_FRAME_BYTES, MAX_FRAME_BYTES]; FRAME_CHUNK_BYTES for a consumer that announces none."""
-    announced = welcome.get("frame_bytes")
-    if announced is None:
-        return FRAME_CHUNK_BYTES
-    return min(max(announced, MIN_FRAME_BYTES), MAX_FRAME_BYTES)
+    [MIN_FRAME_BYTES, MAX_FRAME_BYTES]: a hostile or broken WELCOME can neither split a batch into more than
+    MAX_FRAMES frames nor do more than send leaves whole."""
+    return min(max(welcome["frame_bytes"], MIN_FRAME_BYTES), MAX_FRAME_BYTES)

@@ -44,6 +44,14 @@ def dealer(ctx: Any, endpoint: str) -> Any:
     return sock
 
 
+def welcome_fields(**given: Any) -> dict[str, Any]:
+    """What a hand-made consumer's WELCOME must say besides session, heartbeat and nonce (common/protocol.py's
+    SCHEMAS): a loader's defaults, overridden by ``given``."""
+    from ferry.common.constants import DEFAULT_FRAME_BYTES, DEFAULT_MAX_BATCH_BYTES
+
+    return {"frame_bytes": DEFAULT_FRAME_BYTES, "max_batch_bytes": DEFAULT_MAX_BATCH_BYTES, "codecs": [], **given}
+
+
 def next_message(sock: Any, kind: str, timeout: float = 10.0) -> tuple[dict, list]:
     """The next message of type ``kind`` a hand-made peer receives, as ``(header, data frames)``; PINGs (and any
     other type) before it are skipped: a consumer pings every heartbeat, so one may come first."""
@@ -299,6 +307,14 @@ def cuda_stager(loader: Any) -> Any:
 def local_producer_pids(loader: Any) -> list[int]:
     """pids of the producers a loader started itself, live or not. PRIVATE: ``RemoteLoader._local.pids``."""
     return list(loader._local.pids)
+
+
+def scale_local_producers(loader: Any, count: int) -> None:
+    """Ask a ``local_producers="auto"`` loader for ``count`` producers now, as its autoscaler does, and keep its
+    autoscaler from deciding anything from then on (a test's loop runs at no realistic step). PRIVATE:
+    ``RemoteLoader._local.scale_to`` and ``RemoteLoader._observer._on_demand``."""
+    loader._observer._on_demand = None
+    loader._local.scale_to(count)
 
 
 def local_folder(loader: Any) -> str:

@@ -334,7 +334,7 @@ def test_a_link_uses_the_codec_each_task_names_unless_overridden(caplog):
         forced.welcome({"codecs": ["lz4"]})
         assert forced.task(task()) is None and forced.task(task()) is None
     assert caplog.text.count("cannot decompress it (it has lz4)") == 1  # said once
-    forced.welcome({})  # a WELCOME that lists no codec: nothing can be decompressed
+    forced.welcome({"codecs": []})  # a WELCOME that lists no codec: nothing can be decompressed
     assert forced.task(task()) is None
 
 

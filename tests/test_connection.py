@@ -11,6 +11,7 @@ import pytest
 from ferry.common import protocol
 from ferry.common.constants import AUTH_RETRY_FIRST_S, AUTH_RETRY_MAX_S, MAX_PENDING_TASKS
 from ferry.common.errors import ProtocolError
+from tests.helpers import welcome_fields
 from ferry.producer.connection import (
     EXIT_REJECTED, CheckAddress, Connection, FailTask, Log, Phase, Rebuild, RunTask, SendBye, SendHello, SendPing,
     Stale, exit_code,
@@ -30,7 +31,7 @@ def make(now: float = 100.0, **kwargs) -> Connection:
 
 def welcome(conn: Connection, session: int = 0xA, heartbeat: float = HEARTBEAT, nonce: int | None = None) -> dict:
     return protocol.make_header(protocol.WELCOME, session=session, heartbeat=heartbeat,
-                                nonce=conn.nonce if nonce is None else nonce)
+                                nonce=conn.nonce if nonce is None else nonce, **welcome_fields())
 
 
 def task(session: int = 0xA, indices=(0, 1), **extra) -> dict:

@@ -21,7 +21,7 @@ from ferry.common.datasets import SyntheticDataset
 from ferry.producer import ProducerConfig
 from ferry.producer.service import Producer
 
-from .helpers import wait_for
+from .helpers import wait_for, welcome_fields
 
 HEARTBEAT_S = 30.0
 
@@ -53,7 +53,7 @@ def test_first_hello_goes_out_when_the_consumer_binds_not_at_the_next_heartbeat(
         assert header["type"] == protocol.HELLO
         # within libzmq's reconnect back-off, far below the heartbeat a tick-driven retry would wait
         assert arrived < HEARTBEAT_S / 10, f"HELLO came {arrived:.2f} s after the bind"
-        router.send_multipart([peer, protocol.pack(protocol.WELCOME, session=7, heartbeat=HEARTBEAT_S,
+        router.send_multipart([peer, protocol.pack(protocol.WELCOME, session=7, heartbeat=HEARTBEAT_S, **welcome_fields(),
                                                    nonce=header["nonce"])])
         wait_for(lambda: conn.serving, 10, "the producer to take the WELCOME")
         assert not router.poll(300), "a second HELLO: the producer kept saying HELLO on POLLOUT"

@@ -14,10 +14,10 @@ import zmq
 from ferry import RemoteLoader
 from ferry.common import protocol
 from ferry.common.codec import Chunked, decode_tree
-from ferry.common.constants import DEFAULT_FRAME_BYTES, FRAME_CHUNK_BYTES, MAX_FRAME_BYTES, MIN_FRAME_BYTES
+from ferry.common.constants import DEFAULT_FRAME_BYTES, MAX_FRAME_BYTES, MIN_FRAME_BYTES
 from ferry.common.datasets import SyntheticDataset
 
-from .helpers import ProducerProcess, free_port, wait_for
+from .helpers import ProducerProcess, free_port, wait_for, welcome_fields
 
 ARGS = {"length": 4, "shape": [5, 1024, 1024], "dtype": "float32"}  # 20 MiB a sample
 LEAF = 5 * 1024 * 1024 * 4
@@ -56,7 +56,7 @@ class HandMadeConsumer:
 
     def welcome(self, **extra) -> None:
         hello, _ = self.next_message(protocol.HELLO)
-        self.send(protocol.WELCOME, session=SESSION, heartbeat=0.2, nonce=hello["nonce"], **extra)
+        self.send(protocol.WELCOME, session=SESSION, heartbeat=0.2, nonce=hello["nonce"], **welcome_fields(**extra))
 
     def send(self, kind: str, **fields) -> None:
         self.sock.send_multipart([self.peer, protocol.pack(kind, **fields)])
@@ -105,11 +105,15 @@ def test_larger_leaves_go_in_frames_of_at_most_the_bound(consumer):
     np.testing.assert_array_equal(leaf, expected_leaf(1))  # bit-identical to the sample, reassembled
 
 
-def test_a_consumer_announcing_nothing_gets_the_old_split(consumer):
-    consumer.welcome()
-    frames, leaf = consumer.batch()
-    assert [len(f) for f in frames[:-1]] == [FRAME_CHUNK_BYTES, FRAME_CHUNK_BYTES, LEAF - 2 * FRAME_CHUNK_BYTES]
-    np.testing.assert_array_equal(leaf, expected_leaf())
+def test_a_welcome_without_a_frame_bound_is_refused():
+    """There has only ever been protocol version 1: a WELCOME must say its frame bound (no fallback for older
+    consumers that never existed)."""
+    from ferry.common.errors import ProtocolError
+
+    fields = welcome_fields()
+    del fields["frame_bytes"]
+    with pytest.raises(ProtocolError, match="frame_bytes"):
+        protocol.parse_header(protocol.pack(protocol.WELCOME, session=SESSION, heartbeat=0.2, nonce=1, **fields))
 
 
 @pytest.mark.parametrize("announced, frame_sizes", [

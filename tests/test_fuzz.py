@@ -24,7 +24,9 @@ from ferry import RemoteLoader
 from tests.datasets import PairDataset
 
 from .fuzzing import bad_tree, hostile_frames, mutate, pack
-from .helpers import assert_tree_equal, consumer_threads_alive, dealer, free_port, hello, reference_batches, wait_for
+from .helpers import (
+    assert_tree_equal, consumer_threads_alive, dealer, free_port, hello, reference_batches, wait_for, welcome_fields,
+)
 
 MESSAGES = 10_000
 RSS_BOUND_MB = 64  # what the consumer process may grow by while it is fuzzed (about 8 MB measured)
@@ -100,7 +102,7 @@ def producer_templates(session: int):
              on_error="skip"),
         dict(v=PROTOCOL_VERSION, type="TASK", session=session, task=9, epoch=0, seq=0,
              indices=list(range(70_000)), on_error="skip"),
-        dict(v=PROTOCOL_VERSION, type="WELCOME", session=session, heartbeat=0.2, nonce=5),
+        dict(v=PROTOCOL_VERSION, type="WELCOME", session=session, heartbeat=0.2, nonce=5, **welcome_fields()),
         dict(v=PROTOCOL_VERSION, type="PING", load={}),
         dict(v=PROTOCOL_VERSION, type="BATCH", session=session, task=1, epoch=0, seq=0, tree=None, errors=[]),
     ]
@@ -174,7 +176,7 @@ def fake_consumer(router: zmq.Socket, seed: int, count: int, stop: threading.Eve
             except ProtocolError:
                 continue
             if header["type"] == "HELLO":
-                router.send_multipart([frames[0], protocol.pack(protocol.WELCOME, session=session, heartbeat=0.2,
+                router.send_multipart([frames[0], protocol.pack(protocol.WELCOME, session=session, heartbeat=0.2, **welcome_fields(),
                                                                 nonce=header["nonce"])])
             if frames[0] not in peers:  # also a PING: a producer that reconnected under a new id
                 peers.append(frames[0])
@@ -431,7 +433,7 @@ def test_producer_rebuilds_its_connection_after_a_protocol_error(spawn):
                 frames = router.recv_multipart()
                 header = protocol.parse_header(frames[1])
                 if header["type"] == "HELLO":
-                    router.send_multipart([frames[0], protocol.pack(protocol.WELCOME, session=7, heartbeat=0.2,
+                    router.send_multipart([frames[0], protocol.pack(protocol.WELCOME, session=7, heartbeat=0.2, **welcome_fields(),
                                                                     nonce=header["nonce"])])
                     return frames[0]
             return None

@@ -139,10 +139,12 @@ def test_more_batches_than_the_length_len_read_warns_as_dataloader():
             assert _run(loader) == expected
 
 
-def test_an_iterable_dataset_takes_no_shuffle_sampler_or_batch_sampler():
+def test_an_iterable_dataset_takes_no_shuffle_sampler_batch_sampler_or_autoscaling():
     for options in ({"shuffle": True}, {"sampler": range(10)}, {"batch_sampler": [[0, 1]]}):
         name = next(iter(options))
         with pytest.raises(ConfigError, match=f"expected no {name}"):
             RemoteLoader(dataset=WorkerShards(), local_producers=2, **QUIET, **options).close()
     with pytest.raises(ConfigError, match="iterable_streams applies to an IterableDataset"):
         RemoteLoader(dataset=list(range(10)), local_producers=1, iterable_streams=2, **QUIET).close()
+    with pytest.raises(ConfigError, match="fixed number of streams"):  # a stream is read by its own producer
+        RemoteLoader(dataset=WorkerShards(), local_producers="auto", **QUIET).close()

@@ -10,7 +10,7 @@ import pytest
 
 from ferry import ProducerDiedError, ProducerStartupError, RemoteLoader
 from ferry.consumer.local import producers as local_producers
-from ferry.consumer.local.producers import describe_exit
+from ferry.consumer.local.children import describe_exit
 from tests.datasets import PairDataset
 
 from .helpers import wait_for

@@ -12,7 +12,7 @@ import zmq
 from ferry import NoProducersError, PoisonTaskError, RemoteLoader, SampleIndexError
 from ferry.common import protocol
 
-from .helpers import dealer, hello, wait_for
+from .helpers import dealer, hello, wait_for, welcome_fields
 
 
 def test_a_sampler_index_outside_the_dataset_raises_at_its_batch_within_10_s(endpoint, spawn):
@@ -45,7 +45,8 @@ def test_a_producer_answers_a_task_outside_its_dataset_with_a_fail_naming_the_in
         peer, frame = router.recv_multipart()
         hello = protocol.parse_header(frame)
         assert hello["type"] == protocol.HELLO
-        router.send_multipart([peer, protocol.pack(protocol.WELCOME, session=5, heartbeat=0.2, nonce=hello["nonce"])])
+        router.send_multipart([peer, protocol.pack(protocol.WELCOME, session=5, heartbeat=0.2, nonce=hello["nonce"],
+                                                   **welcome_fields())])
         router.send_multipart([peer, protocol.pack(protocol.TASK, session=5, task=1, epoch=0, seq=0, indices=[3, 99],
                                                    on_error="skip")])
         deadline = time.monotonic() + 10

@@ -19,7 +19,7 @@ from ferry.common.datasets import SyntheticDataset
 from ferry.producer import ProducerConfig
 from ferry.producer.service import Producer
 
-from .helpers import pooled_buffer_ids, producer_buffer_pool
+from .helpers import pooled_buffer_ids, producer_buffer_pool, welcome_fields
 
 TASKS, BATCH = 40, 4
 SESSION = 99
@@ -32,7 +32,8 @@ def _indices(task: int, length: int) -> list[int]:
 def _serve_slowly(router: zmq.Socket, peer: bytes, nonce: int, dataset: SyntheticDataset) -> int:
     """WELCOME the producer, give it every task at once, then read each batch slowly and check it against the
     dataset. Returns the number of batches checked."""
-    router.send_multipart([peer, protocol.pack(protocol.WELCOME, session=SESSION, heartbeat=1.0, nonce=nonce)])
+    router.send_multipart([peer, protocol.pack(protocol.WELCOME, session=SESSION, heartbeat=1.0, nonce=nonce,
+                                                     **welcome_fields())])
     for task in range(TASKS):
         router.send_multipart([peer, protocol.pack(protocol.TASK, session=SESSION, task=task + 1, epoch=0, seq=task,
                                                    indices=_indices(task, len(dataset)), on_error="raise")])

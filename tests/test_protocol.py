@@ -30,7 +30,7 @@ def test_pack_and_parse_agree_for_every_type():
                           dataset={"spec": "s", "len": 10, "fingerprint": "f"})
     assert protocol.parse_header(hello)["type"] == "HELLO"
     for kind, fields in [
-        (protocol.WELCOME, dict(session=1, heartbeat=1.0, nonce=3)),
+        (protocol.WELCOME, dict(session=1, heartbeat=1.0, nonce=3, frame_bytes=1, max_batch_bytes=1, codecs=[])),
         (protocol.REJECT, dict(reason="no", permanent=True)),
         (protocol.BATCH, dict(session=1, task=1, epoch=0, seq=0, tree=None, errors=[])),
         (protocol.FAIL, dict(session=1, task=1, epoch=0, seq=0,
@@ -95,7 +95,8 @@ def hello(**overrides):
     hello(producer="x" * MAX_TEXT),
     hello(shm="token"),
     packed(v=PROTOCOL_VERSION, type="PING", load={str(i): i for i in range(32)}),
-    packed(v=PROTOCOL_VERSION, type="WELCOME", session=1, heartbeat=1, nonce=2),  # an int heartbeat is a number
+    packed(v=PROTOCOL_VERSION, type="WELCOME", session=1, heartbeat=1, nonce=2,  # an int heartbeat is a number
+           frame_bytes=1, max_batch_bytes=1, codecs=["lz4"] * 8),
 ])
 def test_values_at_the_edge_of_every_bound_are_accepted(frame):
     protocol.parse_header(frame)
@@ -145,7 +146,7 @@ def test_a_value_just_past_a_bound_names_its_field(frame, field):
 def test_every_required_field_is_required(kind, field):
     fields = {
         "HELLO": dict(producer="p", nonce=1, host="h", pid=2, slots=2, dataset={"spec": "s", "len": 1, "fingerprint": "f"}),
-        "WELCOME": dict(session=1, heartbeat=1.0, nonce=3),
+        "WELCOME": dict(session=1, heartbeat=1.0, nonce=3, frame_bytes=1, max_batch_bytes=1, codecs=[]),
         "REJECT": dict(reason="no", permanent=True),
         "TASK": dict(session=1, task=2, epoch=0, seq=3, indices=[1], on_error="raise"),
         "BATCH": dict(session=1, task=1, epoch=0, seq=0, tree=None, errors=[]),

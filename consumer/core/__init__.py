@@ -9,7 +9,10 @@ them. The parts:
 * :mod:`.admission`: who may feed this consumer (HELLO, the dataset checks, liveness);
 * :mod:`.dispatcher`: credits, tasks in flight, attempts and poison, re-issue;
 * :mod:`.sequencers`, :mod:`.shards`: a run's order and reorder buffer, one strategy per kind of plan;
-* :mod:`.results`: what a BATCH or FAIL may hold;
+* :mod:`.answers`: what a BATCH or FAIL does (claimed, checked, put in its place), with the checks of
+  :mod:`.results`;
+* :mod:`.issuing`: what a TASK says;
+* :mod:`.compression`: the codec each TASK names, and under ``"auto"`` the consumer's choice;
 * :mod:`.slots`: which task holds which shared-memory slot;
 * :mod:`.compression`: which codec the remote links use under ``compression="auto"``;
 * :mod:`.delivery`, :mod:`.actions`: what leaves the core.

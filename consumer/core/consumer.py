@@ -9,12 +9,14 @@ No sockets, no threads, no clock: the io thread (:mod:`ferry.consumer.io.thread`
 * :meth:`~ConsumerCore.start_run`, :meth:`~ConsumerCore.released`: the training loop began an iteration, or
   took a batch (a credit back);
 * :meth:`~ConsumerCore.producer_died`: a local producer's process died (seen through its sentinel);
+* :meth:`~ConsumerCore.producer_leaving`: a local producer is about to be asked to stop (a scale-down);
 * :meth:`~ConsumerCore.unsent`: a TASK could not be sent.
 
 Each event ends by issuing what credits allow and handing on what is ready, in order. The parts it drives
 hold the rules: admission and liveness (:mod:`.admission`), credits, tasks and attempts (:mod:`.dispatcher`),
-the run's order and reorder buffer (:mod:`.sequencers`, :mod:`.shards`, :mod:`.streams`), what an answer may hold
-(:mod:`.results`) and the shared-memory slots (:mod:`.slots`).
+the run's order and reorder buffer (:mod:`.sequencers`, :mod:`.shards`, :mod:`.streams`), what a BATCH or FAIL
+does (:mod:`.answers`, with the checks of :mod:`.results`), what a TASK says (:mod:`.issuing`), the codec each
+TASK names (:mod:`.compression`) and the shared-memory slots (:mod:`.slots`).
 """
 
 from __future__ import annotations
@@ -25,17 +27,19 @@ from typing import Any, Iterable
 
 from ferry.common import protocol
 from ferry.common.constants import DEAL_FIRST_TASKS_S, DEFAULT_FRAME_BYTES
-from ferry.common.errors import PoisonTaskError, ProtocolError, SampleIndexError, VersionMismatch
+from ferry.common.errors import PoisonTaskError, ProtocolError, VersionMismatch
 
 from ferry.consumer.core.actions import Action, Deliver, Log, Send
 from ferry.consumer.core.admission import BadPeers, Loss, Peers
 from ferry.consumer.core.compression import TaskCodecs, is_local_address
 from ferry.consumer.core.delivery import Delivery
 from ferry.consumer.core.dispatcher import Attempt, Dispatcher, Poisoned, ProducerInfo, Task
-from ferry.consumer.core.results import BatchDecoder, check_fail, sample_error, skip_lines, unretryable
+from ferry.consumer.core.answers import Answers, Unusable
+from ferry.consumer.core.issuing import TaskHeader, issue
+from ferry.consumer.core.results import check_fail
 from ferry.consumer.core.sequencers import Sequencer
 from ferry.consumer.core.slots import SlotLedger
-from ferry.consumer.figures.counters import Counters, waited_so_far
+from ferry.consumer.figures.counters import Counters
 
 __all__ = ["CoreConfig", "ConsumerCore"]
 
@@ -78,9 +82,10 @@ class ConsumerCore:
         self.slots = SlotLedger(slab)
         self.sharded = False  # an admitted producer serves a sharded dataset (HELLO dataset.sharded)
         self._bad_peers = BadPeers(self.peers.describe)
-        self._decoder = BatchDecoder(config.max_batch_bytes)
         # the codec each TASK names; under "auto", decided from what arrives (core/compression.py)
         self.codecs = TaskCodecs(config.compression, config.codecs)
+        self.answers = Answers(session=session, on_error=config.on_error, max_batch_bytes=config.max_batch_bytes,
+                               dispatcher=self.dispatcher, slots=self.slots, codecs=self.codecs, counters=counters)
         self._epoch = 0
         self._out: list[Action] = []
         self.dispatcher.occupancy(now)
@@ -147,6 +152,15 @@ class ConsumerCore:
         self.dispatcher.end_dealing()  # the producers the first tasks wait for may not all come
         for peer in [p.peer for p in self.dispatcher.producers.values() if p.name == name]:
             self._lose(peer, why, now, charge=True)
+        return self._finish(now)
+
+    def producer_leaving(self, name: str, now: float) -> list[Action]:
+        """The local producer process ``name`` (host:pid) is about to be asked to stop: let it go now, as if it had
+        said BYE (its tasks cost no attempt), before its socket closes: a TASK sent to it after that would find
+        no one and cost its tasks an attempt ("unreachable") while its BYE still waited to be read."""
+        self.dispatcher.end_dealing()
+        for peer in [p.peer for p in self.dispatcher.producers.values() if p.name == name]:
+            self._lose(peer, "asked to stop: fewer producers needed", now, level=_INFO)
         return self._finish(now)
 
     def unsent(self, peer: bytes, task_id: int, now: float) -> list[Action]:
@@ -224,31 +238,15 @@ class ConsumerCore:
         self._send(peer, protocol.WELCOME, session=self.session, heartbeat=c.heartbeat, nonce=header["nonce"],
                    codecs=list(c.codecs), frame_bytes=DEFAULT_FRAME_BYTES, max_batch_bytes=c.max_batch_bytes)
 
-    def _claim(self, info: ProducerInfo, header: dict[str, Any], now: float) -> Task | None:
-        """The task a BATCH or FAIL answers, or None (counted) for another session or a late duplicate."""
-        if header["session"] != self.session:
-            self.counters.stale += 1
-            return None
-        task = self.dispatcher.complete(header["task"], info.peer)
-        if task is None:
-            self.counters.duplicates += 1
-            self.slots.give_back(header["task"], holder=info.identity)  # it has finished with the slot
-            return None
-        self.peers.progressed(now)
-        return task
-
     def _batch(self, info: ProducerInfo, header: dict[str, Any], data: list[Any], now: float, keep: Any) -> None:
         task = self._claim(info, header, now)
         if task is None:
             return
-        sequencer = self.sequencer
-        assert sequencer is not None  # a task exists only within a run
+        assert self.sequencer is not None  # a task exists only within a run
         try:
-            answer = sequencer.read_answer(header, task.seq, self._epoch)
-            batch = None if answer.empty else self._decoder.decode(
-                header, data, seq=task.seq, epoch=self._epoch, indices=answer.indices,
-                region=self.slots.take_region(task.task))
-        except ProtocolError as exc:
+            self._out += self.answers.batch(info, task, header, data, sequencer=self.sequencer, epoch=self._epoch,
+                                            now=now, keep=keep)
+        except Unusable as exc:
             # it answered its own task with a batch we cannot use: broken or hostile. Re-issue the seq, and
             # drop and reject the producer, or a peer with many free slots would take the seq back every time
             self.dispatcher.requeue(task, Attempt(info.name, f"sent an unusable batch: {exc}"))
@@ -257,62 +255,31 @@ class ConsumerCore:
             self._send(info.peer, protocol.REJECT, permanent=True,
                        reason=f"rejected: your batch for seq {task.seq} was unusable: {exc}")
             raise
-        if answer.last or answer.empty:
-            sequencer.ended(task.seq, empty=answer.empty)  # before the put: delivery may move on past it
-        if batch is None:  # the shard has no batch k: nothing to hand on, no credit held
-            self.slots.give_back(task.task)
-            return
-        info.batches += 1
-        info.bytes += batch.nbytes
-        c = self.counters
-        c.shared_batches += batch.shared
-        c.compressed_bytes += batch.compressed_bytes
-        c.uncompressed_bytes += batch.uncompressed_bytes
-        c.received += 1
-        c.bytes += batch.nbytes
-        if header["errors"]:
-            self._count_skips(header["errors"], info.name)
-        lines = self.codecs.arrived(task.task, batch.nbytes, sum(len(f) for f in data), batch.decode_s, now,
-                                    waited_so_far(self.counters, now))
-        self._out.extend(Log(_INFO, line) for line in lines)
-        sequencer.put(Delivery(run=task.run, seq=task.seq, tree=batch.tree, nbytes=batch.nbytes, frames=keep))
 
     def _fail(self, info: ProducerInfo, header: dict[str, Any], data: list[Any], now: float) -> None:
         check_fail(header, data)
         task = self._claim(info, header, now)
-        if task is None:
-            return
-        self.codecs.forget([task.task])
-        sequencer = self.sequencer
-        assert sequencer is not None
-        self.slots.give_back(task.task)
-        errors = header["errors"]
-        error = unretryable(errors, producer=info.name, epoch=self._epoch, seq=task.seq,
-                            dataset_len=self.peers.dataset_len)
-        if error is None:
-            sequencer.ended(task.seq, empty=False)  # a shard whose iterator raised ends there
-            if self.config.on_error == "skip":
-                self._count_skips(errors, info.name)
-                sequencer.put(Delivery(run=task.run, seq=task.seq, skipped=True))
-                return
-            error = sample_error(errors, producer=info.name, epoch=self._epoch, seq=task.seq)
-        sequencer.put(Delivery(run=task.run, seq=task.seq, error=error))
+        if task is not None:
+            assert self.sequencer is not None
+            self._out += self.answers.fail(info, task, header, sequencer=self.sequencer, epoch=self._epoch,
+                                           dataset_len=self.peers.dataset_len)
 
-    def _count_skips(self, errors: list[dict[str, Any]], producer: str) -> None:
-        before = self.counters.skipped_samples
-        self.counters.skipped_samples += len(errors)
-        self._out.extend(Log(_WARNING, line) for line in skip_lines(errors, producer, before))
+    def _claim(self, info: ProducerInfo, header: dict[str, Any], now: float) -> Task | None:
+        task = self.answers.claim(info, header)
+        if task is not None:
+            self.peers.progressed(now)  # a result arrived: producers are not merely coming and going
+        return task
 
     # --- losses -------------------------------------------------------------------------------------------
-    def _lose(self, peer: bytes, why: str, now: float, *, charge: bool = False) -> None:
+    def _lose(self, peer: bytes, why: str, now: float, *, charge: bool = False, level: int = _WARNING) -> None:
         loss = self.peers.lose(peer, why, now, charge=charge)
-        self._settle([loss] if loss is not None else [])
+        self._settle([loss] if loss is not None else [], level)
 
-    def _settle(self, losses: Iterable[Loss]) -> None:
+    def _settle(self, losses: Iterable[Loss], level: int = _WARNING) -> None:
         for loss in losses:
             self.slots.set_aside(loss.tasks, loss.pid)  # it may still be writing into their slots
             self.codecs.forget(loss.tasks)
-            self._out.append(Log(_WARNING, f"producer {loss.name} lost ({loss.why}); {loss.live} live"))
+            self._out.append(Log(level, f"producer {loss.name} lost ({loss.why}); {loss.live} live"))
             self._poison(loss.poisoned)
 
     def _poison(self, poisoned: Iterable[Poisoned]) -> None:
@@ -332,37 +299,14 @@ class ConsumerCore:
         (for the demand gauge); the actions, in order."""
         sequencer = self.sequencer
         if sequencer is not None:
-            self._dispatch(sequencer, now)
+            common = TaskHeader(self.session, self._epoch, self.config.on_error, self.config.seed)
+            self._out += issue(self.dispatcher, sequencer, self.slots, self.codecs, common,
+                               dataset_len=self.peers.dataset_len, now=now)
             while (item := sequencer.take()) is not None:
                 self._out.append(Deliver(item))
         self.dispatcher.occupancy(now)
         out, self._out = self._out, []
         return out
-
-    def _dispatch(self, sequencer: Sequencer, now: float) -> None:
-        for task in self.dispatcher.assign(sequencer.held, now):
-            indices = sequencer.indices(task.seq)
-            length = sequencer.index_range(self.peers.dataset_len)
-            bad = next((i for i in indices if not 0 <= i < length), None) if length is not None else None
-            if bad is not None:  # raised at this batch's position, at once; its credit passes to the error
-                self.dispatcher.drop(task.task)
-                sequencer.put(Delivery(run=task.run, seq=task.seq, error=SampleIndexError(
-                    index=bad, length=length, epoch=self._epoch, seq=task.seq)))
-                continue
-            extra: dict[str, Any] = {}
-            info = self.dispatcher.producers[task.peer]
-            if info.shared:
-                slot = self.slots.lend(task.task, info.identity)
-                if slot is not None:  # none free (the loop holds many batches): this one goes over the socket
-                    extra["slot"] = list(slot)
-            codec = self.codecs.for_task(task.task, info.remote)
-            if codec != "none":
-                extra["compression"] = codec
-            self._out.append(Send(task.peer, [protocol.pack(
-                protocol.TASK, session=self.session, task=task.task, epoch=self._epoch, seq=task.seq,
-                indices=indices, on_error=self.config.on_error, seed=self.config.seed, **extra,
-                **sequencer.task_fields(task.seq),
-            )], task=task.task))
 
     def _send(self, peer: bytes, kind: str, **fields: Any) -> None:
         self._out.append(Send(peer, [protocol.pack(kind, **fields)]))

@@ -60,6 +60,8 @@ STATS: tuple[Figure, ...] = (
     Figure("producers", GAUGE, "producers alive now", also="ferry_producers_connected"),
     Figure("producers_needed", GAUGE, "producers of the current speed the loop needs to stop waiting (None until "
            "known; consumer/figures/demand.py)", also="ferry_producers_needed"),
+    Figure("local_producers", GAUGE, "producer processes the loader runs on this machine (local mode; under "
+           "local_producers=\"auto\" the count it chose; 0 without local mode)"),
     Figure("producers_seen", COUNTER, "producers admitted since the start"),
     Figure("buffered", GAUGE, "batches received and not yet yielded"),
     Figure("in_flight", GAUGE, "tasks sent and not yet answered"),
@@ -88,15 +90,16 @@ STATS: tuple[Figure, ...] = (
 
 
 def stats_figures(c: Counters, io: dict[str, Any], *, capacity: int, epoch: int,
-                  producers_needed: int | None = None) -> dict[str, Any]:
-    """The ``stats()`` dict, from the training thread's counters, the io thread's snapshot ``io`` and the demand
-    gauge's value."""
+                  producers_needed: int | None = None, local_producers: int = 0) -> dict[str, Any]:
+    """The ``stats()`` dict, from the training thread's counters, the io thread's snapshot ``io``, the demand
+    gauge's value and the count of local producers."""
     values = {
         "batches": c.batches,
         "bytes": c.bytes_yielded,
         "mb_per_s": c.bytes_yielded / 1e6 / c.active_s if c.active_s > 0 else 0.0,
         "producers": io.get("producers", 0),
         "producers_needed": producers_needed,
+        "local_producers": local_producers,
         "producers_seen": io.get("producers_seen", 0),
         "buffered": io.get("buffered", 0),
         "in_flight": io.get("in_flight", 0),

@@ -31,11 +31,13 @@ class EpochObserver:
         capacity: ``buffer_batches``.
         log_every: seconds between progress lines; None: never. [Unit: second]
         threads: the consumer's own threads, whose CPU time is the consumer's load.
+        on_demand: called with ``(now, the gauge's value)`` after each demand sample, on this thread (the
+            autoscaler of ``local_producers="auto"``), or None.
     """
 
     def __init__(self, counters: Counters, snapshot: Callable[[], dict[str, Any]],
                  *, capacity: int, log_every: float | None,
-                 threads: tuple[Any, ...]) -> None:
+                 threads: tuple[Any, ...], on_demand: Callable[[float, int | None], None] | None = None) -> None:
         self._counters, self._snapshot = counters, snapshot
         self._capacity, self._log_every = capacity, log_every
         self._waits = WaitTally({"per_producer": {}})
@@ -43,6 +45,7 @@ class EpochObserver:
         self._threads = threads
         self._last_log = time.monotonic()
         self.demand = DemandGauge()
+        self._on_demand = on_demand
         self._last_sample = float("-inf")
 
     def started(self) -> None:
@@ -76,13 +79,16 @@ class EpochObserver:
         )
 
     def progress(self, now: float, epoch: int, done: int, total: int) -> None:
-        """After each batch: a demand sample every DEMAND_SAMPLE_S, one INFO line every ``log_every`` seconds."""
+        """After each batch: a demand sample every DEMAND_SAMPLE_S (then ``on_demand``), one INFO line every
+        ``log_every`` seconds."""
         if now - self._last_sample >= DEMAND_SAMPLE_S:
             self._last_sample = now
             c, snap = self._counters, self._snapshot()
             self.demand.add(DemandSample(at=now, batches=c.batches, wait_s=c.wait_s, active_s=c.active_s,
                                          received=c.received, busy_s=snap.get("busy_s", 0.0),
                                          consumer_cpu_s=cpu_seconds(self._threads)))
+            if self._on_demand is not None:
+                self._on_demand(now, self.demand.value)
         if self._log_every is None or now - self._last_log < self._log_every:
             return
         self._last_log = now

@@ -104,6 +104,20 @@ class IoThread:
         name = f"{socket.gethostname()}:{pid}"
         self._command(lambda now: self._core.producer_died(name, why, now))
 
+    def producer_leaving(self, pid: int, timeout: float) -> bool:
+        """From any thread but this one: the local producer ``pid`` is about to be asked to stop (a scale-down).
+        The core lets it go first (its tasks cost no attempt); this waits until it has, at most ``timeout``
+        seconds. [Unit: second] Returns whether it has (False: the io thread is closing or gone)."""
+        name, done = f"{socket.gethostname()}:{pid}", threading.Event()
+
+        def leaving(now: float) -> list[Action]:
+            actions = self._core.producer_leaving(name, now)
+            done.set()  # no TASK goes to it from here on
+            return actions
+
+        self._command(leaving)
+        return done.wait(timeout)
+
     def close(self, timeout: float) -> None:
         if self._thread.is_alive():
             self._commands.put(None)

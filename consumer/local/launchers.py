@@ -30,11 +30,38 @@ from typing import Any
 
 from ferry.common.constants import LOCAL_PRODUCER_LOG_LEVEL
 from ferry.common.deferred_pickle import HOOKS, DeferredPickle, WithHooks
+from ferry.common.errors import ConfigError
 from ferry.common.sampleinfo import producer_seed
+from ferry.common.settings import shared_values
 
 from ferry.consumer.local.children import Child, open_pidfd
 
-__all__ = ["SpecLauncher", "ObjectLauncher"]
+__all__ = ["SpecLauncher", "ObjectLauncher", "producer_config"]
+
+
+def producer_config(local: Any, transport: Any, dataset: Any, dataset_args: dict[str, Any] | None, *,
+                    endpoint: str, slab: Any, num_workers: int) -> Any:
+    """The local producers' ProducerConfig: every option it declares with the same setting as the loader's groups
+    (threads, slots, heartbeat, liveness, the hooks: common/settings.py), where to connect, the slab (or None),
+    and ``num_workers`` (the most producers there can be: ``get_worker_info().num_workers``).
+
+    Raises:
+        ConfigError: a producer hook that is not a spec with a dataset spec.
+    """
+    from ferry.producer import ProducerConfig
+
+    if isinstance(dataset, str):
+        for name, hook in (("producer_transform", local.transform), ("producer_init", local.init),
+                           ("collate_fn", local.collate)):
+            if hook is not None and not isinstance(hook, str):
+                raise ConfigError(f"with a dataset spec, {name} must be a spec too "
+                                  "('package.module:function'): the producers are new interpreters")
+    return ProducerConfig(
+        endpoints=(endpoint,), dataset=dataset if isinstance(dataset, str) else type(dataset).__qualname__,
+        dataset_args=dict(dataset_args or {}), exit_with_parent=True, num_workers=num_workers,
+        shared_memory=(slab.path, slab.token) if slab is not None else None,
+        **shared_values(ProducerConfig, local, transport),
+    )
 
 
 def _forks(ctx: Any) -> bool:

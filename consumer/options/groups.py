@@ -25,7 +25,7 @@ from ferry.common.constants import (
 from ferry.common.errors import ConfigError, ConfigTypeError
 from ferry.common.settings import Setting, option, setting_of
 
-__all__ = ["LocalOptions", "TransportOptions", "CurveOptions", "UNSET"]
+__all__ = ["LocalOptions", "TransportOptions", "CurveOptions", "UNSET", "AUTO", "ProducerCount"]
 
 
 class _Unset:
@@ -82,7 +82,29 @@ class StartMethod(s.Choice):
         return super().check(name, value)
 
 
-COUNT = Setting(s.Int(1), "how many producer processes.")
+#: ``count="auto"`` (flat ``local_producers="auto"``): as many producers as the training loop needs.
+AUTO = "auto"
+
+
+class ProducerCount(s.Int):
+    """An int >= ``low``, or ``"auto"``."""
+
+    def check(self, name: str, value: Any) -> Any:
+        if isinstance(value, str):
+            if value == AUTO:
+                return AUTO
+            raise ConfigTypeError(f'{name} must be an int >= {self.low} or "auto", got {value!r} (str)')
+        return super().check(name, value)
+
+
+COUNT = Setting(ProducerCount(1), "how many producer processes, or ``\"auto\"``: as many as the training loop needs, "
+                "between ``min`` and ``max``, started and stopped from the demand gauge (``stats()"
+                "[\"producers_needed\"]``) at most once every 5 s, changing direction at most once a minute "
+                "(consumer/local/autoscale.py, docs/tuning.md#autoscaling-local-producers).")
+MIN_COUNT = Setting(s.Int(1), "with ``count=\"auto\"``: the fewest producers, and how many start. None: 1.", None,
+                    optional=True)
+MAX_COUNT = Setting(s.Int(1), "with ``count=\"auto\"``: the most producers. None: the CPUs this process may run on "
+                    "(``os.sched_getaffinity``) minus one, at least 1 and at least ``min``.", None, optional=True)
 MP_CONTEXT = Setting(StartMethod(),
                      "the multiprocessing start method for a dataset *object*: a name or a context object "
                      "(``multiprocessing.get_context(\"spawn\")``), as DataLoader's ``multiprocessing_context``. "
@@ -102,7 +124,7 @@ class LocalOptions(_Group):
     command-line flags of the same options (``--threads``, ``--transform``, ``--collate``, ``--init`` …).
     """
 
-    count: int = option(COUNT, flat="local_producers")
+    count: int | str = option(COUNT, flat="local_producers")
     threads: int = option(s.THREADS, flat="producer_threads")
     slots: int = option(s.SLOTS, flat="producer_slots")
     mp_context: Any = option(MP_CONTEXT, flat="mp_context")  # a name, a context object, or None
@@ -112,6 +134,17 @@ class LocalOptions(_Group):
     init: Any = option(s.INIT, flat="producer_init")
     collate_args: dict[str, Any] = option(s.COLLATE_ARGS, flat="collate_args")
     transform_args: dict[str, Any] = option(s.TRANSFORM_ARGS, flat="producer_transform_args")
+    # last, so that the fields above keep their positions
+    min: int | None = option(MIN_COUNT, flat="local_producers_min")
+    max: int | None = option(MAX_COUNT, flat="local_producers_max")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.count != AUTO and (self.min is not None or self.max is not None):
+            raise ConfigError(f'min= and max= (local_producers_min=, local_producers_max=) bound count="auto" '
+                              f'(local_producers="auto"); with count={self.count!r} the count is fixed')
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ConfigError(f"min={self.min} is above max={self.max} (local_producers_min, local_producers_max)")
 
 
 TASK_TIMEOUT = Setting(s.Real(0, low_open=True), "a producer holding one task longer than this is dropped and its "

@@ -17,12 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ferry.common import validate as check
 from ferry.common.constants import DEFAULT_ENDPOINT
 from ferry.common.errors import ConfigError
 from ferry.common.endpoints import shift_port
 
-from ferry.consumer.options.groups import UNSET, CurveOptions, LocalOptions, TransportOptions
+from ferry.consumer.options.groups import AUTO, UNSET, CurveOptions, LocalOptions, ProducerCount, TransportOptions
 from ferry.consumer.options.keywords import KEYWORDS
 
 __all__ = ["LoaderOptions", "resolve_options", "env_int", "warn_excessive_producers"]
@@ -53,7 +52,7 @@ class LoaderOptions:
     device_transform: Callable[[Any], Any] | None
     dataset: Any
     dataset_args: dict[str, Any] | None
-    iterable_streams: int  # the streams an iterable dataset is split into (its own plan only)
+    iterable_streams: int | None  # the streams an iterable dataset is split into; None: local_producers="auto"
     on_error: str
     log_every: float | None
     metrics_port: int | None
@@ -132,22 +131,28 @@ def _batching(given: Mapping[str, Any], shuffle: bool, drop_last: bool) -> int |
     return batch_size
 
 
-def _iterable_streams(given: Mapping[str, Any], dataset: Any, local: LocalOptions | None, shuffle: bool) -> int:
-    """``iterable_streams``: as given, else ``local_producers``, else 1. A dataset object that is an iterable dataset
-    takes no ``shuffle``, ``sampler`` or ``batch_sampler`` (a spec's kind is known only from its producers: the
-    planner checks it then)."""
-    from ferry.common.streamplan import check_iterable_options, is_iterable
+def _iterable_streams(given: Mapping[str, Any], dataset: Any, local: LocalOptions | None,
+                      shuffle: bool) -> int | None:
+    """``iterable_streams``: as given, else ``local_producers``, else 1; None with ``local_producers="auto"``, which
+    an iterable dataset refuses. A dataset object that is an iterable dataset takes no ``shuffle``, ``sampler`` or
+    ``batch_sampler`` (a spec's kind is known only from its producers: the planner checks it then)."""
+    from ferry.common.streamplan import AUTOSCALED, check_iterable_options, is_iterable
 
     streams = _check("iterable_streams", given["iterable_streams"])
+    auto = local is not None and local.count == AUTO
     if dataset is not None and not isinstance(dataset, str):
         if is_iterable(dataset):
             check_iterable_options(shuffle=shuffle, sampler=given["sampler"], batch_sampler=given["batch_sampler"])
+            if auto:
+                raise ConfigError(AUTOSCALED)
         elif streams is not None:
             raise ConfigError(f"iterable_streams applies to an IterableDataset, and {type(dataset).__name__} is not "
                               "one")
+    if auto:
+        return None
     if streams is not None:
         return streams
-    return local.count if local is not None and local.count > 0 else 1
+    return local.count if local is not None else 1
 
 
 def _seed(given: Mapping[str, Any]) -> tuple[int, Any]:
@@ -169,11 +174,15 @@ def _seed(given: Mapping[str, Any]) -> tuple[int, Any]:
 
 
 def _local(given: Mapping[str, Any], dataset: Any) -> LocalOptions | None:
-    """The local producers, if any: ``local=`` or ``local_producers=N`` (0: none, the other flat keywords ignored)."""
+    """The local producers, if any: ``local=`` or ``local_producers=N`` or ``"auto"`` (0: none, the other flat
+    keywords ignored, but for the hooks and the bounds of "auto", which would be lost)."""
     count = given["local_producers"]
     if count is not UNSET and given["local"] is None:  # the flat count's own rule: 0 is no local mode
-        count = check.integer("local_producers", count, low=0)
+        count = ProducerCount(0).check("local_producers", count)
     if given["local"] is None and count in (UNSET, 0):
+        for name in ("local_producers_min", "local_producers_max"):
+            if given[name] not in (UNSET, None):
+                raise ConfigError(f'{name} bounds local_producers="auto", which is not given')
         if given["mp_context"] not in (UNSET, None):
             raise ConfigError(f"mp_context applies to local producers (local_producers=N), and this loader starts "
                               f"none (local_producers={0 if count is UNSET else count}): nothing would use "
@@ -252,13 +261,19 @@ def warn_excessive_producers(local: LocalOptions | None, stacklevel: int) -> Non
     :func:`warnings.warn`: the caller's caller's line is the script's ``RemoteLoader(...)``."""
     if local is None:
         return
+    auto = local.count == AUTO  # then the most it may start: its max (None: fewer than the CPUs, no warning)
+    most = local.max if auto else local.count
+    if most is None:
+        return
     affinity = getattr(os, "sched_getaffinity", None)
     cpus = len(affinity(0)) if affinity is not None else os.cpu_count()
-    if cpus is not None and local.count <= cpus:
+    if cpus is not None and most <= cpus:
         return
     usable = ("the number of CPUs is not known" if cpus is None else f"this process may use {cpus} CPU(s)"
               + ("" if affinity is not None else " (cpuset not taken into account)"))
-    warnings.warn(f"This RemoteLoader will start {local.count} local producer processes, and {usable}. Please be "
+    start, knob = (f"may start up to {most}", "local_producers_max") if auto else (f"will start {most}",
+                                                                                   "local_producers")
+    warnings.warn(f"This RemoteLoader {start} local producer processes, and {usable}. Please be "
                   f"aware that excessive producer creation might make loading slow or even freeze it; lower "
-                  f"local_producers if necessary (each producer also runs producer_threads={local.threads} "
+                  f"{knob} if necessary (each producer also runs producer_threads={local.threads} "
                   f"loading threads).", UserWarning, stacklevel=stacklevel + 1)
