@@ -77,8 +77,8 @@ class EpochIterator:
 
     def __init__(self, parts: EpochParts, sequencer: Sequencer, start: ResumePoint, *,
                  warn_past: int | None = None) -> None:
-        """``warn_past``: warn (once) when more batches than this came (an iterable dataset's ``len(dataset)``,
-        as ``len(loader)`` read it: DataLoader's check)."""
+        """``warn_past``: warn at each batch past this many (an iterable dataset's ``len(dataset)``, as
+        ``len(loader)`` read it: DataLoader's check)."""
         self._parts = parts
         self.run = sequencer.run
         self.epoch = start.epoch
@@ -136,9 +136,8 @@ class EpochIterator:
             parts.observer.ended(self.epoch, self)
             raise StopIteration
         self.yielded += 1
-        if self._warn_past is not None and self.first_seq + self.yielded > self._warn_past:
-            told, self._warn_past = self._warn_past, None  # once a run; DataLoader says it again at every batch
-            warnings.warn(f"the length of this RemoteLoader's IterableDataset was reported to be {told} "
+        if self._warn_past is not None and self.first_seq + self.yielded > self._warn_past:  # at each, as DataLoader
+            warnings.warn(f"the length of this RemoteLoader's IterableDataset was reported to be {self._warn_past} "
                           f"(when len(loader) was asked), but {self.first_seq + self.yielded} batches have been "
                           "fetched: does each stream (get_worker_info().id of num_workers) yield only its own share? "
                           "See torch.utils.data.IterableDataset", UserWarning, stacklevel=2)
