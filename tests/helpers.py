@@ -95,7 +95,7 @@ class ProducerProcess:
 
     def __init__(self, endpoints: str | Iterable[str], dataset: str, args: dict[str, Any] | None = None, *,
                  threads: int = 2, slots: int = 2, heartbeat: float = 0.2, extra: Iterable[str] = (),
-                 netns: str | None = None) -> None:
+                 netns: str | None = None, env: dict[str, str] | None = None) -> None:
         endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         command = [sys.executable, "-m", "ferry.producer", "--dataset", dataset, "--threads", str(threads),
                    "--slots", str(slots), "--heartbeat", str(heartbeat), *extra]
@@ -109,8 +109,8 @@ class ProducerProcess:
             command = ["ip", "netns", "exec", netns, *command]
         self.log_path = f"/tmp/ferry-test-producer-{os.getpid()}-{id(self)}.log"
         self._log = open(self.log_path, "w+")
-        self.proc = subprocess.Popen(command, env=producer_env(), stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, cwd=REPO)
+        self.proc = subprocess.Popen(command, env={**producer_env(), **(env or {})}, stdin=subprocess.DEVNULL,
+                                     stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
 
     @property
     def pid(self) -> int:

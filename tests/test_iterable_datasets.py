@@ -81,6 +81,24 @@ def test_a_remote_producer_killed_mid_epoch_leaves_its_streams_to_the_others(end
     assert stats["reissued"] >= 1 and stats["producers"] == 2
 
 
+def test_remote_producers_started_as_workers_read_their_own_streams_only(endpoint, spawn):
+    """FERRY_WORKER=w/N: producer_init (--init) cuts each producer's copy to worker w's share, so only that producer
+    may read stream w; a third producer, free, is given no stream while both are live."""
+    args = {"start": 0, "end": 50}
+    init = ["--init", "tests.iterable_datasets:split_range"]
+    for w in (1, 0):
+        spawn(endpoint, "tests.iterable_datasets:RangeStream", args, extra=init, env={"FERRY_WORKER": f"{w}/2"})
+    free = spawn(endpoint, "tests.iterable_datasets:RangeStream", args)
+    expected = dataloader_batches(RangeStream(**args), workers=2, batch_size=4, worker_init_fn=split_range)
+    with RemoteLoader(endpoint=endpoint, dataset="tests.iterable_datasets:RangeStream", iterable_streams=2,
+                      batch_size=4, **QUIET) as loader:
+        wait_for(lambda: loader.stats()["producers"] == 3, 20, "3 producers")
+        got = _run(loader)
+        served = loader.stats()["per_producer"]
+    assert got == expected
+    assert next(f["batches"] for name, f in served.items() if name.endswith(f":{free.pid}")) == 0
+
+
 def test_resume_mid_epoch_goes_on_after_each_streams_delivered_batches():
     dataset = WorkerShards(size=30, extra=5)
     expected = dataloader_batches(dataset, workers=2, batch_size=3)

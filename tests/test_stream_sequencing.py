@@ -234,7 +234,7 @@ def test_free_producers_keep_the_streams_they_read():
             task = rng.choice(list(dispatcher.tasks.values()))
             dispatcher.complete(task.task, task.peer)
             run.put(Delivery(run=1, seq=task.seq, tree=None))
-        while (item := run.take()) is not None:
+        while run.take() is not None:
             run.release()
     assert sorted(readers) == [0, 1, 2]
     assert all(len(peers) == 1 for peers in readers.values()), readers
