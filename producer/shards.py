@@ -11,6 +11,9 @@ docs/ARCHITECTURE.md#streaming-sources. An iterable dataset's streams run the sa
   the consumer's next task for that shard costs no re-reading. A task at another position (a re-issue after
   a producer died) opens the shard afresh and skips ``k * B`` samples: a cost paid only after a failure.
   At most :data:`MAX_CURSORS` iterators stay open; the least recently used is closed.
+* **Ends.** Where a shard was seen to end is remembered (at most :data:`MAX_KNOWN_ENDS`): a task past it, which
+  the consumer issued before it knew the end, is answered empty at once, where it opened the shard again and
+  read it through (a whole shard's reading, for nothing, and the next epoch's tasks of that shard behind it).
 * **Order.** The batches of one shard run one after another, lowest ``k`` first, on one worker of the batch
   pool at a time (:class:`ShardRunner`); different shards run in parallel. Nothing ever waits on another
   task, so the pool cannot deadlock.
@@ -39,6 +42,8 @@ __all__ = ["MAX_CURSORS", "ShardRunner", "runner_for"]
 
 #: Open shard iterators a producer keeps, at most (one per shard it is reading, normally).
 MAX_CURSORS = 64
+#: Shard ends a producer remembers, at most (least recently learned forgotten first).
+MAX_KNOWN_ENDS = 4096
 
 
 @dataclass
@@ -79,6 +84,7 @@ class ShardRunner:
         self._queues: dict[Any, list[_Queued]] = {}  # key (a shard index) -> jobs waiting, lowest k first
         self._busy: set[Any] = set()  # keys a worker is draining
         self._cursors: OrderedDict[Any, _Cursor] = OrderedDict()
+        self._ends: OrderedDict[Any, tuple[tuple[Any, ...], int]] = OrderedDict()  # key -> (tag, samples), if known
         self._order = itertools.count()
 
     # --- what a sharded dataset's runner does its own way -----------------------------------------------
@@ -154,6 +160,9 @@ class ShardRunner:
         start = k * batch_size
         tag = self._tag(job)
         with self._lock:
+            end = self._ends.get(key)
+            if end is not None and end[0] == tag and start >= end[1]:
+                return []  # past where it was seen to end (a task issued before the consumer knew): no re-reading
             cursor = self._cursors.pop(key, None)
         if cursor is None or cursor.position != start or cursor.tag != tag:
             _close(cursor)
@@ -166,6 +175,7 @@ class ShardRunner:
             cursor.position = skipped
             if skipped < start:
                 _close(cursor)
+                self._ended(key, tag, skipped)
                 return []
         samples = []
         base = job.indices[0] * SHARD_STRIDE + start  # sample_info().index of a streamed sample: shard and position
@@ -187,7 +197,16 @@ class ShardRunner:
                     _close(self._cursors.popitem(last=False)[1])
         else:
             _close(cursor)
+            self._ended(key, tag, cursor.position)
         return samples
+
+    def _ended(self, key: Any, tag: tuple[Any, ...], position: int) -> None:
+        """The iterator of ``key`` (with ``tag``) ends after ``position`` samples."""
+        with self._lock:
+            self._ends[key] = (tag, position)
+            self._ends.move_to_end(key)
+            while len(self._ends) > MAX_KNOWN_ENDS:
+                self._ends.popitem(last=False)
 
     def _drop_cursor(self, key: Any) -> None:
         with self._lock:

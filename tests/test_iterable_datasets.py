@@ -9,10 +9,13 @@ import json
 import os
 import signal
 
+import numpy as np
 import pytest
-from torch.utils.data import ChainDataset, DataLoader
+from torch.utils.data import ChainDataset, DataLoader, IterableDataset, get_worker_info
 
 from ferry import RemoteLoader
+from ferry.common import protocol
+from ferry.common.codec import decode_tree
 from ferry.common.errors import ConfigError
 from tests.iterable_datasets import RangeStream, WorkerShards, as_lists, dataloader_batches, split_range
 
@@ -167,3 +170,58 @@ def test_an_iterable_dataset_takes_no_shuffle_sampler_batch_sampler_or_autoscali
         RemoteLoader(dataset=list(range(10)), local_producers=1, iterable_streams=2, **QUIET).close()
     with pytest.raises(ConfigError, match="fixed number of streams"):  # a stream is read by its own producer
         RemoteLoader(dataset=WorkerShards(), local_producers="auto", **QUIET).close()
+
+
+# --- the producer's side, without sockets --------------------------------------------------------------------
+class _Opens(IterableDataset):
+    """Yields (worker id, worker count, i) for i in 0..9, counting its passes."""
+
+    def __init__(self) -> None:
+        self.opened = 0
+
+    def __iter__(self):
+        self.opened += 1
+        info = get_worker_info()
+        for i in range(10):
+            yield np.array([info.id, info.num_workers, i])
+
+
+def _answers(dataset, tasks):
+    """Each (stream, streams, k, batch_size) task through a Batcher: (count, rows) of its answer."""
+    import queue
+
+    from ferry.common.waker import Waker
+    from ferry.producer.batcher import Batcher, Job
+
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    waker = Waker()
+    batcher = Batcher(dataset, threads=1, batch_workers=2, done=done, waker=waker)
+    out = []
+    try:
+        for n, (stream, streams, k, batch_size) in enumerate(tasks):
+            batcher.submit(Job(0, 1, n + 1, 0, k, [stream], "raise", shard=[k, batch_size, 0, 0], streams=streams))
+            outcome = done.get(timeout=10)
+            header = protocol.parse_header(outcome.frames[0])
+            assert header["type"] == protocol.BATCH, header
+            rows = decode_tree(header["tree"], outcome.frames[1:]).tolist() if header["count"] else []
+            out.append((header["count"], rows))
+    finally:
+        batcher.close()
+        waker.close()
+    return out
+
+
+def test_a_stream_is_read_as_its_worker_and_resumed_by_skipping():
+    dataset = _Opens()
+    first, second, again = _answers(dataset, [(1, 3, 0, 4), (1, 3, 1, 4), (2, 5, 1, 4)])
+    assert first == (4, [[1, 3, i] for i in range(4)]), "get_worker_info() reports the stream, not the process"
+    assert second == (4, [[1, 3, i] for i in range(4, 8)]) and dataset.opened == 2  # the open cursor went on
+    assert again == (4, [[2, 5, i] for i in range(4, 8)])  # another stream at batch 1: opened, 4 samples skipped
+    assert get_worker_info() is None, "the WorkerInfo of the stream it read is not left behind"
+
+
+def test_a_task_past_a_streams_known_end_is_answered_without_reading_it_again():
+    dataset = _Opens()
+    answers = _answers(dataset, [(0, 1, 2, 4), (0, 1, 3, 4), (0, 1, 4, 4)])
+    assert [count for count, _ in answers] == [2, 0, 0]  # batch 2 is the short tail: the stream ends after 10
+    assert dataset.opened == 1, "the tasks past the end (issued before the consumer knew it) read nothing"
