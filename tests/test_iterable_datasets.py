@@ -172,6 +172,17 @@ def test_an_iterable_dataset_takes_no_shuffle_sampler_batch_sampler_or_autoscali
         RemoteLoader(dataset=WorkerShards(), local_producers="auto", **QUIET).close()
 
 
+def test_an_iterable_local_loader_leaves_nothing_after_close():
+    from .helpers import LeakCheck
+
+    check = LeakCheck()
+    with RemoteLoader(dataset=WorkerShards(size=40), local_producers=2, batch_size=3, **QUIET) as loader:
+        for i, _ in enumerate(loader):
+            if i == 3:
+                break  # abandoned mid-stream: producers still hold open cursors
+    check.assert_clean()
+
+
 # --- the producer's side, without sockets --------------------------------------------------------------------
 class _Opens(IterableDataset):
     """Yields (worker id, worker count, i) for i in 0..9, counting its passes."""
