@@ -44,7 +44,6 @@ from ferry.common import protocol
 from ferry.common.encoder import encode_tree
 from ferry.common.errors import BatchTooLarge, BatchTypeError
 from ferry.common.shm import SLOT_ALIGN
-from ferry.common.shardplan import is_sharded
 from ferry.common.waker import Waker
 
 from ferry.producer.buffers import BufferPool
@@ -53,6 +52,7 @@ from ferry.producer.convert import convert
 from ferry.producer.culprits import collate_or_blame, whole_batch
 from ferry.producer.jobs import Job, Outcome
 from ferry.producer.loading import BatchFailed, error_record, load_item, load_row, read_row, written_first
+from ferry.producer.shards import runner_for
 
 __all__ = ["Batcher", "Job", "Outcome"]
 
@@ -77,14 +77,11 @@ class Batcher:
         self._compressor = compressor  # a ferry.producer.compressing.FrameCompressor, owned by the service
         self._lock = threading.Lock()
         self.pending = 0  # jobs submitted and not yet in `done`
-        self._shards = None  # a sharded dataset's tasks run through producer/shards.py
-        if is_sharded(dataset):
-            from ferry.producer.shards import ShardRunner
-
-            self._shards = ShardRunner(dataset, pool=self._batches, collate=collate_fn or collate,
-                                       batch_first=collate_fn is None,
-                                       finish=self._finish, fail=self._fail, error_record=error_record,
-                                       compress=lambda job, spec, frames: self._compress(job, spec, frames, None, 0)[:2])
+        # a sharded or iterable dataset's tasks run through producer/shards.py (and streams.py); None: map-style
+        self._shards = runner_for(dataset, pool=self._batches, collate=collate_fn or collate,
+                                  batch_first=collate_fn is None, convert=collate_fn or convert,
+                                  finish=self._finish, fail=self._fail, error_record=error_record,
+                                  compress=lambda job, spec, frames: self._compress(job, spec, frames, None, 0)[:2])
 
     def submit(self, job: Job) -> None:
         with self._lock:
@@ -92,8 +89,8 @@ class Batcher:
         if self._shards is not None:
             if job.shard is None:  # the consumer planned a map-style dataset: answer, never crash the loop
                 self._finish(job, self._fail(job, [error_record(job.indices[0], TypeError(
-                    "this producer serves a sharded dataset; the consumer sent a map-style task (was it given "
-                    "dataset_len? a sharded dataset needs none)"))]))
+                    "this producer serves a sharded or iterable dataset; the consumer sent a map-style task (was it "
+                    "given dataset_len, or a sampler? such a dataset takes neither)"))]))
                 return
             self._shards.submit(job)
             return

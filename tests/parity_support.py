@@ -45,8 +45,6 @@ def xfail(reason: str) -> Any:
 
 
 # --- gaps of issue 18 ----------------------------------------------------------------------------------------
-ITERABLE = ("issue 18: iterable datasets: RemoteLoader refuses a torch IterableDataset without "
-            "shards()/iter_shard() (ConfigError), where DataLoader iterates it in each worker")
 
 # --- gaps these tests found that issue 18 does not list yet (reported with the branch) -----------------------
 DATASET_AT_BUILD = ("not in issue 18 yet: the dataset is taken when the loader is built: producers start (and copy "

@@ -98,6 +98,8 @@ class Peers:
         self.dataset_len = dataset_len
         self.fingerprint = fingerprint
         self.shard_lengths: list[int] | None = None  # each shard's samples, as the first producer announced them
+        self.iterable = False  # the first producer announced an iterable dataset (HELLO dataset.iterable)
+        self.iterable_len: int | None = None  # its len(dataset), where it has one
         self._first_name: str | None = None  # the producer whose dataset was adopted
         self._shm_token = shm_token  # of this consumer's shared-memory slab, if it has one
         self.seen = 0  # producers registered, in all
@@ -144,7 +146,7 @@ class Peers:
             joined = ProducerInfo(
                 peer=peer, producer_id=hello["producer"], nonce=hello["nonce"], name=name, slots=hello["slots"],
                 last_heard=now, joined=now, shared=self._shm_token is not None and hello.get("shm") == self._shm_token,
-                pid=hello["pid"],
+                pid=hello["pid"], worker=tuple(hello["worker"]) if "worker" in hello else None,
             )
             self.dispatcher.add(joined)
             self.seen += 1
@@ -169,6 +171,8 @@ class Peers:
                     f"under the same fingerprint {dataset['fingerprint']!r}: has a shard been rewritten?")
         if self.shard_lengths is None:
             self.shard_lengths = lengths
+        if not self.dataset_known and dataset.get("iterable") is True:
+            self.iterable, self.iterable_len = True, dataset["len"] if dataset.get("sized", True) else None
         if not self.dataset_known:
             self.dataset_len, self.fingerprint, self._first_name = dataset["len"], dataset["fingerprint"], name
         return None

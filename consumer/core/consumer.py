@@ -14,9 +14,9 @@ No sockets, no threads, no clock: the io thread (:mod:`ferry.consumer.io.thread`
 
 Each event ends by issuing what credits allow and handing on what is ready, in order. The parts it drives
 hold the rules: admission and liveness (:mod:`.admission`), credits, tasks and attempts (:mod:`.dispatcher`),
-the run's order and reorder buffer (:mod:`.sequencers`, :mod:`.shards`), what a BATCH or FAIL does
-(:mod:`.answers`, with the checks of :mod:`.results`), what a TASK says (:mod:`.issuing`), the codec each TASK
-names (:mod:`.compression`) and the shared-memory slots (:mod:`.slots`).
+the run's order and reorder buffer (:mod:`.sequencers`, :mod:`.shards`, :mod:`.streams`), what a BATCH or FAIL
+does (:mod:`.answers`, with the checks of :mod:`.results`), what a TASK says (:mod:`.issuing`), the codec each
+TASK names (:mod:`.compression`) and the shared-memory slots (:mod:`.slots`).
 """
 
 from __future__ import annotations

@@ -53,6 +53,7 @@ class LoaderOptions:
     device_transform: Callable[[Any], Any] | None
     dataset: Any
     dataset_args: dict[str, Any] | None
+    iterable_streams: int | None  # the streams an iterable dataset is split into; None: local_producers="auto"
     on_error: str
     log_every: float | None
     metrics_port: int | None
@@ -131,6 +132,30 @@ def _batching(given: Mapping[str, Any], shuffle: bool, drop_last: bool) -> tuple
                               "drop_last")
         return None, True
     return _check("batch_size", batch_size), False
+
+
+def _iterable_streams(given: Mapping[str, Any], dataset: Any, local: LocalOptions | None,
+                      shuffle: bool) -> int | None:
+    """``iterable_streams``: as given, else ``local_producers``, else 1; None with ``local_producers="auto"``, which
+    an iterable dataset refuses. A dataset object that is an iterable dataset takes no ``shuffle``, ``sampler`` or
+    ``batch_sampler`` (a spec's kind is known only from its producers: the planner checks it then)."""
+    from ferry.common.streamplan import AUTOSCALED, check_iterable_options, is_iterable
+
+    streams = _check("iterable_streams", given["iterable_streams"])
+    auto = local is not None and local.count == AUTO
+    if dataset is not None and not isinstance(dataset, str):
+        if is_iterable(dataset):
+            check_iterable_options(shuffle=shuffle, sampler=given["sampler"], batch_sampler=given["batch_sampler"])
+            if auto:
+                raise ConfigError(AUTOSCALED)
+        elif streams is not None:
+            raise ConfigError(f"iterable_streams applies to an IterableDataset, and {type(dataset).__name__} is not "
+                              "one")
+    if auto:
+        return None
+    if streams is not None:
+        return streams
+    return local.count if local is not None else 1
 
 
 def _seed(given: Mapping[str, Any]) -> tuple[int, Any]:
@@ -220,6 +245,7 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
     alone["timeout"] = alone["timeout"] or 0.0  # None: no limit, as 0
     batch_size, unbatched = _batching(given, shuffle, alone["drop_last"])
     local = _local(given, alone["dataset"])
+    iterable_streams = _iterable_streams(given, alone["dataset"], local, shuffle)
     curve = _curve(given, local)
     rank, world_size = _sharding(given)
     endpoints, no_producer_timeout = _endpoints(given, local is not None), _no_producer_timeout(given)
@@ -229,7 +255,7 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
         **alone, endpoints=endpoints, batch_size=batch_size, unbatched=unbatched, shuffle=shuffle, seed=seed,
         generator=given["generator"],
         generator_state=generator_state, rank=rank, world_size=world_size, no_producer_timeout=no_producer_timeout,
-        device=given["device"], local=local, curve=curve, transport=transport,
+        device=given["device"], local=local, curve=curve, transport=transport, iterable_streams=iterable_streams,
     )
 
 
