@@ -122,6 +122,9 @@ MAX_DATASET_LEN = 1 << 48
 #: Most shard lengths a HELLO may announce (a sharded dataset with more announces none: its len(loader) is not
 #: known). 9 bytes each at most, well within MAX_HEADER_BYTES.
 MAX_ANNOUNCED_SHARDS = MAX_TASK_INDICES
+#: Most streams an iterable dataset may be split into (``iterable_streams``; each stream is a copy of the dataset
+#: iterated by some producer, so more than the producers only costs re-reading: common/streamplan.py).
+MAX_STREAMS = 4096
 #: Longest free-text field (reasons, tracebacks) we keep from a peer.
 MAX_TEXT = 64 * 1024
 #: A sample error's ``exc_classes`` (its exception's class and bases, ``module:qualname``): at most this many

@@ -215,4 +215,20 @@ def _rebuild_poison_task_error(epoch, seq, indices, attempts):
     return PoisonTaskError(epoch=epoch, seq=seq, indices=indices, attempts=attempts)
 
 
-__all__ += ["SampleIndexError", "PoisonTaskError", "BatchTooLarge"]
+class BatchTypeError(FerryError, TypeError):
+    """A batch holds a value of a class that cannot travel, or cannot be rebuilt where it arrives: a class of your
+    own over the network unregistered (nothing is pickled there), or a registered type that the training process
+    has not registered. The message names the class and ``ferry.register_batch_type``.
+
+    Raised in the training loop at that batch's position, whatever ``on_error`` says, and never re-issued: every
+    producer would build the same batch.
+    """
+
+
+class CollateError(FerryError, TypeError, RuntimeError):
+    """The samples of a batch cannot be collated; the message says where in the sample and why. A TypeError,
+    as ``default_collate``'s for a type it cannot batch, and a RuntimeError, as its "each element in list of
+    batch should be of equal size"."""
+
+
+__all__ += ["SampleIndexError", "PoisonTaskError", "BatchTooLarge", "BatchTypeError", "CollateError"]

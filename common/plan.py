@@ -3,7 +3,8 @@
 The consumer owns the plan; producers only see index lists. The default plan reproduces, batch for batch,
 ``DataLoader(ds, batch_size=B, drop_last=D, sampler=DistributedSampler(ds, num_replicas=W, rank=r,
 shuffle=S, seed=seed, drop_last=D))`` after ``sampler.set_epoch(e)``, whatever the number of producers.
-A user ``sampler`` (batched with ``batch_size`` / ``drop_last``) or ``batch_sampler`` replaces it. With a
+A user ``sampler`` (batched with ``batch_size`` / ``drop_last``) or ``batch_sampler`` replaces it. Unbatched
+(``batch_size=None``), each index (or each list of indices a sampler yields) is a task of its own. With a
 ``generator`` the shuffled permutation is instead the one ``DataLoader(shuffle=True, generator=g)`` draws in that
 epoch (:class:`GeneratorOrder`), split across ranks as DistributedSampler splits its own.
 
@@ -26,11 +27,13 @@ __all__ = ["EpochPlan", "GeneratorOrder", "distributed_indices", "build_plan", "
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """The batches of one epoch on one rank: ``batch(seq)`` is a list of sample indices."""
+    """The batches of one epoch on one rank: ``batch(seq)`` is a list of sample indices. An unbatched plan's
+    ``unbatched`` says what each is: "index", one sample ``dataset[i]``; "list", one sample ``dataset[list]``."""
 
     epoch: int
     _flat: np.ndarray  # all indices of the epoch, concatenated
     _starts: np.ndarray  # batch k is _flat[_starts[k]:_starts[k + 1]]
+    unbatched: str | None = None  # None: batches to collate
 
     def __len__(self) -> int:
         return len(self._starts) - 1
@@ -54,6 +57,30 @@ class EpochPlan:
         count = n // batch_size if drop_last else math.ceil(n / batch_size)
         starts = np.minimum(np.arange(count + 1, dtype=np.int64) * batch_size, n)
         return cls(epoch, np.asarray(indices, dtype=np.int64), starts)
+
+    @classmethod
+    def unbatched_items(cls, epoch: int, items: Iterable[Any]) -> "EpochPlan":
+        """An unbatched plan (``batch_size=None``): each item a task of its own, as DataLoader hands each item
+        of its sampler to ``dataset[item]``: an index, or a list of indices (a list, tuple, or 1-d array or
+        tensor), all of one kind.
+
+        Raises:
+            ConfigError: indices and lists mixed, or an empty list.
+        """
+        batches, kinds = [], set()
+        for item in items:
+            if isinstance(item, (list, tuple)) or getattr(item, "ndim", 0) == 1:
+                batches.append([int(i) for i in item])
+                kinds.add("list")
+                if not batches[-1]:
+                    raise ConfigError("with batch_size=None the sampler yielded an empty list of indices")
+            else:
+                batches.append([int(item)])
+                kinds.add("index")
+        if len(kinds) > 1:
+            raise ConfigError("with batch_size=None a sampler yields indices or lists of indices, not both")
+        plan = cls.from_batches(epoch, batches)
+        return cls(epoch, plan._flat, plan._starts, kinds.pop() if kinds else "index")
 
 
 class GeneratorOrder:
@@ -144,22 +171,31 @@ def build_plan(
     sampler: Any = None,
     batch_sampler: Any = None,
     order: np.ndarray | None = None,
+    unbatched: bool = False,
 ) -> EpochPlan:
     """Build epoch ``epoch``'s plan. A user sampler gets ``set_epoch(epoch)`` first, if it has one. ``order``:
-    the shuffle's permutation, drawn elsewhere (:class:`GeneratorOrder`); None: DistributedSampler's."""
+    the shuffle's permutation, drawn elsewhere (:class:`GeneratorOrder`); None: DistributedSampler's.
+    ``unbatched`` (``batch_size`` None, no ``batch_sampler``): one sample a task, its sampler's items as given
+    (:meth:`EpochPlan.unbatched_items`)."""
     if batch_sampler is not None:
         _set_epoch(batch_sampler, epoch)
         _set_epoch(getattr(batch_sampler, "sampler", None), epoch)
         return EpochPlan.from_batches(epoch, batch_sampler)
-    assert batch_size is not None
     if sampler is not None:
         _set_epoch(sampler, epoch)
+        if unbatched:
+            return EpochPlan.unbatched_items(epoch, sampler)
         indices = np.fromiter((int(i) for i in sampler), dtype=np.int64)
+        assert batch_size is not None
         return EpochPlan.from_indices(epoch, indices, batch_size, drop_last)
     if dataset_len is None:
         raise ConfigError("the dataset length is not known yet")
     indices = distributed_indices(dataset_len, epoch=epoch, rank=rank, world_size=world_size, shuffle=shuffle,
                                   seed=seed, drop_last=drop_last, order=order)
+    if unbatched:
+        plan = EpochPlan.from_indices(epoch, indices, 1, False)
+        return EpochPlan(epoch, plan._flat, plan._starts, "index")
+    assert batch_size is not None
     return EpochPlan.from_indices(epoch, indices, batch_size, drop_last)
 
 

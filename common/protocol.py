@@ -2,7 +2,7 @@
 
 Every message is multipart. Frame 0 is a msgpack map holding ``v`` (the protocol version), ``type`` and
 the fields listed in :data:`SCHEMAS`. A BATCH carries its array leaves as further raw frames (see
-:mod:`ferry.common.codec`). Nothing is pickled.
+:mod:`ferry.common.codec`). Nothing is pickled, but the values a consumer lets its own local producers pickle.
 
 ``parse_header`` is the single gate for frame 0: it rejects anything that is not a map of the known type
 with the required fields of the right types, and raises :class:`~ferry.common.errors.ProtocolError` with the
@@ -13,13 +13,18 @@ batch and its late twin are told apart without guessing) and ``on_error``; BATCH
 HELLO carries ``nonce``, which changes whenever the producer drops its state for this consumer, and ``dataset``
 (``spec``, ``len``, ``fingerprint``; for a sharded dataset ``sharded`` and, where it gives ``shard_len`` for at most
 MAX_ANNOUNCED_SHARDS shards, ``shard_lens``: the samples of each shard, so that ``len(loader)`` is known without
-the dataset).
+the dataset; for an iterable dataset ``iterable`` and ``sized``, its ``len`` then ``len(dataset)`` or 0).
+An iterable dataset's producer says its ``worker`` place (``[id, count]``) in HELLO, and its TASKs carry
+``streams`` (see :mod:`ferry.common.streamplan`).
 WELCOME says ``frame_bytes`` (leaves up to that many bytes travel as one frame), ``max_batch_bytes`` and
 ``codecs``. There has only ever been version 1: both sides ship together, so no field is optional for the sake of
 an older peer. Optional: HELLO ``shm`` (the token of the consumer's shared-memory
 slab the producer mapped), TASK ``slot`` (``[offset, nbytes]`` in that slab, where the batch may be written;
 see :mod:`ferry.common.shm`) and TASK ``compression`` (the codec of that task's batch frames, one of the
-WELCOME's ``codecs``; see :mod:`ferry.consumer.core.compression`). A sample error of a BATCH or FAIL may name
+WELCOME's ``codecs``; see :mod:`ferry.consumer.core.compression`); WELCOME ``pickle`` (this producer may pickle
+values no tree spec describes: the consumer's own local producers only), TASK ``unbatched`` (one sample, not a
+batch: ``batch_size=None``) and BATCH ``batch_first`` (False: not Ferry's collation, so no sample counts are
+checked). A sample error of a BATCH or FAIL may name
 its exception's classes (``exc_classes``, a list of ``module:qualname``): names only, from which the consumer
 rebuilds the type (:mod:`ferry.common.remote_errors`).
 """
@@ -31,7 +36,8 @@ from typing import Any, Callable
 import msgpack
 
 from ferry.common.constants import (MAX_ANNOUNCED_SHARDS, MAX_CLASS_PATH, MAX_DATASET_LEN, MAX_EXC_CLASSES,
-                                    MAX_HEADER_BYTES, MAX_SLOTS, MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION)
+                                    MAX_HEADER_BYTES, MAX_SLOTS, MAX_STREAMS, MAX_TASK_INDICES, MAX_TEXT,
+                                    PROTOCOL_VERSION)
 from ferry.common.errors import ProtocolError, VersionMismatch
 
 __all__ = [
@@ -68,6 +74,8 @@ def _dataset(v: Any) -> bool:
         and v["len"] <= MAX_DATASET_LEN
         and _str(v.get("fingerprint"))
         and ("shard_lens" not in v or _shard_lens(v["shard_lens"], v))
+        and ("iterable" not in v or v["iterable"] is True)
+        and ("sized" not in v or (v.get("iterable") is True and isinstance(v["sized"], bool)))
     )
 
 
@@ -132,15 +140,26 @@ SCHEMAS: dict[str, dict[str, Check]] = {
 
 #: Optional fields, checked when present.
 OPTIONAL: dict[str, dict[str, Check]] = {
-    HELLO: {"shm": _str},
+    HELLO: {"shm": _str,
+            # an iterable dataset's producer: its [worker id, worker count] (a local producer's place in its loader)
+            "worker": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[0] < v[1]},
+    # the producer may pickle what no tree spec describes: only the consumer's own local producers (ipc, same
+    # user; consumer/core/admission.py), never a producer over the network
+    WELCOME: {"pickle": lambda v: v is True},
     TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0,
            "seed": _uint,  # the loader's seed, from which each sample's sample_info().seed is derived
            # the codec for this task's batch frames (absent: none); the consumer decides, "auto" included
            "compression": lambda v: v in ("lz4", "zstd"),
            # a sharded dataset's task: [batch k, batch_size, drop_last, shuffle] of the shard indices[0] names
-           "shard": lambda v: isinstance(v, list) and len(v) == 4 and all(_uint(x) for x in v) and v[1] > 0},
-    # a sharded dataset's answer: its sample count (0: the shard has no such batch) and whether it is the last
-    BATCH: {"count": _uint, "last": lambda v: isinstance(v, bool)},
+           "shard": lambda v: isinstance(v, list) and len(v) == 4 and all(_uint(x) for x in v) and v[1] > 0,
+           # an unbatched loader's task (batch_size=None): one sample, dataset[indices[0]] ("index") or
+           # dataset[indices] ("list", a sampler that yields lists), not collated
+           "unbatched": lambda v: v in ("index", "list"),
+           # an iterable dataset's task (with "shard"): stream indices[0] of this many (common/streamplan.py)
+           "streams": lambda v: _uint(v) and 1 <= v <= MAX_STREAMS},
+    # a sharded dataset's answer: its sample count (0: the shard has no such batch) and whether it is the last;
+    # batch_first False: not Ferry's collation (a user's collate_fn, an unbatched sample): no sample counts checked
+    BATCH: {"count": _uint, "last": lambda v: isinstance(v, bool), "batch_first": lambda v: isinstance(v, bool)},
 }
 
 

@@ -35,7 +35,8 @@ from ferry.common.constants import MAX_ANNOUNCED_SHARDS
 from ferry.common.errors import ConfigError, ConfigTypeError
 from ferry.common.plan import distributed_indices
 
-__all__ = ["SHARD_STRIDE", "shuffle_buffer", "shuffled", "is_sharded", "check_sharded", "shard_names",
+__all__ = ["SHARD_STRIDE", "shuffle_buffer", "shuffled", "is_sharded", "check_sharded", "looks_streaming",
+           "is_torch_iterable", "shard_names",
            "shard_fingerprint", "announced_shard_lengths", "ShardPlan", "build_shard_plan", "encode_seq", "decode_seq"]
 
 #: seq = position * SHARD_STRIDE + batch: room for 2**32 batches per shard and 2**30 shard positions.
@@ -50,27 +51,30 @@ def is_sharded(dataset: Any) -> bool:
 
 
 def check_sharded(dataset: Any) -> None:
-    """Raise a clear error for a streaming dataset that lacks the sharded contract.
+    """Raise a clear error for a streaming dataset that has half of the sharded contract. (One with neither
+    method is an iterable dataset: :mod:`ferry.common.streamplan`.)
 
     Raises:
-        ConfigTypeError: an ``IterableDataset`` (or anything with only ``__iter__``) without both methods.
+        ConfigTypeError: a streaming dataset with one of ``shards`` and ``iter_shard`` but not both callable.
     """
     if is_sharded(dataset):
         return
     missing = [m for m in ("shards", "iter_shard") if not callable(getattr(dataset, m, None))]
     raise ConfigTypeError(
-        f"{type(dataset).__name__} is a streaming dataset without {' and '.join(missing)}: Ferry plans an epoch "
-        f"over shards, so a streaming dataset must define {_CONTRACT} (docs/datasets.md, 'Sharded sources')")
+        f"{type(dataset).__name__} is a streaming dataset without {' and '.join(missing)}: a sharded dataset must "
+        f"define {_CONTRACT} (docs/datasets.md, 'Sharded sources'); one that defines neither is iterated as an "
+        f"IterableDataset")
 
 
 def looks_streaming(dataset: Any) -> bool:
     """An iterable dataset (torch's ``IterableDataset``, or ``__iter__`` without ``__getitem__``)."""
-    if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") and not _is_torch_iterable(dataset):
+    if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") and not is_torch_iterable(dataset):
         return False
-    return _is_torch_iterable(dataset) or hasattr(dataset, "__iter__") or is_sharded(dataset)
+    return is_torch_iterable(dataset) or hasattr(dataset, "__iter__") or is_sharded(dataset)
 
 
-def _is_torch_iterable(dataset: Any) -> bool:
+def is_torch_iterable(dataset: Any) -> bool:
+    """An instance of torch's ``IterableDataset`` (told by its class's bases, without importing torch)."""
     return any(c.__name__ == "IterableDataset" and c.__module__.startswith("torch.") for c in type(dataset).__mro__)
 
 

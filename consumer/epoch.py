@@ -1,11 +1,13 @@
 """One pass over one epoch's plan: what ``iter(loader)`` returns.
 
-The iterator owns its position (``yielded`` of ``total``, from ``first_seq``; within a shard for a sharded run),
+The iterator owns its position (``yielded`` of ``total``, from ``first_seq``; within a shard for a sharded run, each
+stream's batches for an iterable one),
 which is what ``state_dict()`` saves while it runs, and the time accounting of the training thread (wait versus
 active time, lifetime and per epoch). It takes staged batches from the staging thread's queue with bounded
 waits (each at most the loader's ``timeout``, DataLoader's limit on one batch), gives each batch's credit back to
 the io thread, makes the current CUDA stream wait for the batch's copy,
-applies ``device_transform`` and raises a failed batch's error at its position. It uses the loader's parts
+applies ``device_transform`` and raises a failed batch's error at its position; over an iterable dataset it warns,
+as DataLoader, when more batches come than the ``len(dataset)`` that ``len(loader)`` read. It uses the loader's parts
 (:class:`EpochParts`), never the loader, so that the two never form a reference cycle: the parts hold the
 loader's *lease* on its pipeline, which the loader holds too, and the pipeline stops when the last of them
 is dropped (a ``break``, a ``del``), by reference counting alone.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import math
 import queue
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -72,7 +75,10 @@ class EpochParts:
 class EpochIterator:
     """One pass over one epoch's plan, planned by ``sequencer`` (which the io thread then owns) from ``start``."""
 
-    def __init__(self, parts: EpochParts, sequencer: Sequencer, start: ResumePoint) -> None:
+    def __init__(self, parts: EpochParts, sequencer: Sequencer, start: ResumePoint, *,
+                 warn_past: int | None = None) -> None:
+        """``warn_past``: warn at each batch past this many (an iterable dataset's ``len(dataset)``, as
+        ``len(loader)`` read it: DataLoader's check)."""
         self._parts = parts
         self.run = sequencer.run
         self.epoch = start.epoch
@@ -80,6 +86,9 @@ class EpochIterator:
         self.total = sequencer.total  # batches of this pass; None when not known in advance
         self._shard_after = sequencer.shard_after  # a pure function: no reference to the sequencer's state
         self._shard = start.shard
+        self._streams_after = sequencer.streams_after  # pure too
+        self._streams = sequencer.resume_streams  # read before the io thread owns the sequencer
+        self._warn_past = warn_past
         self.yielded = 0  # positions consumed (a failed batch consumes its position too)
         self.finished = False
         self._started: float | None = None
@@ -88,14 +97,15 @@ class EpochIterator:
     @property
     def position(self) -> ResumePoint:
         """Where a resume goes on from: after the last batch this pass yielded."""
-        return ResumePoint(self.epoch, self.first_seq + self.yielded, self._shard)
+        return ResumePoint(self.epoch, self.first_seq + self.yielded, self._shard, self._streams)
 
     def __iter__(self) -> "EpochIterator":
         return self
 
     def __len__(self) -> int:
-        if self.total is None:  # a sharded dataset without shard lengths: discovered while reading
-            raise TypeError("the length of this epoch is not known: the dataset gives no shard_len")
+        if self.total is None:  # discovered while reading: a sharded dataset without shard lengths, an iterable one
+            raise TypeError("the length of this epoch is not known in advance: its batches are discovered while "
+                            "reading (a sharded dataset without shard_len, an iterable dataset)")
         return self.total - self.yielded
 
     def __next__(self) -> Any:
@@ -126,6 +136,11 @@ class EpochIterator:
             parts.observer.ended(self.epoch, self)
             raise StopIteration
         self.yielded += 1
+        if self._warn_past is not None and self.first_seq + self.yielded > self._warn_past:  # at each, as DataLoader
+            warnings.warn(f"the length of this RemoteLoader's IterableDataset was reported to be {self._warn_past} "
+                          f"(when len(loader) was asked), but {self.first_seq + self.yielded} batches have been "
+                          "fetched: does each stream (get_worker_info().id of num_workers) yield only its own share? "
+                          "See torch.utils.data.IterableDataset", UserWarning, stacklevel=2)
         try:
             return self._deliver(item)  # raises RemoteSampleError in place of a failed batch
         finally:
@@ -171,6 +186,7 @@ class EpochIterator:
         parts = self._parts
         parts.release(item.run)
         self._shard = self._shard_after(item.seq)
+        self._streams = self._streams_after(self._streams, item.seq)
         if item.error is not None:
             raise item.error
         tree = item.tree

@@ -100,6 +100,7 @@ class RemoteLoader:
         buffer_batches: int = DEFAULT_BUFFER_BATCHES, in_order: bool = True,
         no_producer_timeout: float | None = UNSET, timeout: float | None = 0,
         dataset: Any = None, dataset_args: dict[str, Any] | None = None, dataset_len: int | None = None,
+        iterable_streams: int | None = None,
         device: str | torch.device | None = None, pin_memory: bool | None = None,
         device_transform: Callable[[Any], Any] | None = None,
         on_error: str = "raise", log_every: float | None = DEFAULT_LOG_EVERY_S, metrics_port: int | None = None,
@@ -163,8 +164,10 @@ class RemoteLoader:
         start = self._next_start()
         plan = self._planner.build(start.epoch, self._health.until_timeout())
         self._runs.current += 1
-        sequencer = sequencer_for(self._runs.current, plan, start.delivered, start.shard, in_order=self.in_order)
-        self._active, self._pending = EpochIterator(self._parts, sequencer, start), None
+        sequencer = sequencer_for(self._runs.current, plan, start.delivered, start.shard, in_order=self.in_order,
+                                  streams=start.streams)
+        self._active, self._pending = EpochIterator(self._parts, sequencer, start,
+                                                    warn_past=self._planner.iterable_len_told), None
         self._io.start_run(sequencer, start.epoch)
         return self._active
 
@@ -204,7 +207,9 @@ class RemoteLoader:
         return ResumePoint(active.epoch + 1 if active.finished else active.epoch, 0, (0, 0))
 
     def __len__(self) -> int:
-        """Batches per epoch. For a sharded dataset only when it gives ``shard_len``, else TypeError."""
+        """Batches per epoch. For a sharded dataset only when it gives ``shard_len``; for an iterable one
+        DataLoader's rule, ``len(dataset)`` in batches (a run warns when more come), only with ``len(dataset)``;
+        else TypeError."""
         return self._planner.length(self.epoch, self._health.until_timeout())
 
     def set_epoch(self, epoch: int) -> None:

@@ -30,6 +30,7 @@ from ferry.common.datasets import dataset_fingerprint, transformed_fingerprint
 from ferry.common.errors import ConfigError
 from ferry.common.heap import wanted_by_environment
 from ferry.common.shardplan import is_sharded, shard_names
+from ferry.common.streamplan import is_iterable, iterable_len
 
 from ferry.consumer.core import CoreConfig
 from ferry.consumer.io.thread import IoThread
@@ -107,6 +108,8 @@ class Pipeline:
         if dataset is not None and not isinstance(dataset, str):
             if is_sharded(dataset):  # its "length" is the shard count (common/shardplan.py)
                 dataset_len = len(shard_names(dataset))
+            elif is_iterable(dataset):  # len(dataset), or 0 without one, as its producers announce it
+                dataset_len = iterable_len(dataset) or 0
             dataset_len = len(dataset) if dataset_len is None else dataset_len
             fingerprint = dataset_fingerprint(dataset)
             if opts.local is not None and opts.local.transform is not None:  # what its producers will announce

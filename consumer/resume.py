@@ -1,8 +1,9 @@
 """A loader's resume point: what ``state_dict()`` saves and ``load_state_dict()`` checks and restores.
 
 The state is small and JSON-serialisable: the epoch, how many of its batches the training loop got (for a
-sharded dataset also the shard position and the batch within that shard), and the options that must be
-the same for the remainder to be exactly the one the first process would have seen.
+sharded dataset also the shard position and the batch within that shard; for an iterable dataset how many of
+each stream's batches, ``stream_batches``), and the options that must be the same for the remainder to be
+exactly the one the first process would have seen.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class ResumePoint:
     epoch: int
     delivered: int  # batches of ``epoch`` the training loop got
     shard: tuple[int, int]  # a sharded dataset's (shard position, batch within the shard) to go on from
+    streams: tuple[int, ...] = ()  # an iterable dataset's batches of each stream delivered (() : none, or not one)
 
 
 def capture_state(point: ResumePoint, options: Mapping[str, Any], samplers: Mapping[str, Any]) -> dict[str, Any]:
@@ -32,6 +34,7 @@ def capture_state(point: ResumePoint, options: Mapping[str, Any], samplers: Mapp
         "epoch": point.epoch, "batches_delivered": point.delivered,
         **{key: options[key] for key in RESUME_OPTIONS},
         "shard_position": point.shard[0], "shard_batch": point.shard[1],
+        **({"stream_batches": list(point.streams)} if point.streams else {}),
     }
     for name, obj in samplers.items():
         if obj is not None and callable(getattr(obj, "state_dict", None)):
@@ -43,7 +46,8 @@ def restore_state(state: Mapping[str, Any], options: Mapping[str, Any], samplers
     """Check ``state`` against this loader's ``options``, restore the samplers' states, return the point.
 
     Raises:
-        ConfigError: the state was saved with other options, or with ``in_order=False`` (not exact).
+        ConfigError: the state was saved with other options, or with ``in_order=False`` (not exact); its
+            ``stream_batches`` are not batch counts.
     """
     for key in MUST_MATCH:
         if key in state and state[key] != options[key]:
@@ -53,5 +57,8 @@ def restore_state(state: Mapping[str, Any], options: Mapping[str, Any], samplers
     for name, obj in samplers.items():
         if name in state and callable(getattr(obj, "load_state_dict", None)):
             obj.load_state_dict(state[name])
+    streams = state.get("stream_batches", [])
+    if not (isinstance(streams, (list, tuple)) and all(isinstance(k, int) and k >= 0 for k in streams)):
+        raise ConfigError(f"state's stream_batches must be a list of batch counts, got {streams!r}")
     return ResumePoint(int(state["epoch"]), int(state["batches_delivered"]),
-                       (int(state.get("shard_position", 0)), int(state.get("shard_batch", 0))))
+                       (int(state.get("shard_position", 0)), int(state.get("shard_batch", 0))), tuple(streams))

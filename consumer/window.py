@@ -6,8 +6,8 @@ make room around that promise for what it does not count:
 * **credits** = C. The dispatcher issues a task only while ``in_flight + held < C``; ``held`` counts every
   batch received and not yet taken by the training loop, wherever it is: the reorder buffer, the hand-off to the
   staging thread, the staging queue (``STAGED_BATCHES``, part of C, not extra).
-  (A sharded run keeps one of the C free for the shard being delivered: the *speculation reserve*,
-  ``consumer/core/shards.py``.)
+  (A sharded run keeps one of the C free for the shard being delivered, an iterable run for the batch the loop
+  waits for: the *speculation reserve*, ``consumer/core/shards.py`` and ``streams.py``.)
 * **slab slots** = C + STAGED_BATCHES + 2: a shared-memory slot stays leased while any tensor over it lives, which
   is longer than its credit: the batch the loop works on and the one before it (until the loop rebinds its
   variable), and up to STAGED_BATCHES staged by an iteration the loop abandoned (no longer counted by the new

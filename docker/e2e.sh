@@ -95,6 +95,13 @@ if docker run --rm --entrypoint python3 "$PRODUCER_IMAGE" -c 'import torch' >/de
 fi
 log "each image imports ferry from site-packages with the wheel's $(wc -l < "$WORK/wheel.modules") modules, and --help runs; the producer has no torch"
 
+# What an earlier, killed run of this project left (containers, its network, its volume) goes first. A network of
+# this project's name with swarm scope belongs to a `docker stack deploy` of the same name, which compose cannot
+# attach to: say so rather than fail in `up`.
+docker-compose -f compose.yaml down -v --remove-orphans > "$WORK/leftovers.log" 2>&1 || true
+if [ "$(docker network inspect -f '{{.Scope}}' "${COMPOSE_PROJECT_NAME}_default" 2>/dev/null)" = swarm ]; then
+    fail "the network ${COMPOSE_PROJECT_NAME}_default is a swarm network (a stack named $COMPOSE_PROJECT_NAME is deployed on this dockerd): remove it with 'docker stack rm $COMPOSE_PROJECT_NAME'"
+fi
 log "docker-compose up -d --scale producer=3 (the trainer waits for all 3)"
 export FERRY_MIN_PRODUCERS=3
 compose_logs() { docker-compose -f compose.yaml logs --no-color > "$WORK/compose.log" 2>&1; }

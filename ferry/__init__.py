@@ -4,8 +4,9 @@ Producers (``python -m ferry.producer``) read and collate batches on any machine
 ZeroMQ to :class:`RemoteLoader`, a bounded, staged iterator inside the training script.
 
 The public API is this module: ``from ferry import RemoteLoader``, its option groups (``LocalOptions``,
-``TransportOptions``, ``CurveOptions``), the error types below, and :func:`keep_freed_memory`, the one
-process-wide setting Ferry offers a training script (a loader never changes its process's settings itself).
+``TransportOptions``, ``CurveOptions``), the error types below, :func:`register_batch_type` (a batch class of your
+own over the network), and :func:`keep_freed_memory`, the one process-wide setting Ferry offers a training script
+(a loader never changes its process's settings itself).
 Importing ``ferry`` does not import torch (the producer image has none): ``RemoteLoader`` is loaded on first use.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ferry.common.batch_types import register_batch_type
 from ferry.common.heap import keep_freed_memory
 from ferry.common.sampleinfo import SampleInfo, sample_info
 from ferry.common.errors import (
@@ -22,6 +24,8 @@ from ferry.common.errors import (
     DatasetOpenError,
     BatchTimeoutError,
     BatchTooLarge,
+    BatchTypeError,
+    CollateError,
     DatasetSpecError,
     FerryError,
     FerryThreadError,
@@ -44,6 +48,7 @@ __all__ = [
     "sample_info",
     "SampleInfo",
     "keep_freed_memory",
+    "register_batch_type",
     "LocalOptions",
     "TransportOptions",
     "CurveOptions",
@@ -66,6 +71,8 @@ __all__ = [
     "SampleIndexError",
     "PoisonTaskError",
     "BatchTooLarge",
+    "BatchTypeError",
+    "CollateError",
     "VersionMismatch",
 ]
 

@@ -12,10 +12,13 @@ task's shared-memory slot, else one pooled buffer) as soon as ``dataset[i]`` ret
 die at once and the batch needs no stacking copy. A sample that does not fit the layout sends its batch back
 to ``collate``: the results are the same either way.
 
-When a batch does not collate, the samples whose structure, shape or dtype differ from the majority's are
-the culprits: under ``on_error="skip"`` they are dropped (one error record each) and the rest is sent; else
-the FAIL names the first of them and its file, where the dataset lists files. A batch lost whole under skip
-carries one record per sample, so the consumer's ``skipped_samples`` counts every sample that did not arrive.
+When a batch does not collate, the samples to blame are named (:mod:`ferry.producer.culprits`).
+
+With the user's own ``collate_fn`` its output is sent as it is, marked ``batch_first: False`` in the BATCH: the
+consumer then checks its structure, not its sample counts (a detection model's ``tuple(zip(*batch))``, a
+``PackedSequence``). So is each sample of an unbatched loader's task (``unbatched`` in the TASK,
+``batch_size=None``): ``dataset[i]`` (or ``dataset[list]``) through the user's ``collate_fn``, or else
+:func:`~ferry.producer.convert.convert`, no collation.
 
 Two thread pools, so that one never waits on itself:
 
@@ -33,54 +36,25 @@ from __future__ import annotations
 import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ferry.common import protocol
-from ferry.common.codec import encode_tree
-from ferry.common.constants import DEFAULT_FRAME_BYTES
-from ferry.common.errors import BatchTooLarge
+from ferry.common.encoder import encode_tree
+from ferry.common.errors import BatchTooLarge, BatchTypeError
 from ferry.common.shm import SLOT_ALIGN
-from ferry.common.shardplan import is_sharded
 from ferry.common.waker import Waker
 
 from ferry.producer.buffers import BufferPool
-from ferry.producer.collate import CollateError, RowLayout, collate, describe, odd_ones_out, signature
-from ferry.producer.loading import (
-    BatchFailed, error_record, load_row, read_row, sample_file, written_first,
-)
+from ferry.producer.collate import RowLayout, collate
+from ferry.producer.convert import convert
+from ferry.producer.culprits import collate_or_blame, whole_batch
+from ferry.producer.jobs import Job, Outcome
+from ferry.producer.loading import BatchFailed, error_record, load_item, load_row, read_row, written_first
+from ferry.producer.shards import runner_for
 
-
-@dataclass
-class Job:
-    """One TASK received from one consumer connection."""
-
-    conn_key: int  # which connection it came from
-    session: int
-    task: int
-    epoch: int
-    seq: int
-    indices: list[int]
-    on_error: str
-    slot: Any = None  # a ferry.common.shm.SlotWriter: the consumer's shared memory to write this batch into
-    seed: int = 0  # the loader's seed: sample_info().seed derives from (seed, epoch, index)
-    shard: Any = None  # a sharded dataset's task: [k, batch_size, drop_last] of shard indices[0] (producer/shards.py)
-    frame_bytes: int = DEFAULT_FRAME_BYTES  # array leaves up to this travel as one frame (the consumer's WELCOME)
-    compress: str | None = None  # the codec of this batch's frames (its TASK's; producer/compressing.py), None: raw
-    max_batch_bytes: int | None = None  # the consumer's bound (its WELCOME): a larger batch is answered by a FAIL
-
-
-@dataclass
-class Outcome:
-    """A message ready for the main loop to send back on ``conn_key``."""
-
-    job: Job
-    frames: list[Any] = field(default_factory=list)  # header first, then array frames
-    failed: bool = False
-    buffer: Any = None  # a pooled batch buffer to give back once ZeroMQ has sent it
-    buffer_frames: int = 0  # how many frames after the header are views of `buffer`
+__all__ = ["Batcher", "Job", "Outcome"]
 
 
 class Batcher:
@@ -103,13 +77,11 @@ class Batcher:
         self._compressor = compressor  # a ferry.producer.compressing.FrameCompressor, owned by the service
         self._lock = threading.Lock()
         self.pending = 0  # jobs submitted and not yet in `done`
-        self._shards = None  # a sharded dataset's tasks run through producer/shards.py
-        if is_sharded(dataset):
-            from ferry.producer.shards import ShardRunner
-
-            self._shards = ShardRunner(dataset, pool=self._batches, collate=collate_fn or collate,
-                                       finish=self._finish, fail=self._fail, error_record=error_record,
-                                       compress=lambda job, spec, frames: self._compress(job, spec, frames, None, 0)[:2])
+        # a sharded or iterable dataset's tasks run through producer/shards.py (and streams.py); None: map-style
+        self._shards = runner_for(dataset, pool=self._batches, collate=collate_fn or collate,
+                                  batch_first=collate_fn is None, convert=collate_fn or convert,
+                                  finish=self._finish, fail=self._fail, error_record=error_record,
+                                  compress=lambda job, spec, frames: self._compress(job, spec, frames, None, 0)[:2])
 
     def submit(self, job: Job) -> None:
         with self._lock:
@@ -117,8 +89,8 @@ class Batcher:
         if self._shards is not None:
             if job.shard is None:  # the consumer planned a map-style dataset: answer, never crash the loop
                 self._finish(job, self._fail(job, [error_record(job.indices[0], TypeError(
-                    "this producer serves a sharded dataset; the consumer sent a map-style task (was it given "
-                    "dataset_len? a sharded dataset needs none)"))]))
+                    "this producer serves a sharded or iterable dataset; the consumer sent a map-style task (was it "
+                    "given dataset_len, or a sampler? such a dataset takes neither)"))]))
                 return
             self._shards.submit(job)
             return
@@ -132,12 +104,23 @@ class Batcher:
 
     def _run(self, job: Job) -> None:
         try:
-            outcome = self._assemble(job)
-        except BatchTooLarge as exc:  # one record, whatever on_error: the consumer raises it, never skips it
+            outcome = self._assemble_one(job) if job.unbatched else self._assemble(job)
+        except (BatchTooLarge, BatchTypeError) as exc:  # one record, whatever on_error: raised, never skipped
             outcome = self._fail(job, [error_record(job.indices[0], exc)])
         except BaseException as exc:  # never lose a job: a bug here becomes a FAIL the consumer sees
-            outcome = self._fail(job, self._whole_batch(job, job.indices, exc))
+            outcome = self._fail(job, whole_batch(job, job.indices, exc))
         self._finish(job, outcome)
+
+    def _assemble_one(self, job: Job) -> Outcome:
+        """An unbatched loader's task: one sample, ``dataset[i]`` (``dataset[indices]`` for a sampler's list),
+        through the user's collate_fn or else :func:`convert`, as DataLoader with ``batch_size=None``."""
+        item = job.indices if job.unbatched == "list" else job.indices[0]
+        try:
+            sample = self._samples.submit(load_item, self._dataset, item, job).result()
+            tree = (self._collate_fn or convert)(sample)
+        except Exception as exc:
+            return self._fail(job, [error_record(job.indices[0], exc)])
+        return self._message(job, tree, [], None, untracked=0, batch_first=False)
 
     def _assemble(self, job: Job) -> Outcome:
         if self._layout is not None:
@@ -172,7 +155,8 @@ class Batcher:
             # a sample did not fit the layout (or failed to load): collate() as usual; it copies the rows
             # it stacks, so the destination is free for the encoder to reuse
             try:
-                tree, samples, odd = self._collate(job, samples, indices)
+                tree, samples, odd = collate_or_blame(self._collate_fn or collate, self._dataset, job, samples,
+                                                      indices)
             except BatchFailed as failed:
                 self.pool.release(pooled)
                 return self._fail(job, errors + failed.errors)
@@ -184,8 +168,9 @@ class Batcher:
                 job.slot.used = 0
             if samples:  # relearn, should the layout be an odd sample's or the data have changed shape
                 self._learn(samples[0])
-        # every frame is tracked: the array frames are views of the pooled buffer, the rest small
-        return self._message(job, tree, errors, pooled, untracked=0)
+        # every frame is tracked: the array frames are views of the pooled buffer, the rest small. The user's
+        # collate_fn may make anything of the samples: the consumer checks its structure, not its sample counts
+        return self._message(job, tree, errors, pooled, untracked=0, batch_first=self._collate_fn is None)
 
     def _learn_first(self, first: Future) -> RowLayout | None:
         """The layout of the sample ``first`` loads (None if it raised or has no layout); kept for later batches."""
@@ -237,52 +222,6 @@ class Batcher:
         self._populated.add(key)
         return True
 
-    def _collate(self, job: Job, samples: list[Any], indices: list[int]) -> tuple[Any, list[Any], list[dict]]:
-        """``collate(samples)``; when that fails, the odd samples out (those whose structure, shape or dtype
-        differs from the others') are named, and under ``skip`` dropped and the rest collated.
-
-        Returns the batch, the samples in it and the error records of the dropped ones.
-        Raises:
-            BatchFailed: with the records that explain why the batch cannot be sent.
-        """
-        collate_fn = self._collate_fn or collate
-        try:
-            return collate_fn(samples), samples, []
-        except Exception as exc:
-            first_error = exc
-        odd, majority = odd_ones_out(samples)
-        if not odd:
-            raise BatchFailed(self._whole_batch(job, indices, first_error))
-        others = len(samples) - len(odd)
-        records = []
-        for position in odd:
-            index = indices[position]
-            where = sample_file(self._dataset, index)
-            problem = CollateError(
-                f"sample {index}{f' ({where})' if where else ''} is {describe(signature(samples[position]))}, "
-                f"unlike the other {others} of its batch, which are {describe(majority)}: {first_error}")
-            records.append(error_record(index, problem))
-        if job.on_error != "skip":
-            raise BatchFailed(records)
-        kept = [s for p, s in enumerate(samples) if p not in set(odd)]
-        kept_indices = [i for p, i in enumerate(indices) if p not in set(odd)]
-        try:
-            return collate_fn(kept), kept, records
-        except Exception as exc:
-            raise BatchFailed(records + self._whole_batch(job, kept_indices, exc))
-
-    @staticmethod
-    def _whole_batch(job: Job, indices: list[int], exc: BaseException) -> list[dict[str, Any]]:
-        """Records for a batch lost as a whole: under skip one per sample, so that the consumer counts every
-        sample that did not arrive (only the first with the message and traceback: a FAIL header stays far
-        below MAX_HEADER_BYTES for any batch size); else one, naming the first."""
-        first = error_record(indices[0], exc)
-        if job.on_error == "skip":
-            same = f"the whole batch failed: see sample {indices[0]}"
-            return [first] + [{"index": i, "exc_type": first["exc_type"], "message": same, "traceback": ""}
-                              for i in indices[1:]]
-        return [first]
-
     def _assemble_fast(self, job: Job) -> Outcome:
         shape, dtype = self._layout
         batch_shape = (len(job.indices), *shape)
@@ -310,14 +249,16 @@ class Batcher:
             array, pooled = buffer, (buffer if room is None else None)
         return self._message(job, [array, np.asarray(labels, dtype=np.int64)], errors, pooled, untracked=1)
 
-    def _message(self, job: Job, tree: Any, errors: list[dict[str, Any]], pooled: Any, untracked: int) -> Outcome:
+    def _message(self, job: Job, tree: Any, errors: list[dict[str, Any]], pooled: Any, untracked: int,
+                 batch_first: bool = True) -> Outcome:
         """The BATCH for ``tree``: encoded, compressed as the job says, packed. Its array frames but the last
-        ``untracked`` are views of ``pooled``. Should any step raise, ``pooled`` goes back to the pool first."""
+        ``untracked`` are views of ``pooled``. Should any step raise, ``pooled`` goes back to the pool first.
+        ``batch_first`` False: the tree is not Ferry's collation (the BATCH says so; see the module docstring)."""
         try:
-            spec, frames = encode_tree(tree, chunk_bytes=job.frame_bytes, slot=job.slot)
+            spec, frames = encode_tree(tree, chunk_bytes=job.frame_bytes, slot=job.slot, pickle_ok=job.pickle_ok)
             spec, frames, pooled, views = self._compress(job, spec, frames, pooled, len(frames) - untracked)
             header = protocol.pack(protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq,
-                                   tree=spec, errors=errors)
+                                   tree=spec, errors=errors, **({} if batch_first else {"batch_first": False}))
         except BaseException:
             if pooled is not None:
                 self.pool.release(pooled)

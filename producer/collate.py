@@ -7,7 +7,10 @@
   (default_collate returns the column ``zip`` made);
 * mappings collate per key; a namedtuple collates field by field into the same namedtuple; a tuple
   collates into a *list* of fields (default_collate's own backwards-compatible behaviour); other
-  sequences collate element-wise into a list.
+  sequences collate element-wise into a list;
+* a dict or list subclass keeps its class, as default_collate keeps it (a copy of the first sample, its items
+  replaced); other mappings and sequences become a plain dict or list (what can travel without pickle);
+* numpy's string scalars (``np.str_``, ``np.bytes_``) stay as the batch holds them, as default_collate leaves them.
 
 No torch import: a producer stays light unless its dataset needs torch.
 
@@ -20,21 +23,18 @@ does not collate differ from the others.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 import numpy as np
 
-from ferry.common.codec import Bfloat16Bits, as_array
+from ferry.common.arrays import Bfloat16Bits, as_array
 
-from ferry.common.errors import FerryError
+from ferry.common.errors import CollateError
 
-__all__ = ["collate", "CollateError", "RowLayout", "signature", "odd_ones_out", "describe"]
-
-
-class CollateError(FerryError, TypeError):
-    """The samples of a batch cannot be collated; the message says where in the sample and why."""
+__all__ = ["collate", "CollateError", "RowLayout", "signature", "odd_ones_out", "describe", "keep_type"]
 
 
 def _to_array(value: Any) -> np.ndarray | None:
@@ -63,6 +63,9 @@ def collate(samples: Sequence[Any], path: str = "sample") -> Any:
             raise CollateError(f"{path}: arrays of dtype {array.dtype} cannot be collated")
         stacked = np.stack(arrays)
         return stacked.view(Bfloat16Bits) if bfloat16 else stacked
+    if isinstance(elem, (str, bytes)):  # np.str_ too: default_collate leaves numpy's strings as they are
+        # as default_collate: the column as it came, a tuple inside a sequence sample (zip's), else a list
+        return samples if isinstance(samples, tuple) else list(samples)
     if isinstance(elem, np.generic):
         return np.array(samples, dtype=elem.dtype)
     if isinstance(elem, bool):
@@ -71,11 +74,8 @@ def collate(samples: Sequence[Any], path: str = "sample") -> Any:
         return np.array(samples, dtype=np.int64)
     if isinstance(elem, float):
         return np.array(samples, dtype=np.float64)
-    if isinstance(elem, (str, bytes)):
-        # as default_collate: the column as it came, a tuple inside a sequence sample (zip's), else a list
-        return samples if isinstance(samples, tuple) else list(samples)
     if isinstance(elem, Mapping):
-        return {key: collate([s[key] for s in samples], f"{path}[{key!r}]") for key in elem}
+        return keep_type(elem, {key: collate([s[key] for s in samples], f"{path}[{key!r}]") for key in elem})
     if isinstance(elem, tuple) and hasattr(type(elem), "_fields"):  # a namedtuple stays one
         return type(elem)(*(collate(column, f"{path}.{field}")
                             for field, column in zip(type(elem)._fields, zip(*samples))))
@@ -83,15 +83,38 @@ def collate(samples: Sequence[Any], path: str = "sample") -> Any:
         size = len(elem)
         if any(len(s) != size for s in samples):
             raise CollateError(f"{path}: each element in the batch should be of equal size")
-        return [collate(column, f"{path}[{i}]") for i, column in enumerate(zip(*samples))]
+        columns = [collate(column, f"{path}[{i}]") for i, column in enumerate(zip(*samples))]
+        return columns if isinstance(elem, tuple) else keep_type(elem, columns)
+    if type(elem).__module__ == "torch" and type(elem).__name__ == "Tensor":  # not strided: as default_collate says
+        kind = "nested" if elem.is_nested else "sparse"
+        raise CollateError(f"{path}: batches of {kind} tensors are not currently supported by the default "
+                           f"collate_fn; please provide a custom collate_fn to handle them appropriately")
     raise CollateError(f"{path}: cannot collate values of type {type(elem).__name__}")
+
+
+def keep_type(elem: Any, plain: dict | list) -> Any:
+    """``plain`` (the collated items of ``elem``'s kind) in ``elem``'s class, as default_collate makes it: for a
+    dict or list subclass a copy of ``elem`` with its items replaced; a plain dict or list, and any other mapping
+    or sequence (which could not travel without pickle), stays ``plain``."""
+    cls = type(elem)
+    if cls is dict or cls is list or not isinstance(elem, (dict, list)):
+        return plain
+    try:
+        clone = copy.copy(elem)
+        if isinstance(clone, dict):
+            clone.update(plain)
+        else:
+            clone[:] = plain
+        return clone
+    except TypeError:  # as default_collate: a class that cannot be copied so gives the plain container
+        return plain
 
 
 # --- structure ----------------------------------------------------------------------------------------
 # A sample's *signature* is a hashable description of its structure, in collate's own order of cases:
 #   ("a", shape, dtype.str)       an array (or torch tensor) collate stacks
 #   ("v", type)                   a scalar collate gathers per column (numpy scalar, bool, int, float, str, bytes)
-#   ("d", keys, children)         a mapping;  ("s", type, children)  any other sequence
+#   ("d", keys, children, type)   a mapping;  ("s", type, children)  any other sequence
 #   ("x", type name)              something collate cannot batch (None, object arrays, ...)
 _VALUE_TYPES = (np.generic, bool, int, float, str, bytes)
 
@@ -109,7 +132,7 @@ def signature(sample: Any) -> tuple:
         return ("v", type(sample))
     if isinstance(sample, Mapping):
         keys = tuple(sample)
-        return ("d", keys, tuple(signature(sample[k]) for k in keys))
+        return ("d", keys, tuple(signature(sample[k]) for k in keys), type(sample))
     if isinstance(sample, Sequence):
         return ("s", type(sample), tuple(signature(v) for v in sample))
     return ("x", type(sample).__name__)
@@ -212,12 +235,12 @@ def _write(sample: Any, sig: tuple, dests: list[np.ndarray], row: int, leaf: Any
         return out
     if kind == "v":
         return sample
-    if kind == "d":
-        return {k: _write(sample[k], child, dests, row, leaf) for k, child in zip(sig[1], sig[2])}
+    if kind == "d":  # the same class of mapping, so that a fallback collate sees what it would have
+        return keep_type(sample, {k: _write(sample[k], child, dests, row, leaf) for k, child in zip(sig[1], sig[2])})
     values = [_write(v, child, dests, row, leaf) for v, child in zip(sample, sig[2])]
     if isinstance(sample, tuple):  # the same kind of tuple, so that a fallback collate sees what it would have
         return type(sample)(*values) if hasattr(type(sample), "_fields") else tuple(values)
-    return values
+    return keep_type(sample, values)
 
 
 def _assemble(samples: Sequence[Any], sig: tuple, dests: list[np.ndarray], leaf: Any, path: str) -> Any:
@@ -227,11 +250,12 @@ def _assemble(samples: Sequence[Any], sig: tuple, dests: list[np.ndarray], leaf:
     if kind == "v":
         return collate(samples, path)
     if kind == "d":
-        return {k: _assemble([s[k] for s in samples], child, dests, leaf, f"{path}[{k!r}]")
-                for k, child in zip(sig[1], sig[2])}
+        return keep_type(samples[0], {k: _assemble([s[k] for s in samples], child, dests, leaf, f"{path}[{k!r}]")
+                                      for k, child in zip(sig[1], sig[2])})
     kind_type = sig[1]
     if issubclass(kind_type, tuple) and hasattr(kind_type, "_fields"):  # a namedtuple stays one, as in collate
         return kind_type(*(_assemble(tuple(s[i] for s in samples), child, dests, leaf, f"{path}.{field}")
                            for i, (field, child) in enumerate(zip(kind_type._fields, sig[2]))))
-    return [_assemble(tuple(s[i] for s in samples), child, dests, leaf, f"{path}[{i}]")  # a tuple, as collate's zip
-            for i, child in enumerate(sig[2])]
+    columns = [_assemble(tuple(s[i] for s in samples), child, dests, leaf, f"{path}[{i}]")  # a tuple, as zip's
+               for i, child in enumerate(sig[2])]
+    return columns if issubclass(kind_type, tuple) else keep_type(samples[0], columns)

@@ -99,8 +99,8 @@ def _array_nodes(spec: Any) -> list[dict]:
             if node.get("t") == "a":
                 if "f" in node:
                     out.append(node)
-            else:
-                stack.extend(reversed(node.get("v", [])))
+            elif isinstance(node.get("v"), list):  # a container ("g", numpy strings, holds its text in "v")
+                stack.extend(reversed(node["v"]))
     return out
 
 

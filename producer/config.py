@@ -189,8 +189,9 @@ CURVE_KEY = Setting(s.Path(), "this producer's CURVE key pair (a .key_secret fil
                     "encryption and authentication.", None, optional=True, flag="--curve-key", metavar="FILE")
 CURVE_SERVER_KEY = Setting(s.Path(), "the consumer's CURVE public key (server.key).", None, optional=True,
                            flag="--curve-server-key", metavar="FILE")
-WORKER = Setting(_Worker(), "this producer's worker_id/num_workers (set by a loader's local mode).", (0, 1),
-                 env="FERRY_WORKER")
+WORKER = Setting(_Worker(), "this producer's worker_id/num_workers (set by a loader's local mode; by hand, it makes a "
+                 "producer of an IterableDataset read stream worker_id of num_workers only: docs/datasets.md).",
+                 (0, 1), env="FERRY_WORKER")
 
 #: What the command line sets, by where the value goes: a ProducerConfig field with a flag or a variable, or
 #: one of the command line's own (the log level and format, the CURVE key files, the worker id and count).

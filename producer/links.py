@@ -40,6 +40,7 @@ class Link:
     said_bye: bool = False
     frame_bytes: int = DEFAULT_FRAME_BYTES  # leaves up to this travel as one frame: what its WELCOME announced
     max_batch_bytes: int | None = None  # the largest batch its consumer accepts (WELCOME); None: not announced
+    pickle_ok: bool = False  # its consumer's WELCOME allows pickled values (we are one of its local producers)
     watching_out: bool = False  # the poller watches ``sock`` for POLLOUT too (see watch_writable)
     #: what follows the producer's id in this connection's HELLO: "" for an endpoint, "/ADDRESS" for an address a
     #: name resolved to, so that two addresses of one consumer (a multi-homed host, a load balancer) are two

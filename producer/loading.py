@@ -18,7 +18,8 @@ from ferry.common.sampleinfo import loading
 from ferry.common.shm import populate
 from ferry.producer.collate import RowLayout
 
-__all__ = ["load_sample", "load_row", "read_row", "written_first", "BatchFailed", "sample_file", "error_record"]
+__all__ = ["load_sample", "load_item", "load_row", "read_row", "written_first", "BatchFailed", "sample_file",
+           "error_record"]
 
 # a Job (ferry.producer.batcher) is passed in as ``job``: these functions read its ``seed`` and ``epoch``
 
@@ -41,6 +42,13 @@ def _retry_ast_race(fn: Any, *args: Any) -> Any:
 def load_sample(dataset: Any, index: int, job: Any) -> Any:
     with loading(job.seed, job.epoch, index):
         return _retry_ast_race(dataset.__getitem__, index)
+
+
+def load_item(dataset: Any, item: int | list[int], job: Any) -> Any:
+    """An unbatched loader's sample: ``dataset[item]``, ``item`` an index or the list of indices a sampler
+    yielded (as DataLoader passes it); :func:`ferry.sample_info` names the first index of a list."""
+    with loading(job.seed, job.epoch, item[0] if isinstance(item, list) else item):
+        return _retry_ast_race(dataset.__getitem__, item)
 
 
 def load_row(dataset: Any, index: int, job: Any, layout: RowLayout | None, dests: list[np.ndarray], row: int,

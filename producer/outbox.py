@@ -90,7 +90,9 @@ class Outbox:
             self._pool.release(outcome.buffer, tracker)
 
 
-def hello_fields(*, producer_id: str, slots: int, dataset: dict[str, Any], shm_token: str | None) -> dict[str, Any]:
-    """The HELLO's fields but the nonce."""
+def hello_fields(*, producer_id: str, slots: int, dataset: dict[str, Any], shm_token: str | None,
+                 worker: list[int] | None = None) -> dict[str, Any]:
+    """The HELLO's fields but the nonce. ``worker``: an iterable dataset's producer's [worker id, worker count]."""
     return {"producer": producer_id, "host": pysocket.gethostname(), "pid": os.getpid(), "slots": slots,
-            "dataset": dataset, **({"shm": shm_token} if shm_token is not None else {})}
+            "dataset": dataset, **({"shm": shm_token} if shm_token is not None else {}),
+            **({"worker": worker} if worker is not None else {})}

@@ -33,12 +33,13 @@ from typing import Any
 
 import zmq
 
-from ferry.common.constants import HEARTBEAT_S, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST
+from ferry.common.constants import HEARTBEAT_S, MAX_DATASET_LEN, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST
 from ferry.common import protocol
 from ferry.common.datasets import dataset_fingerprint
 from ferry.common.errors import ProtocolError
 from ferry.common.ratelimit import RateLimitedLog
 from ferry.common.shardplan import announced_shard_lengths, is_sharded, shard_names
+from ferry.common.streamplan import is_iterable, iterable_fields, iterable_len
 from ferry.common.waker import Waker
 
 from ferry.producer.batcher import Batcher, Job, Outcome
@@ -63,7 +64,10 @@ class Producer:
         self.config = config
         self.dataset = dataset
         self.sharded = is_sharded(dataset)  # a stream of shards: "len" is the shard count (producer/shards.py)
-        self.dataset_len = len(shard_names(dataset)) if self.sharded else len(dataset)
+        self.iterable = is_iterable(dataset)  # an IterableDataset: "len" is len(dataset) or 0 (producer/streams.py)
+        self.dataset_len = (len(shard_names(dataset)) if self.sharded else (iterable_len(dataset) or 0)
+                            if self.iterable else len(dataset))
+        self.iterable_fields = iterable_fields(dataset) if self.iterable else {}  # told in every HELLO
         # each shard's samples, told in every HELLO: how a loader that does not hold the dataset knows len()
         shard_lengths = announced_shard_lengths(dataset) if self.sharded else None
         self.fingerprint = dataset_fingerprint(dataset)
@@ -77,7 +81,9 @@ class Producer:
         self._metrics = None
         self._status = StatusFile(config.status_file, config.stuck_after)
         # the consumer connections, as the endpoints and what their names resolve to call for (producer/linkset.py)
-        self._links = LinkSet(config, dataset_len=self.dataset_len, ctx=self._ctx, poller=self._poller,
+        # (a stream task's indices name its stream, which the stream runner checks)
+        self._links = LinkSet(config, dataset_len=MAX_DATASET_LEN if self.iterable else self.dataset_len,
+                              ctx=self._ctx, poller=self._poller,
                               waker=self._waker, say_bye=lambda link: self._apply(link, link.conn.stop()))
         self._slab = self._map_slab(config.shared_memory)
         # compresses frames for links that use a codec, on its own threads (common/compression.py)
@@ -88,9 +94,11 @@ class Producer:
                                 waker=self._waker, compressor=self._compressor)
         dataset_info = {"spec": config.dataset_label, "len": self.dataset_len, "fingerprint": self.fingerprint,
                         **({"sharded": True} if self.sharded else {}),
-                        **({"shard_lens": shard_lengths} if shard_lengths is not None else {})}
+                        **({"shard_lens": shard_lengths} if shard_lengths is not None else {}),
+                        **self.iterable_fields}
         self._outbox = Outbox(hello_fields(producer_id=self.producer_id, slots=config.slots, dataset=dataset_info,
-                                           shm_token=config.shared_memory[1] if self._slab is not None else None),
+                                           shm_token=config.shared_memory[1] if self._slab is not None else None,
+                                           worker=[config.worker_id, config.num_workers] if self.iterable else None),
                               self._batcher.pool)
         self.invalid_messages = 0
         self.stale_messages = 0
@@ -204,8 +212,9 @@ class Producer:
         self._batcher.submit(
             Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
                 header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"),
+                streams=header.get("streams"),
                 compress=link.compression.task(header), frame_bytes=link.frame_bytes,
-                max_batch_bytes=link.max_batch_bytes)
+                max_batch_bytes=link.max_batch_bytes, unbatched=header.get("unbatched"), pickle_ok=link.pickle_ok)
         )
 
     # --- receiving ------------------------------------------------------------------------------------
@@ -222,6 +231,7 @@ class Producer:
                     link.compression.welcome(header)
                     link.frame_bytes = announced_frame_bytes(header)
                     link.max_batch_bytes = header.get("max_batch_bytes")
+                    link.pickle_ok = header.get("pickle") is True
                 self._apply(link, actions)
             except ProtocolError as exc:
                 self.invalid_messages += 1

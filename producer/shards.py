@@ -2,14 +2,18 @@
 
 A streaming TASK names a shard (``indices == [shard index]``) and ``shard == [k, batch_size, drop_last,
 shuffle]``: "batch ``k`` of that shard" (with ``shuffle``, of the shard passed through the dataset's
-``shuffle_buffer``, seeded from the task's seed and epoch and the shard index). The answer is a BATCH carrying ``count`` (its samples) and ``last`` (nothing
-follows in this shard), or an empty BATCH (``count`` 0, no tree) when the shard has no batch ``k`` (it ended,
-or ``drop_last`` dropped its short tail). See docs/ARCHITECTURE.md#streaming-sources.
+``shuffle_buffer``, seeded from the task's seed and epoch and the shard index). The answer is a BATCH carrying
+``count`` (its samples) and ``last`` (nothing follows in this shard), or an empty BATCH (``count`` 0, no tree) when
+the shard has no batch ``k`` (it ended, or ``drop_last`` dropped its short tail). See
+docs/ARCHITECTURE.md#streaming-sources. An iterable dataset's streams run the same way (:mod:`.streams`).
 
 * **Cursors.** After batch ``k`` the shard's iterator stays open, positioned at sample ``(k + 1) * B``, so
   the consumer's next task for that shard costs no re-reading. A task at another position (a re-issue after
   a producer died) opens the shard afresh and skips ``k * B`` samples: a cost paid only after a failure.
   At most :data:`MAX_CURSORS` iterators stay open; the least recently used is closed.
+* **Ends.** Where a shard was seen to end is remembered (at most :data:`MAX_KNOWN_ENDS`): a task past it, which
+  the consumer issued before it knew the end, is answered empty at once, where it opened the shard again and
+  read it through (a whole shard's reading, for nothing, and the next epoch's tasks of that shard behind it).
 * **Order.** The batches of one shard run one after another, lowest ``k`` first, on one worker of the batch
   pool at a time (:class:`ShardRunner`); different shards run in parallel. Nothing ever waits on another
   task, so the pool cannot deadlock.
@@ -19,23 +23,29 @@ or ``drop_last`` dropped its short tail). See docs/ARCHITECTURE.md#streaming-sou
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import threading
 from collections import OrderedDict
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 from ferry.common import protocol
-from ferry.common.codec import encode_tree
+from ferry.common.encoder import encode_tree
 from ferry.common.sampleinfo import loading
-from ferry.common.shardplan import SHARD_STRIDE, shard_names, shuffle_buffer, shuffled
+from ferry.common.shardplan import SHARD_STRIDE, is_sharded, shard_names, shuffle_buffer, shuffled
+from ferry.common.streamplan import is_iterable
+from ferry.producer.convert import convert as default_convert
+from ferry.producer.jobs import Outcome
 
-__all__ = ["MAX_CURSORS", "ShardRunner"]
+__all__ = ["MAX_CURSORS", "ShardRunner", "runner_for"]
 
 #: Open shard iterators a producer keeps, at most (one per shard it is reading, normally).
 MAX_CURSORS = 64
+#: Shard ends a producer remembers, at most (least recently learned forgotten first).
+MAX_KNOWN_ENDS = 4096
 
 
 @dataclass
@@ -53,81 +63,117 @@ class _Queued:
 
 
 class ShardRunner:
-    """Runs streaming jobs: per shard in ``k`` order, one worker per shard at a time."""
+    """Runs streaming jobs: per shard in ``k`` order, one worker per shard at a time.
 
-    def __init__(self, dataset: Any, *, pool: Executor, collate: Callable[[list[Any]], Any],
+    An iterable dataset's streams run the same way (:class:`ferry.producer.streams.StreamRunner`), through the
+    hooks :meth:`_key` (which jobs share a cursor and run in turn), :meth:`_open` (a fresh iterator), :meth:`_tag`
+    (what else a cursor must match) and :meth:`_reading` (around a batch's reading).
+    """
+
+    def __init__(self, dataset: Any, *, pool: Executor, collate: Callable[[list[Any]], Any], batch_first: bool = True,
+                 convert: Callable[[Any], Any] = default_convert,
                  finish: Callable[[Any, Any], None], fail: Callable[[Any, list[dict[str, Any]]], Any],
                  error_record: Callable[[int, BaseException], dict[str, Any]],
                  compress: Callable[[Any, Any, list[Any]], tuple[Any, list[Any]]] | None = None) -> None:
         self._dataset = dataset
-        self._names = shard_names(dataset)
-        self._buffer = shuffle_buffer(dataset)  # within-shard shuffle, when a task asks for it
+        self._setup(dataset)
         self._pool = pool
         self._collate = collate
+        self._batch_first = batch_first  # False: the user's collate_fn, whose output the BATCH marks so
+        self._convert = convert  # an unbatched task's one sample: the user's collate_fn, else default_convert's
         self._finish = finish  # (job, outcome): hand the message to the main loop
         self._fail = fail
         self._error_record = error_record
         self._compress = compress  # (job, spec, frames) -> (spec, frames): the job's codec, if it has one
         self._lock = threading.Lock()
-        self._queues: dict[int, list[_Queued]] = {}  # shard index -> jobs waiting, lowest k first
-        self._busy: set[int] = set()  # shards a worker is draining
-        self._cursors: OrderedDict[int, _Cursor] = OrderedDict()
+        self._queues: dict[Any, list[_Queued]] = {}  # key (a shard index) -> jobs waiting, lowest k first
+        self._busy: set[Any] = set()  # keys a worker is draining
+        self._cursors: OrderedDict[Any, _Cursor] = OrderedDict()
+        self._ends: OrderedDict[Any, tuple[tuple[Any, ...], int]] = OrderedDict()  # key -> (tag, samples), if known
         self._order = itertools.count()
 
-    def submit(self, job: Any) -> None:
-        shard = job.indices[0]
-        with self._lock:
-            heapq.heappush(self._queues.setdefault(shard, []), _Queued(job.shard[0], next(self._order), job))
-            if shard in self._busy:
-                return
-            self._busy.add(shard)
-        self._pool.submit(self._drain, shard)
+    # --- what a sharded dataset's runner does its own way -----------------------------------------------
+    def _setup(self, dataset: Any) -> None:
+        self._names = shard_names(dataset)
+        self._buffer = shuffle_buffer(dataset)  # within-shard shuffle, when a task asks for it
 
-    def _drain(self, shard: int) -> None:
+    def _key(self, job: Any) -> Any:
+        """The jobs that share a cursor and run one after another: a shard's."""
+        return job.indices[0]
+
+    def _tag(self, job: Any) -> tuple[Any, ...]:
+        """What a cursor must match beyond its position: a shuffled stream differs per (epoch, seed, buffer)."""
+        buffer = self._buffer if job.shard[3] else 0
+        return (job.epoch, job.seed, buffer) if buffer else ()
+
+    def _open(self, job: Any) -> Iterator[Any]:
+        """A fresh iterator over the job's shard (shuffled where the job asks)."""
+        shard, buffer = job.indices[0], self._buffer if job.shard[3] else 0
+        samples = iter(self._dataset.iter_shard(self._names[shard]))
+        if buffer:
+            samples = _Closing(shuffled(samples, buffer, seed=job.seed, epoch=job.epoch, shard=shard), samples)
+        return samples
+
+    def _reading(self, job: Any) -> ContextManager[Any]:
+        """Around the reading of a job's samples (opening, skipping, the batch)."""
+        return contextlib.nullcontext()
+
+    # --- running jobs -------------------------------------------------------------------------------------
+    def submit(self, job: Any) -> None:
+        key = self._key(job)
+        with self._lock:
+            heapq.heappush(self._queues.setdefault(key, []), _Queued(job.shard[0], next(self._order), job))
+            if key in self._busy:
+                return
+            self._busy.add(key)
+        self._pool.submit(self._drain, key)
+
+    def _drain(self, key: Any) -> None:
         while True:
             with self._lock:
-                queue = self._queues.get(shard)
+                queue = self._queues.get(key)
                 if not queue:
-                    self._queues.pop(shard, None)
-                    self._busy.discard(shard)
+                    self._queues.pop(key, None)
+                    self._busy.discard(key)
                     return
                 job = heapq.heappop(queue).job
             try:
                 outcome = self._answer(job)
             except BaseException as exc:  # never lose a job: a bug here becomes a FAIL the consumer sees
-                self._drop_cursor(shard)
-                outcome = self._fail(job, [self._error_record(shard, exc)])
+                self._drop_cursor(key)
+                outcome = self._fail(job, [self._error_record(job.indices[0], exc)])
             self._finish(job, outcome)
 
     def _answer(self, job: Any) -> Any:
-        shard = job.indices[0]
         k, batch_size, drop_last, _ = job.shard
-        samples = self._read(shard, k, batch_size, job)
+        with self._reading(job):
+            samples = self._read(self._key(job), k, batch_size, job)
         last = len(samples) < batch_size
         if not samples or (last and drop_last):
             header = protocol.pack(protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq,
                                    tree=None, errors=[], count=0, last=True)
             return _outcome(job, [header])
-        tree = self._collate(samples)
-        spec, frames = encode_tree(tree, chunk_bytes=job.frame_bytes, slot=job.slot)
+        unbatched = job.unbatched is not None  # one sample (batch_size 1): not collated
+        tree = self._convert(samples[0]) if unbatched else self._collate(samples)
+        spec, frames = encode_tree(tree, chunk_bytes=job.frame_bytes, slot=job.slot, pickle_ok=job.pickle_ok)
         if self._compress is not None:
             spec, frames = self._compress(job, spec, frames)
         header = protocol.pack(protocol.BATCH, session=job.session, task=job.task, epoch=job.epoch, seq=job.seq,
-                               tree=spec, errors=[], count=len(samples), last=last)
+                               tree=spec, errors=[], count=len(samples), last=last,
+                               **({} if self._batch_first and not unbatched else {"batch_first": False}))
         return _outcome(job, [header, *frames])
 
-    def _read(self, shard: int, k: int, batch_size: int, job: Any) -> list[Any]:
+    def _read(self, key: Any, k: int, batch_size: int, job: Any) -> list[Any]:
         start = k * batch_size
-        buffer = self._buffer if job.shard[3] else 0
-        tag = (job.epoch, job.seed, buffer) if buffer else ()
+        tag = self._tag(job)
         with self._lock:
-            cursor = self._cursors.pop(shard, None)
+            end = self._ends.get(key)
+            if end is not None and end[0] == tag and start >= end[1]:
+                return []  # past where it was seen to end (a task issued before the consumer knew): no re-reading
+            cursor = self._cursors.pop(key, None)
         if cursor is None or cursor.position != start or cursor.tag != tag:
             _close(cursor)
-            samples = iter(self._dataset.iter_shard(self._names[shard]))
-            if buffer:
-                samples = _Closing(shuffled(samples, buffer, seed=job.seed, epoch=job.epoch, shard=shard), samples)
-            cursor = _Cursor(samples, 0, tag)
+            cursor = _Cursor(self._open(job), 0, tag)
             try:
                 skipped = sum(1 for _ in itertools.islice(cursor.iterator, start))  # re-issue: skip what was delivered
             except BaseException:
@@ -136,9 +182,10 @@ class ShardRunner:
             cursor.position = skipped
             if skipped < start:
                 _close(cursor)
+                self._ended(key, tag, skipped)
                 return []
         samples = []
-        base = shard * SHARD_STRIDE + start  # sample_info().index of a streamed sample: shard and position
+        base = job.indices[0] * SHARD_STRIDE + start  # sample_info().index of a streamed sample: shard and position
         try:
             for offset in range(batch_size):
                 with loading(job.seed, job.epoch, base + offset):
@@ -152,16 +199,25 @@ class ShardRunner:
         cursor.position += len(samples)
         if len(samples) == batch_size:
             with self._lock:
-                self._cursors[shard] = cursor
+                self._cursors[key] = cursor
                 while len(self._cursors) > MAX_CURSORS:
                     _close(self._cursors.popitem(last=False)[1])
         else:
             _close(cursor)
+            self._ended(key, tag, cursor.position)
         return samples
 
-    def _drop_cursor(self, shard: int) -> None:
+    def _ended(self, key: Any, tag: tuple[Any, ...], position: int) -> None:
+        """The iterator of ``key`` (with ``tag``) ends after ``position`` samples."""
         with self._lock:
-            _close(self._cursors.pop(shard, None))
+            self._ends[key] = (tag, position)
+            self._ends.move_to_end(key)
+            while len(self._ends) > MAX_KNOWN_ENDS:
+                self._ends.popitem(last=False)
+
+    def _drop_cursor(self, key: Any) -> None:
+        with self._lock:
+            _close(self._cursors.pop(key, None))
 
     def close(self) -> None:
         with self._lock:
@@ -197,7 +253,17 @@ def _close(cursor: _Cursor | None) -> None:
         close()
 
 
-def _outcome(job: Any, frames: list[Any]) -> Any:
-    from ferry.producer.batcher import Outcome
+def runner_for(dataset: Any, **parts: Any) -> ShardRunner | None:
+    """The runner of a streaming dataset's tasks, with the batcher's ``parts`` (see :class:`ShardRunner`): a
+    ShardRunner for a sharded dataset, a StreamRunner for an iterable one; None for a map-style dataset."""
+    if is_sharded(dataset):
+        return ShardRunner(dataset, **parts)
+    if is_iterable(dataset):
+        from ferry.producer.streams import StreamRunner
 
+        return StreamRunner(dataset, **parts)
+    return None
+
+
+def _outcome(job: Any, frames: list[Any]) -> Outcome:
     return Outcome(job, frames)

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Subset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, Subset, get_worker_info
 
 # Value and Semaphore of the spawn context: usable by forked producers (inherited) and spawned ones (pickled
 # while the producer process starts), as the original's are
@@ -69,6 +69,22 @@ class SlowFirst(Dataset):
             self.slept = True
             time.sleep(self.seconds)
         return index
+
+
+class SlowHalf(IterableDataset):
+    """TestSlowIterableDataset(start=0, end=10): worker w of N yields (w, i) for its ceil(10 / N) share of 0..9,
+    and sample 5 (worker 1's first of two) takes ``seconds``."""
+
+    def __init__(self, seconds: float = 1.0) -> None:
+        self.seconds = seconds
+
+    def __iter__(self):
+        info = get_worker_info()
+        share = -(-10 // info.num_workers)
+        for i in range(info.id * share, min(info.id * share + share, 10)):
+            if i == 5:
+                time.sleep(self.seconds)
+            yield info.id, i
 
 
 class InitialSeed(Dataset):

@@ -45,28 +45,11 @@ def xfail(reason: str) -> Any:
 
 
 # --- gaps of issue 18 ----------------------------------------------------------------------------------------
-ITERABLE = ("issue 18: iterable datasets: RemoteLoader refuses a torch IterableDataset without "
-            "shards()/iter_shard() (ConfigError), where DataLoader iterates it in each worker")
-NON_BATCH_FIRST = ("issue 18: non-batch-first collate_fn outputs: a collate_fn whose leaves are not batch-first "
-                   "tensors/arrays (tuple(zip(*batch)), a PackedSequence) is refused as an unusable batch")
-CUSTOM_CLASSES = ("issue 18: collate_fn outputs of custom classes: an object that is not a dict/list/tuple "
-                  "tree (SimpleCustomBatch) does not travel")
-DICT_SUBCLASSES = ("issue 18: dict and list subclasses: default_collate keeps a CustomDict/CustomList type, "
-                   "Ferry's batch is a plain dict/list")
 
 # --- gaps these tests found that issue 18 does not list yet (reported with the branch) -----------------------
-UNBATCHED = ("not in issue 18 yet: unbatched mode: batch_size=None is refused (ConfigError), where DataLoader "
-             "yields samples one by one, default_convert'ed, or what a list-yielding sampler's indices give")
-NUMPY_STRINGS = ("not in issue 18 yet: numpy string samples: np.str_ leaves fail on the producer (dtype <U1 "
-                 "cannot travel), where default_collate returns them as they are")
-SPARSE_NESTED = ("not in issue 18 yet: sparse and nested tensors: a sample holding a sparse COO or a nested "
-                 "tensor fails on the producer (it cannot become a numpy array)")
 DATASET_AT_BUILD = ("not in issue 18 yet: the dataset is taken when the loader is built: producers start (and copy "
                     "it) in RemoteLoader(), and len() is fixed then; DataLoader's workers copy it at the first "
                     "iter() and len() follows len(dataset)")
-COLLATE_ERROR_CLASS = ("not in issue 18 yet: collate's error class: Ferry's collation raises CollateError (a "
-                       "TypeError, which reaches the loop as such) for samples of unequal structure, where "
-                       "default_collate raises RuntimeError")
 
 
 class SharedLoaders:

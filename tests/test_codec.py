@@ -53,10 +53,21 @@ def test_non_contiguous_arrays_are_sent_correctly():
     np.testing.assert_array_equal(roundtrip(array), array)
 
 
-@pytest.mark.parametrize("value", [np.array(["a"], dtype=object), np.array(["abc"]), {1.5: np.zeros(1)}, object()])
+@pytest.mark.parametrize("value", [np.array(["a"], dtype=object), np.array(["abc"]), {1.5: np.zeros(1)}])
 def test_unencodable_values_raise_a_clear_error(value):
     with pytest.raises(ProtocolError):
         encode_tree(value)
+
+
+def test_an_object_of_an_unregistered_class_names_its_class_and_the_registration_call():
+    from ferry.common.errors import BatchTypeError
+
+    class Opaque:
+        pass
+
+    with pytest.raises(BatchTypeError, match=r"Opaque \(tests.test_codec:test_.*Opaque\).*"
+                                             r"ferry.register_batch_type\(cls, to_tree, from_tree\)"):
+        encode_tree({"x": [Opaque()]})
 
 
 def array_spec(dtype="<f4", shape=(2,), frame=0):

@@ -240,12 +240,12 @@ def test_a_namedtuple_is_rebuilt_without_running_the_class_s_own_constructor():
 
 
 def test_whatever_a_tree_provokes_while_decoding_is_a_protocol_error(monkeypatch):
-    import ferry.common.codec as codec
+    import ferry.common.decoder as codec
 
     def broken(*args):
         raise KeyError("a bug or a hostile tree")
 
-    monkeypatch.setattr(codec, "_namedtuple_class", broken)
+    monkeypatch.setattr(codec, "namedtuple_class", broken)
     spec = {"t": "n", "c": "m:C", "k": ["a"], "v": [1]}
     with pytest.raises(ProtocolError, match="does not decode: KeyError"):
         decode_tree(spec, [])

@@ -22,10 +22,7 @@ from ferry import RemoteLoader
 
 from . import parity_datasets as pd
 from .helpers import assert_tree_equal, open_fds
-from .parity_support import (
-    BULK_START_METHODS, COMMON, COLLATE_ERROR_CLASS, CUSTOM_CLASSES, DICT_SUBCLASSES, NON_BATCH_FIRST, NUMPY_STRINGS,
-    SPARSE_NESTED, UNBATCHED, local, xfail,
-)
+from .parity_support import BULK_START_METHODS, COMMON, local
 
 CUDA = torch.cuda.is_available()
 cuda = pytest.mark.skipif(not CUDA, reason="pinned memory needs CUDA (the original skips without an accelerator)")
@@ -95,7 +92,6 @@ def test_dataloader_with_namedtuple(method):
             assert batch.random_tensor.is_pinned() == CUDA and batch.data.positive.is_pinned() == CUDA
 
 
-@xfail(UNBATCHED)
 def test_dataloader_with_namedtuple_unbatched():
     """torch: TestNamedTupleDataLoader.test_dataloader_with_namedtuple, batch_size=None part: the samples as they
     are (numbers not turned into tensors)."""
@@ -114,11 +110,10 @@ def test_string_shuffle_pin_memory():
 
 # --- collate_fn outputs that are not plain trees ------------------------------------------------------------
 @pytest.mark.parametrize("collate_fn,kind", [
-    pytest.param(pd.collate_wrapper, pd.SimpleCustomBatch, marks=xfail(CUSTOM_CLASSES), id="custom-batch"),
-    pytest.param(pd.collate_into_packed_sequence, torch.nn.utils.rnn.PackedSequence, marks=xfail(NON_BATCH_FIRST),
-                 id="packed"),
+    pytest.param(pd.collate_wrapper, pd.SimpleCustomBatch, id="custom-batch"),
+    pytest.param(pd.collate_into_packed_sequence, torch.nn.utils.rnn.PackedSequence, id="packed"),
     pytest.param(pd.collate_into_packed_sequence_batch_first, torch.nn.utils.rnn.PackedSequence,
-                 marks=xfail(NON_BATCH_FIRST), id="packed-batch-first"),
+                 id="packed-batch-first"),
 ])
 def test_custom_batch_pin_worker(collate_fn, kind):
     """torch: TestCustomPinFn.test_custom_batch_pin_worker and test_custom_batch_pin (num_workers=0): a
@@ -139,13 +134,11 @@ def test_default_collate_dtype():
     same_as_dataloader([(1, 1.1, True, "a"), (2, 2.3, False, "b"), (-1, -0.9, True, "c")])
 
 
-@xfail(DICT_SUBCLASSES)
 def test_default_collate_mapping_keep_type():
     """torch: TestDataLoader.test_default_collate_mapping_keep_type: a batch of CustomDicts is a CustomDict."""
     same_as_dataloader([pd.CustomDict({"a": 1, "b": 2}), pd.CustomDict({"a": 3, "b": 4})])
 
 
-@xfail(DICT_SUBCLASSES)
 def test_default_collate_sequence_keep_type():
     """torch: TestDataLoader.test_default_collate_sequence_keep_type: a batch of CustomLists is a CustomList."""
     same_as_dataloader([pd.CustomList([1, 2, 3]), pd.CustomList([4, 5, 6])])
@@ -156,7 +149,6 @@ def test_default_collate_sequence_dont_keep_type():
     same_as_dataloader([range(2), range(2)])
 
 
-@xfail(NUMPY_STRINGS)
 def test_default_collate_bad_numpy_types_no_op():
     """torch: TestDataLoader.test_default_collate_bad_numpy_types, its no-op part: numpy strings come back as
     they are."""
@@ -172,7 +164,6 @@ def test_default_collate_bad_numpy_types():
                 next(iter(loader))
 
 
-@xfail(COLLATE_ERROR_CLASS)
 def test_default_collate_bad_sequence_type():
     """torch: TestDataLoader.test_default_collate_bad_sequence_type: sequences of unequal length in one batch:
     RuntimeError in the loop, whichever comes first."""
@@ -199,7 +190,6 @@ def test_default_collate_numpy_memmap():
     ("sequence_keep_type", pd.CustomList([1, 2, 3]), pd.CustomList([1, 2, 3])),
     ("sequence_dont_keep_type", range(2), [0, 1]),
 ])
-@xfail(UNBATCHED)
 def test_default_convert(name, sample, expected):
     """torch: TestDataLoader.test_default_convert_mapping_keep_type, test_default_convert_sequence_keep_type,
     test_default_convert_sequence_dont_keep_type: default_convert is what an unbatched loader (batch_size=None)
@@ -210,7 +200,6 @@ def test_default_convert(name, sample, expected):
 
 
 # --- sparse and nested tensors ------------------------------------------------------------------------------
-@xfail(SPARSE_NESTED)
 def test_sparse_tensor_multiprocessing():
     """torch: TestDataLoaderDevice.test_sparse_tensor_multiprocessing (cpu, fork): sparse COO samples through
     _sparse_coo_collate (a clone each) come back equal."""
@@ -220,7 +209,6 @@ def test_sparse_tensor_multiprocessing():
             assert torch.equal(batch[0].to_dense(), dataset[i].to_dense())
 
 
-@xfail(SPARSE_NESTED)
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
 def test_nested_tensor_multiprocessing():
     """torch: TestDataLoaderDevice.test_nested_tensor_multiprocessing (cpu, fork): nested-tensor samples through

@@ -23,7 +23,7 @@ from ferry import RemoteLoader
 from . import parity_datasets as pd
 from .helpers import local_producer_pids, wait_for
 from .parity_support import (
-    BULK_START_METHODS, COMMON, DATASET_AT_BUILD, ITERABLE, START_METHODS, keep_for_spawn, local, xfail,
+    BULK_START_METHODS, COMMON, DATASET_AT_BUILD, START_METHODS, keep_for_spawn, local, xfail,
 )
 
 #: one DataLoader worker: one loading thread, one batch at a time
@@ -87,7 +87,6 @@ def test_worker_init_fn_forkserver():
             next(iter(loader))
 
 
-@xfail(ITERABLE)
 def test_error_in_init_iterable():
     """torch: TestDataLoader.test_error_in_init, its IterableDataset part: an __iter__ that raises makes the
     loop raise its RuntimeError."""
@@ -274,14 +273,19 @@ def test_out_of_order_index_ds(method):
     assert sorted(data) == list(range(10))
 
 
-@xfail(ITERABLE)
 def test_in_order_iterable_ds():
-    """torch: TestOutOfOrderDataLoader.test_in_order_iterable_ds (and test_out_of_order_iterable_ds): an
-    IterableDataset split by get_worker_info(), 2 workers: in order, the workers' samples alternate."""
-    class Halves(IterableDataset):
-        def __iter__(self):
-            info = get_worker_info()
-            return iter([(info.id, i) for i in range(info.id * 5, info.id * 5 + 5)])
+    """torch: TestOutOfOrderDataLoader.test_in_order_iterable_ds: an IterableDataset split by get_worker_info(),
+    2 workers, worker 1's first sample slow (1 s): in order, the workers' batches alternate all the same."""
+    with RemoteLoader(dataset=pd.SlowHalf(), local_producers=2, in_order=True, **COMMON) as loader:
+        outputs = [(int(w), int(i)) for w, i in loader]
+    assert [w for w, _ in outputs] == [0, 1] * 5
+    assert [i for _, i in outputs] == [0, 5, 1, 6, 2, 7, 3, 8, 4, 9]
 
-    with RemoteLoader(dataset=Halves(), local_producers=2, in_order=True, **COMMON) as loader:
-        assert [int(i) for _, i in loader] == [0, 5, 1, 6, 2, 7, 3, 8, 4, 9]
+
+def test_out_of_order_iterable_ds():
+    """torch: TestOutOfOrderDataLoader.test_out_of_order_iterable_ds: the same, with in_order=False: worker 0's
+    five batches all come while worker 1's first is slow, then worker 1's."""
+    with RemoteLoader(dataset=pd.SlowHalf(), local_producers=2, in_order=False, **COMMON) as loader:
+        outputs = [(int(w), int(i)) for w, i in loader]
+    assert [w for w, _ in outputs] == [0] * 5 + [1] * 5
+    assert [i for _, i in outputs] == list(range(10))

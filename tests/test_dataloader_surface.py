@@ -46,11 +46,11 @@ def test_dataloader_only_options_say_what_to_use_instead(name, value, advice):
     assert threading.active_count() == threads, "nothing may start before the options are checked"
 
 
-def test_unknown_keywords_are_a_type_error_and_batch_size_none_is_explained():
+def test_unknown_keywords_are_a_type_error_and_batch_size_none_with_drop_last_is_explained():
     with pytest.raises(ConfigTypeError, match="unexpected keyword argument 'bach_size'"):
         RemoteLoader(dataset=PairDataset(8), local_producers=1, bach_size=4)
-    with pytest.raises(ConfigError, match="unbatched"):
-        RemoteLoader(dataset=PairDataset(8), local_producers=1, batch_size=None)
+    with pytest.raises(ConfigError, match="batch_size=None option disables auto-batching"):
+        RemoteLoader(dataset=PairDataset(8), local_producers=1, batch_size=None, drop_last=True)
     with pytest.raises(ConfigError, match="both given"):
         RemoteLoader(dataset=PairDataset(8), local_producers=1, batch_size=4, seed=1,
                      generator=torch.Generator())

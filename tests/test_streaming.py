@@ -89,13 +89,16 @@ def test_torch_iterable_dataset_with_the_two_methods_works():
         assert _run(loader) == reference(dataset, batch_size=2, seed=1)
 
 
-def test_iterable_dataset_without_the_two_methods_is_refused_at_once():
-    class Stream(torch.utils.data.IterableDataset):
+def test_a_streaming_dataset_with_half_the_contract_is_refused_at_once():
+    class HalfShards(torch.utils.data.IterableDataset):  # shards() without iter_shard(): a mistake, not an iterable
         def __iter__(self):
             return iter(range(10))
 
-    with pytest.raises(ConfigError, match=r"shards\(\).*iter_shard"):
-        RemoteLoader(dataset=Stream(), local_producers=1, batch_size=2)
+        def shards(self):
+            return ["a"]
+
+    with pytest.raises(ConfigError, match=r"without iter_shard.*shards\(\).*iter_shard"):
+        RemoteLoader(dataset=HalfShards(), local_producers=1, batch_size=2)
 
 
 def test_resume_mid_epoch_mid_shard_is_exact():

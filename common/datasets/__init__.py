@@ -1,8 +1,9 @@
 """Dataset specs and the built-in datasets (one module each: :mod:`.synthetic`, :mod:`.npy`, :mod:`.images`,
 :mod:`.packed`; what they share is in :mod:`.base`).
 
-A *spec* names a map-style dataset (``__len__`` + ``__getitem__``), or a sharded one (``shards()`` +
-``iter_shard(name)``, see :mod:`ferry.common.shardplan`), that a producer builds for itself:
+A *spec* names a map-style dataset (``__len__`` + ``__getitem__``), a sharded one (``shards()`` +
+``iter_shard(name)``, see :mod:`ferry.common.shardplan`) or an iterable one (a torch ``IterableDataset``, see
+:mod:`ferry.common.streamplan`), that a producer builds for itself:
 
 * a built-in name: ``synthetic``, ``npy-folder``, ``image-folder``, ``packed`` or ``tar-shards`` (see
   :data:`BUILTINS`);
@@ -12,8 +13,9 @@ A *spec* names a map-style dataset (``__len__`` + ``__getitem__``), or a sharded
 
 Every dataset has a *fingerprint*: a short string that two producers of the same data agree on. A
 dataset may define ``fingerprint`` (a str attribute or a method); otherwise it is the class's qualified
-name, the length and, for a folder dataset laid out as torchvision's ``DatasetFolder`` (``root`` and
-``samples``, a list of ``(path, label)``), a digest of each file's relative path, label and size. The
+name, the length (an iterable dataset: ``iterable`` and its ``len()`` where it has one) and, for a folder
+dataset laid out as torchvision's ``DatasetFolder`` (``root`` and ``samples``, a list of ``(path, label)``), a
+digest of each file's relative path, label and size. The
 built-in datasets cover their content (files, or shard names and sizes) and their decoding options. The
 consumer rejects a producer whose fingerprint differs from the first one's.
 """
@@ -33,9 +35,10 @@ from ferry.common.datasets.npy import NpyFolderDataset, read_npy_header, read_np
 from ferry.common.datasets.packed import PackedDataset
 from ferry.common.datasets.synthetic import SyntheticDataset
 from ferry.common.datasets.tarshards import TarShardsDataset
-from ferry.common.errors import DatasetSpecError, MissingExtraError, SampleLoadError
+from ferry.common.errors import ConfigError, DatasetSpecError, MissingExtraError, SampleLoadError
 from ferry.common.kinds import parse_keyword_args
 from ferry.common.shardplan import is_sharded, shard_fingerprint, shard_names
+from ferry.common.streamplan import check_iterable, is_iterable, iterable_len
 
 __all__ = [
     "BUILTINS",
@@ -117,9 +120,16 @@ def resolve_dataset(spec: str, kwargs: dict[str, Any] | None = None) -> Any:
         raise DatasetSpecError(f"dataset spec {spec!r} with {kwargs!r} failed: {type(exc).__name__}: {exc}") from exc
     if is_sharded(dataset):
         return dataset
+    if is_iterable(dataset):
+        try:
+            check_iterable(dataset)
+        except ConfigError as exc:
+            raise DatasetSpecError(f"dataset spec {spec!r}: {exc}") from None
+        return dataset
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
         raise DatasetSpecError(f"dataset spec {spec!r} returned {type(dataset).__name__}, neither a map-style "
-                               "dataset (__len__, __getitem__) nor a sharded one (shards(), iter_shard(name))")
+                               "dataset (__len__, __getitem__), a sharded one (shards(), iter_shard(name)) nor an "
+                               "iterable one (__iter__)")
     return dataset
 
 
@@ -142,6 +152,8 @@ class Transformed:
     def __new__(cls, dataset: Any, transform: Any, args: dict[str, Any] | None = None) -> "Transformed":
         if cls is Transformed and is_sharded(dataset):  # the sharded contract passes through, transformed
             return super().__new__(TransformedShards)
+        if cls is Transformed and is_iterable(dataset):  # so does an iterable dataset's
+            return super().__new__(TransformedStream)
         return super().__new__(cls)
 
     def __init__(self, dataset: Any, transform: Any, args: dict[str, Any] | None = None) -> None:
@@ -172,6 +184,15 @@ class TransformedShards(Transformed):
         if name in ("shard_len", "shuffle_buffer") and "dataset" in self.__dict__:
             return getattr(self.dataset, name)
         raise AttributeError(name)
+
+
+class TransformedStream(Transformed):
+    """An iterable dataset whose samples pass through ``transform``; ``len()`` where the dataset has one."""
+
+    __getitem__ = None  # type: ignore[assignment]  # no map: is_iterable() reads the class's __getitem__
+
+    def __iter__(self) -> Any:
+        return (self.transform(sample) for sample in self.dataset)
 
 
 def resolve_callable(spec: str, what: str = "transform") -> Any:
@@ -242,6 +263,9 @@ def dataset_fingerprint(dataset: Any) -> str:
     cls = type(dataset)
     # a class defined in the training script is __main__.X there and __mp_main__.X in a spawned producer
     module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
+    if is_iterable(dataset):  # no index to check: its class, and its length where it has one
+        length = iterable_len(dataset)
+        return f"{module}.{cls.__qualname__}:iterable" + (f":{length}" if length is not None else "")
     folder = folder_samples(dataset)
     files = f":files={files_digest(*folder)}" if folder is not None else ""
     return f"{module}.{cls.__qualname__}:{len(dataset)}{files}"

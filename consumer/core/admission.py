@@ -26,10 +26,15 @@ no-progress timeout reads both.
 :class:`BadPeers` remembers peers that sent invalid messages or talked without a HELLO, so that each is
 logged once (and at most INVALID_LOG_BURST lines a minute in all) and told to say HELLO at most once per
 heartbeat.
+
+:func:`same_user_ipc` tells a peer that may send pickled values (the loader's own local producers) from every
+other: see its docstring.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -38,11 +43,27 @@ from ferry.common.constants import MAX_TRACKED_PEERS
 
 from ferry.consumer.core.dispatcher import Dispatcher, Poisoned, ProducerInfo
 
-__all__ = ["Loss", "Admission", "Peers", "BadPeers", "INVALID_LOG_BURST"]
+__all__ = ["Loss", "Admission", "Peers", "BadPeers", "INVALID_LOG_BURST", "same_user_ipc"]
 
 #: Invalid-message log lines per minute, over all peers.
 INVALID_LOG_BURST = 10
 _WINDOW_S = 60.0
+
+
+def same_user_ipc(address: str | None) -> bool:
+    """True for a peer connected over ipc whose process runs as this process's user, as the kernel says: ZeroMQ's
+    ``Peer-Address`` of an ipc link ends in the peer's ``uid:gid:pid`` (SO_PEERCRED, which the peer cannot
+    choose); over tcp it is an IP. The loader's local producers are such peers (its ipc socket lies in a folder
+    only its user can open), and such a peer could read this process's files and memory anyway: it may send
+    pickled values, as DataLoader's workers do. Any other peer may not (no pickle over the network)."""
+    text = (address or "").strip()
+    try:
+        ipaddress.ip_address(text.strip("[]").split("%", 1)[0])
+        return False  # tcp, even over loopback: any local user may connect to a tcp port
+    except ValueError:
+        pass
+    parts = text.rsplit(":", 3)
+    return len(parts) == 4 and all(p.isdigit() for p in parts[1:]) and int(parts[1]) == os.getuid()
 
 
 @dataclass(frozen=True)
@@ -77,6 +98,8 @@ class Peers:
         self.dataset_len = dataset_len
         self.fingerprint = fingerprint
         self.shard_lengths: list[int] | None = None  # each shard's samples, as the first producer announced them
+        self.iterable = False  # the first producer announced an iterable dataset (HELLO dataset.iterable)
+        self.iterable_len: int | None = None  # its len(dataset), where it has one
         self._first_name: str | None = None  # the producer whose dataset was adopted
         self._shm_token = shm_token  # of this consumer's shared-memory slab, if it has one
         self.seen = 0  # producers registered, in all
@@ -123,7 +146,7 @@ class Peers:
             joined = ProducerInfo(
                 peer=peer, producer_id=hello["producer"], nonce=hello["nonce"], name=name, slots=hello["slots"],
                 last_heard=now, joined=now, shared=self._shm_token is not None and hello.get("shm") == self._shm_token,
-                pid=hello["pid"],
+                pid=hello["pid"], worker=tuple(hello["worker"]) if "worker" in hello else None,
             )
             self.dispatcher.add(joined)
             self.seen += 1
@@ -148,6 +171,8 @@ class Peers:
                     f"under the same fingerprint {dataset['fingerprint']!r}: has a shard been rewritten?")
         if self.shard_lengths is None:
             self.shard_lengths = lengths
+        if not self.dataset_known and dataset.get("iterable") is True:
+            self.iterable, self.iterable_len = True, dataset["len"] if dataset.get("sized", True) else None
         if not self.dataset_known:
             self.dataset_len, self.fingerprint, self._first_name = dataset["len"], dataset["fingerprint"], name
         return None

@@ -6,7 +6,9 @@ against the task it names: only from the identity that holds that task, only in 
 duplicate or stale and only counted. A claimed BATCH is checked against its run (:mod:`.sequencers`) and
 decoded (:mod:`.results`); it then takes its seq's place in the reorder buffer, and under ``"auto"`` tells
 the codec choice what it cost (:mod:`.compression`). A claimed FAIL puts its error in that place, or nothing
-under ``on_error="skip"``.
+under ``on_error="skip"``. So does a BATCH holding a registered type this process has not registered
+(:class:`~ferry.common.errors.BatchTypeError`, whatever ``on_error``): every producer would send the same, so it
+is neither issued again nor held against its producer.
 
 An answer that cannot be used raises :class:`Unusable` with its task: what that costs the producer (its seq
 issued again, the producer lost and refused) is the core's to decide, since it touches the registry.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ferry.common.errors import ProtocolError
+from ferry.common.errors import BatchTypeError, ProtocolError
 
 from ferry.consumer.core.actions import Log
 from ferry.consumer.core.compression import TaskCodecs
@@ -60,8 +62,9 @@ class Answers:
         return task
 
     def batch(self, info: ProducerInfo, task: Task, header: dict[str, Any], data: list[Any], *,
-              sequencer: Sequencer, epoch: int, now: float, keep: Any) -> list[Log]:
-        """Check, decode and put the BATCH answering ``task``. Returns what to log.
+              sequencer: Sequencer, epoch: int, now: float, keep: Any, pickle_ok: bool = False) -> list[Log]:
+        """Check, decode and put the BATCH answering ``task``. Returns what to log. ``pickle_ok``: its producer may
+        send pickled values (a local producer: ipc, this process's user; the core decides).
 
         Raises:
             Unusable: the batch does not answer its task as the run requires, or does not decode.
@@ -70,7 +73,13 @@ class Answers:
             answer = sequencer.read_answer(header, task.seq, epoch)
             batch = None if answer.empty else self.decoder.decode(
                 header, data, seq=task.seq, epoch=epoch, indices=answer.indices,
-                region=self.slots.take_region(task.task))
+                region=self.slots.take_region(task.task), pickle_ok=pickle_ok)
+        except BatchTypeError as exc:  # a registration this process lacks: raised at its batch
+            self.codecs.forget([task.task])
+            self.slots.give_back(task.task)
+            sequencer.put(Delivery(run=task.run, seq=task.seq, error=BatchTypeError(
+                f"{exc} (epoch {epoch}, batch {task.seq}, from producer {info.name})")))
+            return []
         except ProtocolError as exc:
             raise Unusable(task, exc) from None
         if answer.last or answer.empty:

@@ -14,9 +14,9 @@ No sockets, no threads, no clock: the io thread (:mod:`ferry.consumer.io.thread`
 
 Each event ends by issuing what credits allow and handing on what is ready, in order. The parts it drives
 hold the rules: admission and liveness (:mod:`.admission`), credits, tasks and attempts (:mod:`.dispatcher`),
-the run's order and reorder buffer (:mod:`.sequencers`, :mod:`.shards`), what a BATCH or FAIL does
-(:mod:`.answers`, with the checks of :mod:`.results`), what a TASK says (:mod:`.issuing`), the codec each TASK
-names (:mod:`.compression`) and the shared-memory slots (:mod:`.slots`).
+the run's order and reorder buffer (:mod:`.sequencers`, :mod:`.shards`, :mod:`.streams`), what a BATCH or FAIL
+does (:mod:`.answers`, with the checks of :mod:`.results`), what a TASK says (:mod:`.issuing`), the codec each
+TASK names (:mod:`.compression`) and the shared-memory slots (:mod:`.slots`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ferry.common.constants import DEAL_FIRST_TASKS_S, DEFAULT_FRAME_BYTES, MAX_
 from ferry.common.errors import PoisonTaskError, ProtocolError, VersionMismatch
 
 from ferry.consumer.core.actions import Action, Deliver, Log, Send
-from ferry.consumer.core.admission import BadPeers, Loss, Peers
+from ferry.consumer.core.admission import BadPeers, Loss, Peers, same_user_ipc
 from ferry.consumer.core.compression import TaskCodecs, is_local_address
 from ferry.consumer.core.delivery import Delivery
 from ferry.consumer.core.dispatcher import Attempt, Dispatcher, Poisoned, ProducerInfo, Task
@@ -193,7 +193,7 @@ class ConsumerCore:
             return
         info.last_heard = now
         if kind == protocol.BATCH:
-            self._batch(info, header, data, now, keep)
+            self._batch(info, header, data, now, keep, address)
         elif kind == protocol.FAIL:
             self._fail(info, header, data, now)
         elif kind == protocol.BYE:
@@ -242,18 +242,22 @@ class ConsumerCore:
         info = self.dispatcher.producers.get(peer)
         if info is not None:  # admitted (perhaps reconnected from elsewhere): is its link local?
             info.remote = not info.shared and not is_local_address(address)
+            info.pickle_ok = same_user_ipc(address)
         c = self.config
         self._send(peer, protocol.WELCOME, session=self.session, heartbeat=c.heartbeat, nonce=header["nonce"],
-                   codecs=list(c.codecs), frame_bytes=DEFAULT_FRAME_BYTES, max_batch_bytes=c.max_batch_bytes)
+                   codecs=list(c.codecs), frame_bytes=DEFAULT_FRAME_BYTES, max_batch_bytes=c.max_batch_bytes,
+                   **({"pickle": True} if info is not None and info.pickle_ok else {}))
 
-    def _batch(self, info: ProducerInfo, header: dict[str, Any], data: list[Any], now: float, keep: Any) -> None:
+    def _batch(self, info: ProducerInfo, header: dict[str, Any], data: list[Any], now: float, keep: Any,
+               address: str) -> None:
         task = self._claim(info, header, now)
         if task is None:
             return
         assert self.sequencer is not None  # a task exists only within a run
         try:
             self._out += self.answers.batch(info, task, header, data, sequencer=self.sequencer, epoch=self._epoch,
-                                            now=now, keep=keep)
+                                            now=now, keep=keep,
+                                            pickle_ok=info.pickle_ok and same_user_ipc(address))  # and still so
         except Unusable as exc:
             # it answered its own task with a batch we cannot use: broken or hostile. Re-issue the seq, and
             # drop and reject the producer, or a peer with many free slots would take the seq back every time

@@ -7,7 +7,8 @@
   accepted only for a task still in flight and only from the identity it was given to. Anything else is a
   late duplicate.
 * New seqs come from the run's :class:`~ferry.consumer.core.sequencers.Sequencer`; the seqs of a lost
-  producer go back to the *front* of a re-issue queue, which goes first.
+  producer go back to the *front* of a re-issue queue, which goes first, to a producer the sequencer lets take
+  them (an iterable run's stream may be bound to its own producer: :mod:`.streams`).
 * Credits: :meth:`assign` never lets ``in flight + held`` exceed the capacity, and never gives a producer
   more than its ``slots``. A new task goes to the live producer with the most free slots; between equals, to
   the one given a task longest ago (in turn, as DataLoader hands tasks to its workers).
@@ -46,10 +47,12 @@ class ProducerInfo:
     in_flight: set[int] = field(default_factory=set)  # task ids
     shared: bool = False  # mapped this consumer's shared-memory slab (a local producer)
     remote: bool = False  # on another machine (neither shared memory, ipc nor loopback): "auto" may compress
+    pickle_ok: bool = False  # over ipc as this process's user (a local producer): may send pickled values
     pid: int = 0
     batches: int = 0
     bytes: int = 0
     last_task: int = 0  # the id of the latest task it was given (ids only grow): ties go to the longest idle
+    worker: tuple[int, int] | None = None  # an iterable dataset's producer: its [id, count] place (HELLO worker)
 
     @property
     def identity(self) -> tuple[str, int]:
@@ -117,6 +120,8 @@ class Dispatcher:
         self._attempts, self._poisoned = {}, []
         for producer in self.producers.values():
             producer.in_flight.clear()
+            if sequencer is not None:
+                sequencer.peer_joined(producer.peer, producer.worker)
         self.tasks.clear()
 
     @property
@@ -138,6 +143,8 @@ class Dispatcher:
 
     def add(self, info: ProducerInfo) -> None:
         self.producers[info.peer] = info
+        if self.sequencer is not None:
+            self.sequencer.peer_joined(info.peer, info.worker)
 
     def move(self, old_peer: bytes, new_peer: bytes) -> ProducerInfo:
         """The same producer reconnected under a new routing id: keep its tasks."""
@@ -253,14 +260,18 @@ class Dispatcher:
         self._deal_to = 0
 
     def _next_for(self, peer: bytes, speculate: bool) -> int | None:
-        """A re-issue first (those that became stale are dropped), then a new seq from the sequencer."""
+        """A re-issue first, the first one ``peer`` may take (those that became stale are dropped), then a new seq
+        from the sequencer."""
         sequencer = self.sequencer
         assert sequencer is not None
-        while self._requeued and sequencer.stale(self._requeued[0]):
-            self._requeued.popleft()
-        if self._requeued:
-            return self._requeued.popleft()
-        return sequencer.next_seq(peer, self.producers.keys(), speculate)
+        live = self.producers.keys()
+        for seq in list(self._requeued):
+            if sequencer.stale(seq):
+                self._requeued.remove(seq)
+            elif sequencer.may_take(peer, seq, live):
+                self._requeued.remove(seq)
+                return seq
+        return sequencer.next_seq(peer, live, speculate)
 
     def complete(self, task_id: int, peer: bytes) -> Task | None:
         """Accept the result of ``task_id`` from ``peer``, or return None for a duplicate / stranger."""

@@ -4,7 +4,7 @@
 sequencer (checked against the dataset's length: an index outside it raises at that batch's position and is
 never sent), a shared-memory slot for a producer that mapped the slab (while one is free), the codec of its
 batch frames (:class:`~ferry.consumer.core.compression.TaskCodecs`) and what the run's kind adds (a shard's
-batch). Pure: the core calls it at the end of every event.
+batch, a stream's). Pure: the core calls it at the end of every event.
 """
 
 from __future__ import annotations
@@ -39,13 +39,14 @@ def issue(dispatcher: Dispatcher, sequencer: Sequencer, slots: SlotLedger, codec
           *, dataset_len: int | None, now: float) -> list[Send]:
     """Issue as many tasks as credits and free slots allow; the TASKs to send."""
     out = []
+    bound = sequencer.index_range(dataset_len)  # an iterable run's indices name streams, not samples
     for task in dispatcher.assign(sequencer.held, now):
         indices = sequencer.indices(task.seq)
-        bad = next((i for i in indices if not 0 <= i < dataset_len), None) if dataset_len is not None else None
+        bad = next((i for i in indices if not 0 <= i < bound), None) if bound is not None else None
         if bad is not None:  # raised at this batch's position, at once; its credit passes to the error
             dispatcher.drop(task.task)
             sequencer.put(Delivery(run=task.run, seq=task.seq, error=SampleIndexError(
-                index=bad, length=dataset_len, epoch=common.epoch, seq=task.seq)))
+                index=bad, length=bound, epoch=common.epoch, seq=task.seq)))
             continue
         extra: dict[str, Any] = {}
         info = dispatcher.producers[task.peer]

@@ -2,11 +2,14 @@
 
 * A BATCH must answer its task's seq in the current epoch, decode within ``max_batch_bytes``, hold exactly
   the samples the task asked for (less the ones it reports failed), and have the structure and dtypes of
-  the first batch accepted. Values cannot be checked; a peer that must not be trusted with them must not
-  be let in (CURVE).
+  the first batch accepted. A BATCH marked ``batch_first: False`` (the user's collate_fn made it, or it is an
+  unbatched loader's sample) is checked for its structure only, not its sample counts; the mark is part of the
+  structure. Values cannot be checked; a peer that must not be trusted with them must not be let in (CURVE).
+  A pickled value is accepted only from a producer the consumer allowed to send one (``pickle_ok``).
 * A FAIL is one frame naming at least one sample error. What it raises in the training loop: a batch larger
-  than ``max_batch_bytes`` or an index outside the dataset, whatever ``on_error`` says (no producer could do
-  better: :func:`unretryable`); otherwise the first sample's error (of its original type where that can be rebuilt:
+  than ``max_batch_bytes``, a value of a class that cannot travel (:class:`~ferry.common.errors.BatchTypeError`)
+  or an index outside the dataset, whatever ``on_error`` says (no producer could do better:
+  :func:`unretryable`); otherwise the first sample's error (of its original type where that can be rebuilt:
   :mod:`ferry.common.remote_errors`), or nothing under ``on_error="skip"``.
 
 A breach raises :class:`~ferry.common.errors.ProtocolError`; the core decides what it costs the peer.
@@ -17,8 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ferry.common.codec import decode_tree, tree_nbytes, tree_signature
-from ferry.common.errors import BatchTooLarge, ProtocolError, RemoteSampleError, SampleIndexError
+from ferry.common.codec import tree_nbytes, tree_signature
+from ferry.common.decoder import decode_tree
+from ferry.common.errors import BatchTooLarge, BatchTypeError, ProtocolError, RemoteSampleError, SampleIndexError
 from ferry.common.remote_errors import typed_remote_error
 
 __all__ = ["Batch", "BatchDecoder", "check_fail", "unretryable", "sample_error", "skip_lines", "SKIPS_LOGGED"]
@@ -45,31 +49,36 @@ class BatchDecoder:
         self._signature: Any = None  # structure and dtypes of the first accepted batch
 
     def decode(self, header: dict[str, Any], frames: list[Any], *, seq: int, epoch: int, indices: Sequence[int],
-               region: Any) -> Batch:
+               region: Any, pickle_ok: bool = False) -> Batch:
         """The batch answering the task of ``seq`` (of ``epoch``, asking for ``indices``), decoded over
-        ``frames`` (buffers) and the task's shared-memory ``region`` (None without one).
+        ``frames`` (buffers) and the task's shared-memory ``region`` (None without one). ``pickle_ok``: its
+        producer may send pickled values (the consumer's own local producers).
 
         Raises:
             ProtocolError: another seq or epoch, a malformed tree, more than ``max_batch_bytes``, samples the task
-                did not ask for, or a structure other than the first batch's.
+                did not ask for, a structure other than the first batch's, or a pickled value without ``pickle_ok``.
+            BatchTypeError: a registered type that is not registered in this process.
         """
         if (header["epoch"], header["seq"]) != (epoch, seq):
             raise ProtocolError(f"BATCH for task {header['task']} names seq {header['seq']}, expected {seq}")
         compressed = [0, 0, 0.0]  # wire and raw bytes of compressed frames, seconds decompressing them
         tree = decode_tree(header["tree"], frames, max_bytes=self.max_batch_bytes, region=region,
-                           compressed=compressed)
-        self._check_structure(header["task"], tree, indices, header["errors"])
+                           compressed=compressed, pickle_ok=pickle_ok)
+        self._check_structure(header, tree, indices)
         nbytes = tree_nbytes(tree)
         shared = region is not None and nbytes > sum(len(f) for f in frames)
         return Batch(tree, nbytes, shared, *compressed)
 
-    def _check_structure(self, task: int, tree: Any, indices: Sequence[int], errors: list[dict[str, Any]]) -> None:
+    def _check_structure(self, header: dict[str, Any], tree: Any, indices: Sequence[int]) -> None:
+        errors = header["errors"]
         if errors:
             asked = set(indices)
             stray = next((e["index"] for e in errors if e["index"] not in asked), None)
             if stray is not None:
-                raise ProtocolError(f"BATCH reports sample {stray} failed, which task {task} did not ask for")
-        signature = tree_signature(tree, len(indices) - len(errors))
+                raise ProtocolError(f"BATCH reports sample {stray} failed, which task {header['task']} did not "
+                                    f"ask for")
+        batch_first = header.get("batch_first", True)
+        signature = (batch_first, tree_signature(tree, len(indices) - len(errors) if batch_first else None))
         if self._signature is None:
             self._signature = signature
         elif signature != self._signature:
@@ -84,13 +93,17 @@ def check_fail(header: dict[str, Any], frames: list[Any]) -> None:
 def unretryable(errors: list[dict[str, Any]], *, producer: str, epoch: int, seq: int,
                 dataset_len: int | None) -> Exception | None:
     """The error a FAIL names that no producer could avoid, or None: a sample index outside the dataset (the
-    plan itself is wrong), or a batch larger than max_batch_bytes (every producer builds the same)."""
+    plan itself is wrong), a batch larger than max_batch_bytes or holding a class that cannot travel (every
+    producer builds the same)."""
     kinds: dict[str, dict[str, Any]] = {}
     for error in errors:
         kinds.setdefault(error["exc_type"], error)  # the first of each kind names it
     if BatchTooLarge.__name__ in kinds:
         return BatchTooLarge(f"{kinds[BatchTooLarge.__name__]['message']} (epoch {epoch}, batch {seq}, "
                              f"from producer {producer})")
+    if BatchTypeError.__name__ in kinds:
+        return BatchTypeError(f"{kinds[BatchTypeError.__name__]['message']} (epoch {epoch}, batch {seq}, "
+                              f"from producer {producer})")
     if SampleIndexError.__name__ in kinds:
         return SampleIndexError(index=kinds[SampleIndexError.__name__]["index"], length=dataset_len or 0,
                                 epoch=epoch, seq=seq)

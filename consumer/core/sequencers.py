@@ -7,12 +7,16 @@ from the kind of plan (docs/ARCHITECTURE.md#epoch-plan):
   front (``first_seq .. len(plan) - 1``) and delivered in plan order, or as they arrive with ``in_order=False``;
 * :class:`~ferry.consumer.core.shards.ShardSequencer`, a sharded dataset's
   :class:`~ferry.common.shardplan.ShardPlan`: the number of batches of each shard is discovered from the
-  answers, and producers keep an affinity to the shard they read (docs/ARCHITECTURE.md#streaming-sources).
+  answers, and producers keep an affinity to the shard they read (docs/ARCHITECTURE.md#streaming-sources);
+* :class:`~ferry.consumer.core.streams.StreamSequencer`, an iterable dataset's
+  :class:`~ferry.common.streamplan.StreamPlan`: N streams read one batch after another, delivered round robin
+  as DataLoader interleaves its workers; a producer may be bound to its stream
+  (docs/ARCHITECTURE.md#iterable-datasets).
 
-Both keep the reorder buffer of their run and its ``held`` count: batches put and not yet released by the
+All keep the reorder buffer of their run and its ``held`` count: batches put and not yet released by the
 training loop. The :class:`~ferry.consumer.core.dispatcher.Dispatcher` issues a new task only while
-``in_flight + held < capacity``. A third kind (iterable datasets) is one more implementation of this
-interface. Nothing here is shared with another thread: the core owns the sequencer of its run.
+``in_flight + held < capacity``. Nothing here is shared with another thread: the core owns the sequencer of its
+run.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any, Collection
 from ferry.common.errors import ProtocolError
 from ferry.common.plan import EpochPlan
 from ferry.common.shardplan import ShardPlan
+from ferry.common.streamplan import StreamPlan
 
 from ferry.consumer.core.delivery import Delivery, EndOfRun
 
@@ -47,6 +52,9 @@ class Sequencer:
     run: int
     first_seq: int
     total: int | None
+    #: an iterable run's batches of each stream already delivered when it began (a resume): the start of what
+    #: :meth:`streams_after` folds; () for the other kinds
+    resume_streams: tuple[int, ...] = ()
 
     def __init__(self) -> None:
         self.held = 0  # batches put and not yet released by the training loop
@@ -71,11 +79,20 @@ class Sequencer:
         """New seqs this run can still issue now."""
         raise NotImplementedError
 
+    def peer_joined(self, peer: bytes, worker: tuple[int, int] | None) -> None:
+        """``peer`` is registered (before this run, or during it); ``worker``: the ``[id, count]`` place its HELLO
+        said, or None."""
+
     def peer_lost(self, peer: bytes) -> None:
         pass
 
     def peer_moved(self, old: bytes, new: bytes) -> None:
         pass
+
+    def may_take(self, peer: bytes, seq: int, live: Collection[bytes]) -> bool:
+        """Whether ``peer`` may be given ``seq`` (a re-issue): any producer, but an iterable run's stream may be
+        bound to its own producers."""
+        return True
 
     # --- what a task carries, what an answer must hold ------------------------------------------------
     def indices(self, seq: int) -> list[int]:
@@ -84,6 +101,11 @@ class Sequencer:
     def task_fields(self, seq: int) -> dict[str, Any]:
         """TASK fields beyond ``indices``."""
         return {}
+
+    def index_range(self, dataset_len: int | None) -> int | None:
+        """What a TASK's ``indices`` must lie below (None: unchecked): the dataset's length (a sharded dataset's
+        shard count); an iterable run's stream count."""
+        return dataset_len
 
     def read_answer(self, header: dict[str, Any], seq: int, epoch: int) -> Answer:
         """Check a BATCH against the kind of run it answers.
@@ -131,6 +153,12 @@ class Sequencer:
         function: the training thread calls it, with no reference to the sequencer the io thread owns."""
         return (0, 0)
 
+    @staticmethod
+    def streams_after(streams: tuple[int, ...], seq: int) -> tuple[int, ...]:
+        """An iterable run's batches of each stream delivered, once ``seq`` was delivered after ``streams`` (()
+        for the other kinds). A pure function, as :meth:`shard_after`."""
+        return streams
+
     def _arrived(self, seq: int) -> None:
         pass
 
@@ -169,9 +197,12 @@ class MapSequencer(Sequencer):
     def indices(self, seq: int) -> list[int]:
         return self.plan.batch(seq)
 
+    def task_fields(self, seq: int) -> dict[str, Any]:
+        return {"unbatched": self.plan.unbatched} if self.plan.unbatched else {}
+
     def read_answer(self, header: dict[str, Any], seq: int, epoch: int) -> Answer:
         if "count" in header or "last" in header:
-            raise ProtocolError("BATCH count/last must come exactly with the tasks of a sharded dataset")
+            raise ProtocolError("BATCH count/last must come exactly with the tasks of a sharded or iterable dataset")
         return Answer(self.plan.batch(seq))
 
     def _arrived(self, seq: int) -> None:
@@ -194,11 +225,21 @@ class MapSequencer(Sequencer):
         return self._delivered >= self.total
 
 
-def sequencer_for(run: int, plan: Any, first_seq: int, shard: tuple[int, int], *, in_order: bool) -> Sequencer:
+def sequencer_for(run: int, plan: Any, first_seq: int, shard: tuple[int, int], *, in_order: bool,
+                  streams: tuple[int, ...] = ()) -> Sequencer:
     """The sequencer of ``plan``'s kind, starting at ``first_seq`` (and within a sharded plan at ``shard``:
-    position and batch). The one place where the kind of plan is looked at."""
+    position and batch; in an iterable plan at ``streams``: each stream's batches delivered). The one place where
+    the kind of plan is looked at.
+
+    Raises:
+        ConfigError: ``streams`` (a resume) counts other streams than the iterable plan has.
+    """
     if isinstance(plan, ShardPlan):
         from ferry.consumer.core.shards import ShardSequencer
 
         return ShardSequencer(run, plan, first_seq, shard)
+    if isinstance(plan, StreamPlan):
+        from ferry.consumer.core.streams import StreamSequencer
+
+        return StreamSequencer(run, plan, first_seq, streams, in_order=in_order)
     return MapSequencer(run, plan, first_seq, in_order=in_order)

@@ -26,7 +26,27 @@ from ferry.common.shardplan import ShardPlan, decode_seq, encode_seq
 
 from ferry.consumer.core.sequencers import Answer, Sequencer
 
-__all__ = ["ShardSequencer"]
+__all__ = ["ShardSequencer", "read_counted"]
+
+
+def read_counted(header: dict[str, Any], seq: int, epoch: int, batch_size: int, indices: list[int]) -> Answer:
+    """A BATCH that answers a task of a discovered length (a shard's or a stream's batch ``k``): its ``count``
+    samples, each told by ``indices`` (the shard or stream), or empty (no batch ``k``).
+
+    Raises:
+        ProtocolError: no ``count``/``last``, more samples than the batch size, or an empty answer with a tree or
+            errors, or of another seq.
+    """
+    if "count" not in header or "last" not in header:
+        raise ProtocolError("BATCH count/last must come exactly with the tasks of a sharded or iterable dataset")
+    count = header["count"]
+    if count > batch_size:
+        raise ProtocolError(f"BATCH holds {count} samples, more than the batch size {batch_size}")
+    if count == 0:
+        if header["tree"] is not None or header["errors"] or (header["epoch"], header["seq"]) != (epoch, seq):
+            raise ProtocolError("an empty BATCH must have no tree, no errors and its task's seq")
+        return Answer([], empty=True, last=True)
+    return Answer(indices * count, last=header["last"])
 
 
 class ShardSequencer(Sequencer):
@@ -116,18 +136,7 @@ class ShardSequencer(Sequencer):
         return self.plan.task_fields(seq)
 
     def read_answer(self, header: dict[str, Any], seq: int, epoch: int) -> Answer:
-        """Raises ProtocolError for an answer without ``count``/``last``, more samples than the batch size, or
-        an empty answer with a tree or errors, or of another seq."""
-        if "count" not in header or "last" not in header:
-            raise ProtocolError("BATCH count/last must come exactly with the tasks of a sharded dataset")
-        count = header["count"]
-        if count > self.plan.batch_size:
-            raise ProtocolError(f"BATCH holds {count} samples, more than the batch size {self.plan.batch_size}")
-        if count == 0:
-            if header["tree"] is not None or header["errors"] or (header["epoch"], header["seq"]) != (epoch, seq):
-                raise ProtocolError("an empty BATCH must have no tree, no errors and its task's seq")
-            return Answer([], empty=True, last=True)
-        return Answer(self.plan.batch(seq) * count, last=header["last"])
+        return read_counted(header, seq, epoch, self.plan.batch_size, self.plan.batch(seq))
 
     def ended(self, seq: int, *, empty: bool) -> None:
         p, k = decode_seq(seq)

@@ -156,6 +156,12 @@ class IoThread:
         with self._lock:
             return self._core.peers.dataset_len, self._core.sharded
 
+    def iterable(self) -> tuple[bool, int | None]:
+        """Whether the first producer admitted announced an iterable dataset, and its ``len(dataset)`` (None where
+        it has none). Ask once :meth:`wait_dataset` said the dataset is known."""
+        with self._lock:
+            return self._core.peers.iterable, self._core.peers.iterable_len
+
     def shard_lengths(self) -> list[int] | None:
         """Each shard's samples, as the producers announced them; None where they did not (or not yet)."""
         with self._lock:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ferry.common import settings as s
-from ferry.common.constants import DEFAULT_ENDPOINT, DEFAULT_TIMEOUT_S, MAX_SEED, MIN_SEED
+from ferry.common.constants import DEFAULT_ENDPOINT, DEFAULT_TIMEOUT_S, MAX_SEED, MAX_STREAMS, MIN_SEED
 from ferry.common.errors import ConfigError, ConfigTypeError
 from ferry.common.settings import Setting
 
@@ -55,14 +55,19 @@ class _KeywordArguments(s.Kind):
 
 
 class _Dataset(s.Kind):
-    """A spec string, a map-style dataset, or a stream of shards (common/shardplan.py)."""
+    """A spec string, a map-style dataset, a stream of shards (common/shardplan.py) or an iterable dataset
+    (common/streamplan.py)."""
 
     def check(self, name: str, value: Any) -> Any:
         if isinstance(value, str):
             return value
         from ferry.common.shardplan import check_sharded, looks_streaming
+        from ferry.common.streamplan import check_iterable, is_iterable
 
-        if looks_streaming(value):  # a stream of shards, or an error naming the two methods
+        if is_iterable(value):  # read as DataLoader's workers read it, one copy per stream
+            check_iterable(value)
+            return value
+        if looks_streaming(value):  # a stream of shards, or an error naming the method it lacks
             check_sharded(value)
             return value
         if not (hasattr(value, "__len__") and hasattr(value, "__getitem__")):
@@ -102,7 +107,10 @@ KEYWORDS: dict[str, Setting] = {
                         f"without editing the script; else ``{DEFAULT_ENDPOINT}``, and in local mode only the private "
                         "ipc socket. None: bind nothing else. A tcp port is shifted by ``LOCAL_RANK`` under torchrun.",
                         optional=True),
-    "batch_size": Setting(s.Int(1), "samples per batch."),
+    "batch_size": Setting(s.Int(1), "samples per batch. None (without a ``batch_sampler``): DataLoader's unbatched "
+                          "mode, each sample on its own, as ``default_convert`` leaves it (or through "
+                          "``collate_fn``); a sampler may then yield lists of indices, each passed to the "
+                          "dataset whole."),
     "shuffle": Setting(s.Bool(), "shuffle with DistributedSampler's permutation (seed + epoch).", optional=True),
     "seed": Setting(s.Int(MIN_SEED, MAX_SEED), "the shuffle seed. ``sample_info().seed`` on the producers derives "
                     "from it too.", 0),
@@ -132,13 +140,20 @@ KEYWORDS: dict[str, Setting] = {
                        "dataset length and its fingerprint, a spec admits only producers announcing that spec (the "
                        "first one sets the length and fingerprint; ``dataset_args`` are not compared). Others are "
                        "refused for good, with the reason. A *sharded* dataset (``shards()`` and "
-                       "``iter_shard(name)``, optionally ``shard_len(name)`` and ``shuffle_buffer``; a torch "
-                       "``IterableDataset`` must have them) is planned over its shards: see "
-                       "``ferry.common.shardplan`` and docs/datasets.md. ``len()`` then needs ``shard_len``, else "
-                       "raises TypeError.", optional=True),
+                       "``iter_shard(name)``, optionally ``shard_len(name)`` and ``shuffle_buffer``) is planned over "
+                       "its shards: see ``ferry.common.shardplan`` and docs/datasets.md; ``len()`` then needs "
+                       "``shard_len``, else raises TypeError. A torch ``IterableDataset`` without them is iterated "
+                       "as DataLoader's workers iterate it, one copy per stream (``iterable_streams``), batches "
+                       "interleaved in DataLoader's order: see ``ferry.common.streamplan``.", optional=True),
     "dataset_args": Setting(_KeywordArguments(), "keyword arguments of a dataset spec.", optional=True),
     "dataset_len": Setting(s.Int(0), "the dataset length, if known up front (else learned from the first producer).",
                            optional=True),
+    "iterable_streams": Setting(s.Int(1, MAX_STREAMS), "how many streams an IterableDataset is split into, as "
+                                "DataLoader's ``num_workers``: stream ``w`` is one copy of the dataset iterated while "
+                                "``get_worker_info()`` reports ``id=w, num_workers=N``, and batches come round robin "
+                                "over the streams. Default: ``local_producers``, else 1. A producer started as worker "
+                                "``w`` of N (local producers; ``FERRY_WORKER=w/N`` by hand) serves only stream ``w``; "
+                                "others serve any stream. Only for an IterableDataset.", optional=True),
     "device": Setting(s.Kind(), "``None`` / ``\"cpu\"`` (tensors over the received bytes, no copy) or a CUDA "
                       "device.", optional=True),
     "pin_memory": Setting(s.Bool(), "stage through page-locked memory. Default: True on CUDA, False otherwise.",

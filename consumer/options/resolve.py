@@ -32,7 +32,8 @@ class LoaderOptions:
     """Every option of a RemoteLoader, checked and resolved (environment, defaults, groups)."""
 
     endpoints: tuple[str, ...]  # to bind, before local mode adds its ipc socket; LOCAL_RANK applied
-    batch_size: int | None
+    batch_size: int | None  # None: a batch_sampler's batches, or unbatched mode
+    unbatched: bool  # batch_size=None without a batch_sampler: DataLoader's unbatched mode, one sample a task
     shuffle: bool
     seed: int
     drop_last: bool
@@ -52,6 +53,7 @@ class LoaderOptions:
     device_transform: Callable[[Any], Any] | None
     dataset: Any
     dataset_args: dict[str, Any] | None
+    iterable_streams: int | None  # the streams an iterable dataset is split into; None: local_producers="auto"
     on_error: str
     log_every: float | None
     metrics_port: int | None
@@ -115,19 +117,45 @@ def _sharding(given: Mapping[str, Any]) -> tuple[int, int]:
     return rank, world
 
 
-def _batching(given: Mapping[str, Any], shuffle: bool, drop_last: bool) -> int | None:
+def _batching(given: Mapping[str, Any], shuffle: bool, drop_last: bool) -> tuple[int | None, bool]:
+    """``batch_size`` (None with a batch_sampler, or unbatched), and whether the loader is unbatched."""
     batch_size, sampler = given["batch_size"], given["sampler"]
     if given["batch_sampler"] is not None:
         if sampler is not None or shuffle or drop_last or batch_size not in (None, 1):
             raise ConfigError("batch_sampler is mutually exclusive with batch_size, shuffle, sampler and drop_last")
-        return None
-    if batch_size is None:
-        raise ConfigError("batch_size=None (DataLoader's unbatched mode) is not supported: Ferry always sends "
-                          "batches. Use batch_size=1 and take sample [0] of each, or give a batch_sampler")
-    batch_size = _check("batch_size", given["batch_size"])
+        return None, False
     if sampler is not None and shuffle:
         raise ConfigError("sampler is mutually exclusive with shuffle")
-    return batch_size
+    if batch_size is None:  # DataLoader's unbatched mode: each sample as it is, one task each
+        if drop_last:
+            raise ConfigError("batch_size=None option disables auto-batching and is mutually exclusive with "
+                              "drop_last")
+        return None, True
+    return _check("batch_size", batch_size), False
+
+
+def _iterable_streams(given: Mapping[str, Any], dataset: Any, local: LocalOptions | None,
+                      shuffle: bool) -> int | None:
+    """``iterable_streams``: as given, else ``local_producers``, else 1; None with ``local_producers="auto"``, which
+    an iterable dataset refuses. A dataset object that is an iterable dataset takes no ``shuffle``, ``sampler`` or
+    ``batch_sampler`` (a spec's kind is known only from its producers: the planner checks it then)."""
+    from ferry.common.streamplan import AUTOSCALED, check_iterable_options, is_iterable
+
+    streams = _check("iterable_streams", given["iterable_streams"])
+    auto = local is not None and local.count == AUTO
+    if dataset is not None and not isinstance(dataset, str):
+        if is_iterable(dataset):
+            check_iterable_options(shuffle=shuffle, sampler=given["sampler"], batch_sampler=given["batch_sampler"])
+            if auto:
+                raise ConfigError(AUTOSCALED)
+        elif streams is not None:
+            raise ConfigError(f"iterable_streams applies to an IterableDataset, and {type(dataset).__name__} is not "
+                              "one")
+    if auto:
+        return None
+    if streams is not None:
+        return streams
+    return local.count if local is not None else 1
 
 
 def _seed(given: Mapping[str, Any]) -> tuple[int, Any]:
@@ -215,17 +243,19 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
     alone = {name: _check(name, given[name]) for name in _CHECKED_ALONE}
     alone["metrics_port"] = alone["metrics_port"] or None  # 0: none
     alone["timeout"] = alone["timeout"] or 0.0  # None: no limit, as 0
-    batch_size = _batching(given, shuffle, alone["drop_last"])
+    batch_size, unbatched = _batching(given, shuffle, alone["drop_last"])
     local = _local(given, alone["dataset"])
+    iterable_streams = _iterable_streams(given, alone["dataset"], local, shuffle)
     curve = _curve(given, local)
     rank, world_size = _sharding(given)
     endpoints, no_producer_timeout = _endpoints(given, local is not None), _no_producer_timeout(given)
     transport = TransportOptions.from_flat(given, given["transport"], "transport")
     seed, generator_state = _seed(given)  # last: a generator is drawn from only once every option is good
     return LoaderOptions(
-        **alone, endpoints=endpoints, batch_size=batch_size, shuffle=shuffle, seed=seed, generator=given["generator"],
+        **alone, endpoints=endpoints, batch_size=batch_size, unbatched=unbatched, shuffle=shuffle, seed=seed,
+        generator=given["generator"],
         generator_state=generator_state, rank=rank, world_size=world_size, no_producer_timeout=no_producer_timeout,
-        device=given["device"], local=local, curve=curve, transport=transport,
+        device=given["device"], local=local, curve=curve, transport=transport, iterable_streams=iterable_streams,
     )
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ferry.common.codec import Chunked
+from ferry.common.arrays import Chunked
 from ferry.common.shm import Slab
 from ferry.common.tree import iter_leaves
 

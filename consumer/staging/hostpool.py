@@ -10,7 +10,7 @@ import weakref
 
 import numpy as np
 
-from ferry.common.codec import Chunked
+from ferry.common.arrays import Chunked
 from ferry.consumer.staging.pinning import HostRegistry, page_aligned_buffer, page_span
 
 __all__ = ["HostPool"]

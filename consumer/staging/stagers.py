@@ -4,7 +4,9 @@
 * CUDA: :mod:`ferry.consumer.staging.cuda`, asynchronous copies on a side stream from page-locked memory.
 
 The thread body is :func:`staging_loop`; it stops when ``stop`` is set, with every wait bounded. Between
-batches it lets the stager drop what completed copies held (``reclaim``), so slots come back promptly.
+batches it lets the stager drop what completed copies held (``reclaim``), so slots come back promptly. A
+registered batch type whose ``from_tree`` raises fails its batch (the loop gets a BatchTypeError there), never the
+thread.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import torch
 
 from ferry.common.constants import POLL_SLICE_S
+from ferry.common.errors import BatchTypeError
 from ferry.common.shm import Slab
 
 from ferry.consumer.core import is_eof
@@ -50,7 +53,10 @@ def staging_loop(handoff: "queue.Queue[Any]", out: "queue.Queue[Any]", stop: thr
                 stager.reclaim()
                 continue
             if not is_eof(item) and item.error is None:
-                stager.stage(item)
+                try:
+                    stager.stage(item)
+                except BatchTypeError as exc:  # a registered type's from_tree raised: that batch's error
+                    item.tree, item.frames, item.error = None, [], exc
             while not stop.is_set():
                 try:
                     out.put(item, timeout=POLL_SLICE_S)

@@ -11,13 +11,13 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ferry.common.codec import Chunked
+from ferry.common.arrays import Chunked
 from ferry.common.tree import iter_leaves, map_tree
 
 from ferry.consumer.core import Delivery
 from ferry.consumer.staging.hostpool import HostPool
 
-__all__ = ["CpuStager", "map_arrays", "iter_tensors", "is_assembled"]
+__all__ = ["CpuStager", "map_arrays", "pinned", "iter_tensors", "is_assembled"]
 
 
 def is_assembled(leaf: Any) -> bool:
@@ -26,11 +26,21 @@ def is_assembled(leaf: Any) -> bool:
     return hasattr(leaf, "assemble_into")
 
 
-def map_arrays(tree: Any, fn: Callable[[np.ndarray | Chunked], torch.Tensor]) -> Any:
-    """The tree with ``fn(leaf)``, a tensor, in place of each array leaf. A bfloat16 leaf (its int16 bits on
-    the wire) becomes a bfloat16 tensor over the same memory."""
+def map_arrays(tree: Any, fn: Callable[[np.ndarray | Chunked], torch.Tensor],
+               other: Callable[[Any], Any] | None = None) -> Any:
+    """The tree with ``fn(leaf)``, a tensor, in place of each array leaf (and ``other(leaf)`` in place of every
+    other leaf, where given). A bfloat16 leaf (its int16 bits on the wire) becomes a bfloat16 tensor over the
+    same memory. Typed containers and namedtuples keep their classes; a registered type is rebuilt by its
+    ``from_tree`` (:func:`~ferry.common.tree.map_tree`)."""
     return map_tree(lambda leaf: _tensor_of(leaf, fn) if isinstance(leaf, np.ndarray) or is_assembled(leaf)
-                    else leaf, tree)
+                    else leaf if other is None else other(leaf), tree)
+
+
+def pinned(leaf: Any) -> Any:
+    """A leaf that is not an array, pinned as DataLoader's ``pin_memory`` pins it: ``leaf.pin_memory()`` where it
+    has one (a local producer's pickled object of a class of your own, a sparse tensor), else itself."""
+    pin = getattr(leaf, "pin_memory", None)
+    return pin() if callable(pin) and not isinstance(leaf, type) else leaf
 
 
 def _tensor_of(leaf: np.ndarray | Chunked, fn: Callable[[np.ndarray | Chunked], torch.Tensor]) -> torch.Tensor:
@@ -52,7 +62,7 @@ class CpuStager:
 
     def stage(self, delivery: Delivery) -> None:
         if self.pin_memory:
-            delivery.tree = map_arrays(delivery.tree, lambda a: torch.from_numpy(self._array(a)).pin_memory())
+            delivery.tree = map_arrays(delivery.tree, lambda a: torch.from_numpy(self._array(a)).pin_memory(), pinned)
             delivery.frames = []  # the copies own their memory now
         else:
             delivery.tree = map_arrays(delivery.tree, lambda a: torch.from_numpy(self._array(a)))
