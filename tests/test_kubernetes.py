@@ -187,14 +187,15 @@ def test_every_ferry_variable_is_a_real_option_and_the_probes_are_real():
     assert trainer["resources"]["requests"]
 
 
-def secret_files(pod_spec: dict, container: dict) -> dict[str, tuple[str, str]]:
-    """Each file path a container sees from a Secret: (Secret name, key)."""
+def secret_files(pod_spec: dict, container: dict, made: dict[str, dict]) -> dict[str, tuple[str, str]]:
+    """Each file path a container sees from a Secret (``made``: each Secret's keys): (Secret name, key)."""
     volumes = {v["name"]: v["secret"] for v in pod_spec["volumes"] if "secret" in v}
     files = {}
     for mount in container.get("volumeMounts", []):
         if mount["name"] in volumes:
             source = volumes[mount["name"]]
-            for item in source["items"]:
+            items = source.get("items") or [{"key": key, "path": key} for key in made[source["secretName"]]]
+            for item in items:
                 files[f"{mount['mountPath']}/{item['path']}"] = (source["secretName"], item["key"])
     return files
 
@@ -213,10 +214,12 @@ def test_secrets_sh_makes_the_secrets_and_keys_the_pods_mount_and_no_producer_ge
     manifests = tmp_path / "secrets.yaml"
     manifests.write_text(out.stdout)
     checked = kubernetes_validate(str(manifests))
-    assert checked.returncode == 0 and checked.stdout.count(" passed ") == 2, checked.stdout + checked.stderr
+    assert checked.returncode == 0 and checked.stdout.count(" passed ") == 3, checked.stdout + checked.stderr
     made = {d["metadata"]["name"]: {k: base64.b64decode(v) for k, v in d["data"].items()}
             for d in yaml_module().safe_load_all(out.stdout)}
     assert made["ferry-producer-curve"].keys() == {"producers.key_secret", "server.key"}
+    assert made["ferry-trainer-curve"].keys() == {"server.key_secret"}
+    assert made["ferry-authorized-keys"].keys() == {"producers.key"}  # what the trainer lets in: public keys only
     for data in made.values():
         for key, content in data.items():
             assert content == (keys / key).read_bytes(), key
@@ -224,7 +227,7 @@ def test_secrets_sh_makes_the_secrets_and_keys_the_pods_mount_and_no_producer_ge
     for kind, name in (("Job", "ferry-trainer"), ("Deployment", "ferry-producer")):
         spec = pod(kind, name)["spec"]
         for container in spec["containers"]:
-            files = secret_files(spec, container)
+            files = secret_files(spec, container, made)
             for secret, key in files.values():
                 assert key in made.get(secret, {}), f"{kind} {name} mounts {secret}/{key}, which secrets.sh does not make"
             env = env_of(container)
@@ -233,7 +236,8 @@ def test_secrets_sh_makes_the_secrets_and_keys_the_pods_mount_and_no_producer_ge
                     assert env[variable] in files, f"{kind} {name}: {variable}={env[variable]} is no mounted key"
             if "FERRY_CURVE_AUTHORIZED_KEYS" in env:
                 folder = env["FERRY_CURVE_AUTHORIZED_KEYS"]
-                assert files.get(f"{folder}/producers.key") == ("ferry-trainer-curve", "producers.key")
+                assert files.get(f"{folder}/producers.key") == ("ferry-authorized-keys", "producers.key")
+                assert all(key.endswith(".key") for path, (_, key) in files.items() if path.startswith(folder))
     (producer,) = pod("Deployment", "ferry-producer")["spec"]["containers"]
-    seen = secret_files(pod("Deployment", "ferry-producer")["spec"], producer).values()
+    seen = secret_files(pod("Deployment", "ferry-producer")["spec"], producer, made).values()
     assert all(key != "server.key_secret" for _, key in seen), seen

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# CURVE keys for deploy/kubernetes/, made once by `ferry keys` and handed over as two Kubernetes Secrets, so that no
+# CURVE keys for deploy/kubernetes/, made once by `ferry keys` and handed over as three Kubernetes Secrets, so that no
 # producer pod ever holds the trainer's secret key:
-#   ferry-trainer-curve:  server.key_secret (the trainer's key pair), producers.key (the producers' public key: authorized)
-#   ferry-producer-curve: producers.key_secret (the producers' shared key pair), server.key (the trainer's public key)
+#   ferry-trainer-curve:   server.key_secret (the trainer's key pair)
+#   ferry-authorized-keys: producers.key (the producers' public key); every *.key in it is let in by the trainer
+#   ferry-producer-curve:  producers.key_secret (the producers' shared key pair), server.key (the trainer's public key)
 #
-#   bash deploy/kubernetes/secrets.sh [KEYS_DIR]           # kubectl apply of both, in kubectl's current namespace
-#   bash deploy/kubernetes/secrets.sh --print [KEYS_DIR]   # print the two Secret manifests instead (no cluster needed)
+#   bash deploy/kubernetes/secrets.sh [KEYS_DIR]           # kubectl apply of the three, in kubectl's current namespace
+#   bash deploy/kubernetes/secrets.sh --print [KEYS_DIR]   # print the Secret manifests instead (no cluster needed)
 #
 # KEYS_DIR (default FERRY_KEYS_DIR, else ./ferry-k8s-keys) is made private (0700; secret keys 0600) and filled by
 # `ferry keys KEYS_DIR --producer producers` (FERRY_KEYS_COMMAND, default `python3 -m ferry keys`: Ferry installed
-# here), unless it holds keys already. Applying again replaces the Secrets with what KEYS_DIR holds; pods see a
-# changed Secret within a minute or so (the trainer re-reads its authorized keys), but load their own key pair at
-# start: restart the Job and the Deployment after new keys. Keep KEYS_DIR to start producers outside the cluster
+# here), unless it holds keys already. Applying again replaces the Secrets with what KEYS_DIR holds. Pods see a
+# changed Secret within a minute or so: the trainer re-reads its authorized keys (to let in another key pair, add its
+# .key to ferry-authorized-keys), but pods load their own key pair at start: restart the Job and the Deployment after
+# new keys. Keep KEYS_DIR to start producers outside the cluster
 # (--curve-key producers.key_secret --curve-server-key server.key), or delete it. Needs kubectl.
 set -euo pipefail
 
@@ -44,7 +46,9 @@ secret() {
         | grep -v '^  creationTimestamp: null$'
 }
 manifests() {
-    secret ferry-trainer-curve server.key_secret producers.key
+    secret ferry-trainer-curve server.key_secret
+    echo "---"
+    secret ferry-authorized-keys producers.key
     echo "---"
     secret ferry-producer-curve producers.key_secret server.key
 }
