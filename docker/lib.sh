@@ -83,52 +83,105 @@ require_tools() {
 }
 
 DOCKERD_PID=""
+# What the host was before this script's dockerd, noted by start_dockerd and put back (then removed) by stop_dockerd.
+# A run killed before its teardown leaves it: the next run with the same WORK keeps it, as the truth about the host.
+HOST_BEFORE=""
+
 # start_dockerd: unless a dockerd already answers, note this host's iptables, ip6tables, ip_forward and bridges in
-# WORK (unless noted there already), start dockerd and wait (bounded) until it answers; exit 77 if it does not
+# WORK/host-before (unless a killed run left them there), start dockerd and wait (bounded) until it answers; exit 77
+# if it does not. A dockerd that a killed run with the same WORK started (its pidfile there) is taken over: this
+# run's teardown stops it.
 start_dockerd() {
+    HOST_BEFORE=$WORK/host-before
+    local pid _
+    pid=$(cat "$WORK/dockerd.pid" 2>/dev/null || true)
+    if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = dockerd ] && docker info >/dev/null 2>&1; then
+        log "dockerd $pid was started by a run that was killed before its teardown: this run stops it"
+        DOCKERD_PID=$pid
+        return 0
+    fi
     docker info >/dev/null 2>&1 && return 0
     command -v dockerd >/dev/null || cannot_run "no dockerd running and none installed (apt-get install docker.io)"
-    # notes a caller kept (from a run killed before its teardown) say what the host was before that run's dockerd
-    if [ ! -e "$WORK/bridges.before" ]; then
-        iptables-save > "$WORK/iptables.before" 2>/dev/null || true
-        ip6tables-save > "$WORK/ip6tables.before" 2>/dev/null || true
-        cat /proc/sys/net/ipv4/ip_forward > "$WORK/ip_forward.before" 2>/dev/null || true
-        ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}' > "$WORK/bridges.before"
+    if [ -d "$HOST_BEFORE" ]; then
+        log "keeping $HOST_BEFORE: a killed run noted the host there before its dockerd"
+    else
+        mkdir -p "$HOST_BEFORE.new"
+        iptables-save > "$HOST_BEFORE.new/iptables" 2>/dev/null || true
+        ip6tables-save > "$HOST_BEFORE.new/ip6tables" 2>/dev/null || true
+        cat /proc/sys/net/ipv4/ip_forward > "$HOST_BEFORE.new/ip_forward" 2>/dev/null || true
+        ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}' > "$HOST_BEFORE.new/bridges"
+        ls /var/run/docker/netns 2>/dev/null > "$HOST_BEFORE.new/netns" || true
+        mv "$HOST_BEFORE.new" "$HOST_BEFORE"
     fi
     log "starting dockerd"
     dockerd --pidfile "$WORK/dockerd.pid" > "$WORK/dockerd.log" 2>&1 &
     DOCKERD_PID=$!
-    local _
     for _ in $(seq 100); do docker info >/dev/null 2>&1 && break; kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 0.3; done
     docker info >/dev/null 2>&1 || { tail -20 "$WORK/dockerd.log" >&2; cannot_run "dockerd did not start (log: $WORK/dockerd.log)"; }
 }
 
-# stop_dockerd: if start_dockerd started it, stop dockerd (and the containerd it started) by pid, remove the bridges
-# it left (docker0, br-*, Swarm's docker_gwbridge; only those that were not there before) and put iptables, ip6tables and ip_forward
-# back as they were before it. Nothing if this script found a dockerd already running.
+# stop_dockerd: if start_dockerd started (or took over) dockerd, stop it (and the containerd it started) by pid, remove
+# the bridges (docker0, br-*, Swarm's docker_gwbridge) and dockerd's network namespaces that were not there before,
+# put iptables, ip6tables and ip_forward back as they were, and remove the notes. Nothing if this script found a dockerd already running.
+# Safe under set -e (it is a teardown: each step is tried).
 stop_dockerd() {
     [ -n "$DOCKERD_PID" ] || return 0
     local _ cpid link t
-    kill "$DOCKERD_PID" 2>/dev/null; for _ in $(seq 100); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 0.2; done
-    kill -9 "$DOCKERD_PID" 2>/dev/null
+    kill "$DOCKERD_PID" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 0.2; done
+    kill -9 "$DOCKERD_PID" 2>/dev/null || true
     # the containerd that dockerd started as its child stops with it; if dockerd had to be killed, stop it here
-    cpid=$(cat /var/run/docker/containerd/containerd.pid 2>/dev/null)
-    [ -n "$cpid" ] && kill -0 "$cpid" 2>/dev/null && { kill "$cpid"; sleep 1; kill -9 "$cpid" 2>/dev/null; }
+    cpid=$(cat /var/run/docker/containerd/containerd.pid 2>/dev/null || true)
+    if [ -n "$cpid" ] && kill -0 "$cpid" 2>/dev/null; then
+        kill "$cpid" 2>/dev/null || true; sleep 1; kill -9 "$cpid" 2>/dev/null || true
+    fi
+    stop_orphan_shims
+    # the network namespaces of sandboxes dockerd did not get to remove (a network whose removal a stack rm raced)
+    local ns
+    for ns in /var/run/docker/netns/*; do
+        [ -e "$ns" ] || continue
+        grep -qxF "$(basename "$ns")" "$HOST_BEFORE/netns" 2>/dev/null && continue
+        umount "$ns" 2>/dev/null || true
+        rm -f "$ns" 2>/dev/null || true
+    done
     for link in $(ip -o link show type bridge 2>/dev/null | awk -F': ' '{print $2}'); do
         case "$link" in
-            docker0|docker_gwbridge|br-*) grep -qxF "$link" "$WORK/bridges.before" || ip link del "$link" 2>/dev/null ;;
+            docker0|docker_gwbridge|br-*)
+                grep -qxF "$link" "$HOST_BEFORE/bridges" 2>/dev/null || ip link del "$link" 2>/dev/null || true ;;
         esac
     done
-    if [ -s "$WORK/iptables.before" ]; then
-        iptables-restore < "$WORK/iptables.before"
+    if [ -s "$HOST_BEFORE/iptables" ]; then
+        iptables-restore < "$HOST_BEFORE/iptables" || log "iptables-restore failed"
     else  # no rules before dockerd: back to empty tables and ACCEPT policies
-        for t in filter nat mangle raw; do iptables -t "$t" -F; iptables -t "$t" -X; done
-        iptables -P INPUT ACCEPT; iptables -P FORWARD ACCEPT; iptables -P OUTPUT ACCEPT
+        for t in filter nat mangle raw; do iptables -t "$t" -F || true; iptables -t "$t" -X || true; done
+        iptables -P INPUT ACCEPT || true; iptables -P FORWARD ACCEPT || true; iptables -P OUTPUT ACCEPT || true
     fi
-    [ -s "$WORK/ip6tables.before" ] && ip6tables-restore < "$WORK/ip6tables.before"
-    [ -s "$WORK/ip_forward.before" ] && cat "$WORK/ip_forward.before" > /proc/sys/net/ipv4/ip_forward
+    if [ -s "$HOST_BEFORE/ip6tables" ]; then ip6tables-restore < "$HOST_BEFORE/ip6tables" || log "ip6tables-restore failed"; fi
+    if [ -s "$HOST_BEFORE/ip_forward" ]; then cat "$HOST_BEFORE/ip_forward" > /proc/sys/net/ipv4/ip_forward || true; fi
+    rm -rf "$HOST_BEFORE"
     log "dockerd $DOCKERD_PID stopped; iptables, bridges and ip_forward as they were"
     DOCKERD_PID=""
+}
+
+# stop_orphan_shims: a container shim of dockerd's own containerd that outlived both (a container being created when a
+# killed run's dockerd and containerd died with it; a clean stop of dockerd stops every container and its shim):
+# each shim and its children (the container's processes) by pid, then the container's empty cgroups and runtime state
+stop_orphan_shims() {
+    local shim id child _ group
+    for shim in $(pgrep -f -- "-address /var/run/docker/containerd/containerd.sock" 2>/dev/null || true); do
+        case "$(cat "/proc/$shim/comm" 2>/dev/null)" in containerd-shim*) ;; *) continue ;; esac
+        id=$(tr '\0' '\n' < "/proc/$shim/cmdline" 2>/dev/null | sed -n '/^-id$/{n;p;q}')
+        log "stopping the orphan container shim $shim (container ${id:-?}) of a killed dockerd"
+        for child in $(ps -o pid= --ppid "$shim" 2>/dev/null); do kill -9 "$child" 2>/dev/null || true; done
+        kill -9 "$shim" 2>/dev/null || true
+        for _ in $(seq 25); do kill -0 "$shim" 2>/dev/null || break; sleep 0.2; done
+        if [ -n "$id" ]; then
+            for group in /sys/fs/cgroup/*/docker/"$id" /sys/fs/cgroup/docker/"$id"; do
+                [ -d "$group" ] && { rmdir "$group" 2>/dev/null || true; }
+            done
+            rm -rf "/var/run/docker/runtime-runc/moby/$id" "/var/run/docker/containerd/$id"
+        fi
+    done
 }
 
 # build_base_image: BASE from debootstrap and docker import, unless dockerd's image store has it already

@@ -29,15 +29,18 @@ SECRETS=(ferry-server.key_secret ferry-server.key ferry-producers.key_secret fer
 # Set when this script (or an earlier run of it that was killed before its teardown) made the swarm: the teardown
 # then leaves it and removes what leaving keeps (the docker_gwbridge network)
 SWARM_MARK=$WORK/swarm-made-by-this-script
+# dockerd keeps a folder per swarm network's load balancer (lb_NETWORK-ID) under its network files after the network
+# is gone; those that were not there before go in the teardown, once dockerd is stopped (noted before it is started,
+# and kept, like docker/lib.sh's host notes, from a run that was killed before its teardown)
+NETWORK_FILES=/var/lib/docker/network/files
+NETWORK_FILES_BEFORE=$WORK/network-files.before
 SAMPLES=512 BATCH=16 GATE_UP=4 GATE_DOWN=16
 BATCHES=$((SAMPLES / BATCH))
 
 require_tools docker docker-compose iptables-save iptables-restore ip
 mkdir -p "$WORK"
-rm -rf "$WORK"/*.log "$WORK"/*.yaml "$WORK/control" "$WORK/keys" "$WORK/intruder"
-# the host's state before dockerd (*.before) is kept from a run that was killed before its teardown: that run's
-# dockerd may still be up, and what it noted is what the host was before it
-[ -e "$SWARM_MARK" ] || rm -f "$WORK"/*.before
+# (control/, keys/ and intruder/ are cleared once a killed run's containers, which may still write there, are gone)
+rm -rf "$WORK"/*.log "$WORK"/*.yaml "$WORK"/*.before
 
 SWARM_MADE="" SECRETS_MADE=""
 # stack_containers [-a]: the containers of the stack's and the intruder's tasks that run (with -a: all of them;
@@ -46,21 +49,23 @@ stack_containers() {
     docker ps -q "$@" --filter "label=com.docker.stack.namespace=$STACK"
     docker ps -q "$@" --filter "label=com.docker.swarm.service.name=$INTRUDER"
 }
-# remove_stack: the intruder service, the stack, their containers, network and volume, and this script's secrets
+# remove_stack: the intruder service, the stack, their containers, network and volume, and this script's secrets;
+# each step tried (it also runs under set -e, for what a killed run left)
 remove_stack() {
-    local _
-    docker service rm "$INTRUDER" >/dev/null 2>&1
-    docker stack rm "$STACK" >/dev/null 2>&1
-    for _ in $(seq 120); do  # tasks stop and the overlay network goes asynchronously; the volume only after them
+    local _ name
+    docker service rm "$INTRUDER" >/dev/null 2>&1 || true
+    docker stack rm "$STACK" >/dev/null 2>&1 || true
+    # tasks stop (within their 10 s grace) and the overlay network goes asynchronously; the volume only after them. A
+    # task that a stack rm raced (being created) may never stop: after 30 s its container is removed by force
+    for _ in $(seq 60); do
         [ -z "$(stack_containers)" ] && ! docker network inspect "${STACK}_default" >/dev/null 2>&1 && break
         sleep 0.5
     done
-    [ -z "$(stack_containers)" ] || log "containers of the stack still running after 60 s: $(stack_containers | tr '\n' ' ')"
-    stack_containers -a | sort -u | xargs -r docker rm -f >/dev/null 2>&1
-    docker network rm "${STACK}_default" >/dev/null 2>&1
-    docker volume rm "${STACK}_data" >/dev/null 2>&1
-    local name
-    for name in "${SECRETS[@]}"; do docker secret rm "$name" >/dev/null 2>&1; done
+    [ -z "$(stack_containers)" ] || log "containers of the stack still running after 30 s (removed by force): $(stack_containers | tr '\n' ' ')"
+    stack_containers -a | sort -u | xargs -r docker rm -f >/dev/null 2>&1 || true
+    docker network rm "${STACK}_default" >/dev/null 2>&1 || true
+    docker volume rm "${STACK}_data" >/dev/null 2>&1 || true
+    for name in "${SECRETS[@]}"; do docker secret rm "$name" >/dev/null 2>&1 || true; done
 }
 cleanup() {
     set +e
@@ -74,7 +79,15 @@ cleanup() {
             rm -f "$SWARM_MARK"
         fi
     fi
-    stop_dockerd
+    if [ -n "$DOCKERD_PID" ]; then
+        stop_dockerd
+        local dir
+        for dir in "$NETWORK_FILES"/lb_*; do
+            [ -d "$dir" ] || continue
+            grep -qxF "$(basename "$dir")" "$NETWORK_FILES_BEFORE" 2>/dev/null || rm -rf "$dir"
+        done
+    fi
+    rm -f "$NETWORK_FILES_BEFORE"
     remove_wheels
     rm -rf "$WORK/keys" "$WORK/intruder"
 }
@@ -83,6 +96,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 STARTED=$(date +%s)
+[ -e "$NETWORK_FILES_BEFORE" ] || ls "$NETWORK_FILES" 2>/dev/null > "$NETWORK_FILES_BEFORE" || true
 start_dockerd
 build_base_image
 build_images
@@ -94,6 +108,7 @@ if [ -e "$SWARM_MARK" ] && [ "$(docker info --format '{{.Swarm.LocalNodeState}}'
     docker swarm leave --force > "$WORK/swarm.log" 2>&1 || fail "docker swarm leave" "$WORK/swarm.log"
     docker network rm docker_gwbridge >/dev/null 2>&1 || true
 fi
+rm -rf "$WORK/control" "$WORK/keys" "$WORK/intruder"
 case "$(docker info --format '{{.Swarm.LocalNodeState}}')" in
     inactive)
         log "docker swarm init"
