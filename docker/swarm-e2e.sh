@@ -33,7 +33,7 @@ SWARM_MARK=$WORK/swarm-made-by-this-script
 # is gone; those that were not there before go in the teardown, once dockerd is stopped (noted before it is started,
 # and kept, like docker/lib.sh's host notes, from a run that was killed before its teardown)
 NETWORK_FILES=/var/lib/docker/network/files
-NETWORK_FILES_BEFORE=$WORK/network-files.before
+NETWORK_FILES_BEFORE=$WORK/network-files.noted
 SAMPLES=512 BATCH=16 GATE_UP=4 GATE_DOWN=16
 BATCHES=$((SAMPLES / BATCH))
 
