@@ -8,7 +8,8 @@
 # the added producers delivered, the intruder was denied and delivered nothing, the producers scaled away (and the
 # last one, scaled to 0) exit 0 on SIGTERM after their BYE, the last one's healthcheck (--probe ready) says healthy.
 # The teardown removes the stack, the services, the secrets and the volume, leaves the swarm this script made and
-# stops dockerd by its pid with iptables, bridges and ip_forward as they were, also on failure.
+# stops dockerd by its pid with iptables, bridges and ip_forward as they were, also on failure. What a run killed
+# before its teardown left (its dockerd, its swarm and stack, the host's notes) the next run takes over and removes.
 #   sudo bash docker/swarm-e2e.sh        (needs root, docker.io, docker-compose, debootstrap, iptables)
 # Exit status: 0 passed; 77 cannot run on this machine (not root, a tool missing, dockerd does not start, no
 # swarm), which .ci/run reports as a skip outside CI and as a failure under CI=true; anything else failed.
