@@ -106,13 +106,8 @@ class Watch:
                 count = self._members.target
             try:
                 for index in range(count):
-                    child = self._launch(index)
-                    with self._lock:
-                        placed = self._members.place(child)
-                    if not placed:
-                        self._discard(child)
+                    if not self._adopt(selector, self._launch(index)):
                         return
-                    self._register(selector, child)
             except BaseException as exc:  # start() re-raises it
                 self._start_failure = exc
                 return
@@ -269,13 +264,20 @@ class Watch:
                 log.error("ferry: local producer %d could not be started (%s: %s); staying at %d", index,
                           type(exc).__name__, exc, self._members.target)
                 return
-            with self._lock:
-                placed = self._members.place(child)
-            if not placed:
-                self._discard(child)
+            if not self._adopt(selector, child):
                 return
-            self._register(selector, child)
             log.info("ferry: local producer %d started (pid %d): the loop needs more", index, child.pid)
+
+    def _adopt(self, selector: selectors.BaseSelector, child: Any) -> bool:
+        """Place a started ``child`` among the members and watch it; False (the child discarded) when there is
+        no place for it any more (the loader is closing)."""
+        with self._lock:
+            placed = self._members.place(child)
+        if not placed:
+            self._discard(child)
+            return False
+        self._register(selector, child)
+        return True
 
     def _reap_retired(self, selector: selectors.BaseSelector) -> None:
         """Let go of the producers asked to stop that have exited; kill those past their time."""
