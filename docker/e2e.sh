@@ -90,6 +90,8 @@ for image in "$TRAINER_IMAGE" "$PRODUCER_IMAGE" "$DATA_IMAGE"; do
         || fail "$image holds other ferry modules than the wheel (- wheel, + image)" "$WORK/$image.diff"
     docker run --rm "$image" --help > "$WORK/$image.help.log" 2>&1 || fail "$image --help" "$WORK/$image.help.log"
 done
+docker run --rm --entrypoint python3 "$TRAINER_IMAGE" -c 'import prometheus_client' > "$WORK/metrics.log" 2>&1 \
+    || fail "the trainer image cannot publish metrics (no prometheus_client)" "$WORK/metrics.log"
 if docker run --rm --entrypoint python3 "$PRODUCER_IMAGE" -c 'import torch' >/dev/null 2>&1; then
     fail "the producer image has torch"
 fi

@@ -216,7 +216,7 @@ build_images() {
         || fail "python3 does not run in $BASE"
     log "fetching wheels for Python $pyver into docker/wheels"
     python3 -m pip download -q --only-binary=:all: --python-version "$pyver" -d docker/wheels/base \
-        pyzmq msgpack numpy setuptools wheel > "$WORK/wheels.log" 2>&1 || fail "pip download" "$WORK/wheels.log"
+        pyzmq msgpack numpy prometheus-client setuptools wheel > "$WORK/wheels.log" 2>&1 || fail "pip download" "$WORK/wheels.log"
     python3 -m pip download -q --only-binary=:all: --python-version "$pyver" -d docker/wheels/torch torch==2.13.0 \
         >> "$WORK/wheels.log" 2>&1 || fail "pip download torch" "$WORK/wheels.log"
     for w in docker/wheels/torch/*.whl; do case "$w" in */torch-*) ;; *) mv "$w" docker/wheels/base/ ;; esac; done
@@ -227,6 +227,8 @@ build_images() {
         --build-arg TORCH_SPEC="/wheels/torch/$(basename "$wheel")" \
         --build-arg PIP_OPTIONS="--no-index --find-links /wheels/base" > "$WORK/build.log" 2>&1 \
         || fail "docker-compose build" "$WORK/build.log"
+    # each rebuild leaves its builder stages as untagged images (about 3.4 GB): keep a day's, for the cache
+    docker image prune -f --filter "until=24h" > /dev/null 2>&1 || true
     TRAINER_IMAGE=$(image_of trainer) || fail "no image was built for the trainer service" "$WORK/build.log"
     PRODUCER_IMAGE=$(image_of producer) || fail "no image was built for the producer service" "$WORK/build.log"
     DATA_IMAGE=$(image_of data) || fail "no image was built for the data service" "$WORK/build.log"

@@ -18,7 +18,9 @@ COPY docker/wheels /wheels
 RUN if [ -f "${TORCH_SPEC}" ]; then python3 -m pip install --no-cache-dir --break-system-packages ${PIP_OPTIONS} --root /torch "${TORCH_SPEC}"; \
     else python3 -m pip install --no-cache-dir --break-system-packages ${PIP_OPTIONS} --root /torch "${TORCH_SPEC}" --index-url "${TORCH_INDEX}" \
       || python3 -m pip install --no-cache-dir --break-system-packages ${PIP_OPTIONS} --root /torch "${TORCH_SPEC}"; fi
-RUN python3 -m pip install --no-cache-dir --break-system-packages ${PIP_OPTIONS} --root /deps pyzmq msgpack numpy
+# prometheus-client: the trainer publishes its metrics (ferry demo --metrics-port, RemoteLoader(metrics_port=))
+RUN python3 -m pip install --no-cache-dir --break-system-packages ${PIP_OPTIONS} --root /deps pyzmq msgpack numpy \
+    prometheus-client
 COPY pyproject.toml README.md /src/
 COPY common /src/common
 COPY producer /src/producer

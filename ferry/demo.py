@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=env("FERRY_TIMEOUT", "120"),
                         help="seconds to wait for producers (default 120) [env FERRY_TIMEOUT]")
     parser.add_argument("--seed", type=int, default=0, help="shuffle and data seed (default 0)")
+    parser.add_argument("--metrics-port", type=int, default=env("FERRY_METRICS_PORT"),
+                        help="serve the loader's Prometheus metrics on this port (ferry_producers_needed, the gauge "
+                             "an engine scales producers on; needs ferry[metrics]) [env FERRY_METRICS_PORT]")
 
 
 _MINIMUM = {"samples": 1, "size": 1, "channels": 1, "batch_size": 1, "producers": 0, "min_producers": 0,
@@ -162,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
         where = {} if args.endpoint is None else {"endpoint": args.endpoint}
         local = {"dataset": "npy-folder", "dataset_args": {"root": root}, "local_producers": args.producers,
                  "producer_threads": args.threads} if args.producers else {}
-        with RemoteLoader(**where, **local, batch_size=args.batch_size, shuffle=True, seed=args.seed,
+        metrics = {} if args.metrics_port is None else {"metrics_port": args.metrics_port}
+        with RemoteLoader(**where, **local, **metrics, batch_size=args.batch_size, shuffle=True, seed=args.seed,
                           no_producer_timeout=args.timeout) as loader:
             if args.min_producers:
                 deadline = time.monotonic() + args.timeout

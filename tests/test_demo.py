@@ -10,7 +10,7 @@ import pytest
 from ferry.cli import main
 from ferry.demo import COMPLETE_MARKER, OWNER_MARKER
 
-from .helpers import REPO, producer_env
+from .helpers import REPO, free_port, producer_env, wait_for
 
 
 def test_demo_runs_at_small_size():
@@ -21,6 +21,36 @@ def test_demo_runs_at_small_size():
     assert "epoch 0: 96 samples" in out.stdout and "epoch 1: 96 samples" in out.stdout
     assert "samples/s" in out.stdout and "data stall" in out.stdout
     assert "done" in out.stdout
+
+
+def _scrape(port: int) -> str:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
+            return answer.read().decode()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return ""
+
+
+def test_the_demo_publishes_the_demand_gauge_on_its_metrics_port():
+    """FERRY_METRICS_PORT (--metrics-port): the demo as an engine's trainer publishes the loader's metrics, among
+    them ferry_producers_needed, the gauge KEDA scales producers on (deploy/kubernetes). It waits here for a
+    producer that never comes."""
+    pytest.importorskip("prometheus_client")
+    port = free_port()
+    demo = subprocess.Popen([sys.executable, "-m", "ferry", "demo", "--producers", "0", "--min-producers", "1",
+                             "--endpoint", f"tcp://127.0.0.1:{free_port()}", "--timeout", "60"],
+                            env={**producer_env(), "FERRY_METRICS_PORT": str(port)}, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        text = wait_for(lambda: demo.poll() is None and _scrape(port), 30, "the demo's metrics endpoint")
+        # ferry_producers_needed comes once the loop has waited (None before); the loader's gauges are there
+        assert "ferry_producers_connected 0" in text.replace(".0", ""), text
+    finally:
+        demo.terminate()
+        demo.communicate(timeout=30)
 
 
 # --- the demo never destroys (issue 11, item 8) ----------------------------------------------------------
