@@ -112,7 +112,7 @@ class RemoteLoader:
         collate_fn: Any = UNSET, producer_init: Any = UNSET,
         collate_args: dict[str, Any] | None = UNSET, producer_transform_args: dict[str, Any] | None = UNSET,
         heartbeat: float = UNSET, liveness: int = UNSET, task_timeout: float = UNSET, max_batch_bytes: int = UNSET,
-        max_attempts: int = UNSET, compression: str | None = UNSET,
+        max_attempts: int = UNSET, compression: str | None = UNSET, weight: float = UNSET,
         curve_secret_key: str | None = UNSET, curve_authorized_keys: str | None = UNSET,
         **dataloader_options: Any,
     ) -> None:

@@ -47,14 +47,14 @@ from ferry.common.errors import ProtocolError
 
 # the actions this machine returns, declared in producer/actions.py (imported from here too)
 from ferry.producer.actions import (
-    Action, CheckAddress, FailTask, Log, Phase, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
+    Action, CheckAddress, FailTask, Log, OpenDataset, Phase, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
 )
 # the process's exit statuses are declared in producer/exits.py (these two are imported from here too)
 from ferry.producer.exits import EXIT_OK, EXIT_REJECTED
 
 __all__ = [
     "Phase", "Connection", "SendHello", "SendPing", "SendBye", "RunTask", "FailTask", "CheckAddress", "Stale",
-    "Rebuild", "Log", "Action",
+    "Rebuild", "OpenDataset", "Log", "Action",
     "exit_code", "warning_due", "EXIT_OK", "EXIT_REJECTED",
 ]
 
@@ -233,11 +233,28 @@ class Connection:
         self.pending -= 1
 
     # --- transitions ------------------------------------------------------------------------------------
+    def dataset_bound(self, dataset_len: int, refused: str | None, now: float) -> list[Action]:
+        """What became of the dataset a WELCOME named (:class:`OpenDataset`): this connection now serves it,
+        TASK indices below ``dataset_len``; or it may not (``refused``: why). Either way the next HELLO, said at
+        once, announces it or the refusal (common/pool.py)."""
+        if self.phase is not Phase.GREETING:
+            return []
+        self.dataset_len = dataset_len
+        self.last_sent = now
+        actions: list[Action] = [SendHello(self.nonce)]
+        if refused is not None:
+            actions.insert(0, Log(logging.ERROR, f"consumer at {self.endpoint} named a dataset this producer does "
+                                                 f"not serve: {refused}", {"event": "dataset_refused"}))
+        return actions
+
     def _welcome(self, header: dict[str, Any], now: float) -> list[Action]:
         if header["nonce"] != self.nonce:
             raise ProtocolError("WELCOME for an earlier HELLO")
         if self.phase is not Phase.GREETING:
             return []  # a repeated WELCOME (we said HELLO twice before it came)
+        if "dataset" in header:  # not admitted yet: the consumer names the dataset it wants (common/pool.py)
+            self.last_heard = now
+            return [OpenDataset(header["dataset"]["spec"], header["dataset"]["args"])]
         self.phase, self.session = Phase.SERVING, header["session"]
         self.welcomed_here, self.awaiting_connection = True, False
         self.denials, self.rebuild_at = 0, None

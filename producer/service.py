@@ -33,20 +33,20 @@ from typing import Any
 
 import zmq
 
-from ferry.common.constants import HEARTBEAT_S, MAX_DATASET_LEN, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST
+from ferry.common.constants import HEARTBEAT_S, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST
 from ferry.common import protocol
-from ferry.common.datasets import dataset_fingerprint
 from ferry.common.errors import ProtocolError
 from ferry.common.ratelimit import RateLimitedLog
-from ferry.common.shardplan import announced_shard_lengths, is_sharded, shard_names
-from ferry.common.streamplan import is_iterable, iterable_fields, iterable_len
 from ferry.common.waker import Waker
 
 from ferry.producer.batcher import Batcher, Job, Outcome
+from ferry.producer.fairshare import FairShare
+from ferry.producer.pool import DatasetPool, DatasetRefused
 from ferry.producer.compressing import FrameCompressor
 from ferry.producer.config import ProducerConfig
 from ferry.producer.connection import (
-    EXIT_OK, Action, CheckAddress, FailTask, Log, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale, exit_code,
+    EXIT_OK, Action, CheckAddress, FailTask, Log, OpenDataset, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
+    exit_code,
 )
 from ferry.producer.links import Link, announced_frame_bytes
 from ferry.producer.linkset import LinkSet
@@ -56,21 +56,18 @@ from ferry.producer.status import PROBES, SERVING, STARTING, STOPPING, StatusFil
 
 log = logging.getLogger("ferry.producer")
 
+#: What a HELLO announces of a producer with no dataset of its own, on a connection no consumer named one for
+#: (common/pool.py): an empty spec.
+NO_DATASET = {"spec": "", "len": 0, "fingerprint": ""}
+
 
 class Producer:
     """Serves a dataset to one or more consumers until stopped."""
 
     def __init__(self, config: ProducerConfig, dataset: Any) -> None:
+        """``dataset``: the producer's own (``--dataset``), opened; None for a pool that serves only the datasets its
+        consumers name (producer/pool.py)."""
         self.config = config
-        self.dataset = dataset
-        self.sharded = is_sharded(dataset)  # a stream of shards: "len" is the shard count (producer/shards.py)
-        self.iterable = is_iterable(dataset)  # an IterableDataset: "len" is len(dataset) or 0 (producer/streams.py)
-        self.dataset_len = (len(shard_names(dataset)) if self.sharded else (iterable_len(dataset) or 0)
-                            if self.iterable else len(dataset))
-        self.iterable_fields = iterable_fields(dataset) if self.iterable else {}  # told in every HELLO
-        # each shard's samples, told in every HELLO: how a loader that does not hold the dataset knows len()
-        shard_lengths = announced_shard_lengths(dataset) if self.sharded else None
-        self.fingerprint = dataset_fingerprint(dataset)
         self.producer_id = uuid.uuid4().hex[:12]
         self.name = f"{pysocket.gethostname()}:{os.getpid()}"
         self._stop_requested = False  # a plain flag: stop() runs in signal handlers, which must take no lock
@@ -80,26 +77,30 @@ class Producer:
         self._poller = zmq.Poller()
         self._metrics = None
         self._status = StatusFile(config.status_file, config.stuck_after)
-        # the consumer connections, as the endpoints and what their names resolve to call for (producer/linkset.py)
-        # (a stream task's indices name its stream, which the stream runner checks)
-        self._links = LinkSet(config, dataset_len=MAX_DATASET_LEN if self.iterable else self.dataset_len,
-                              ctx=self._ctx, poller=self._poller,
-                              waker=self._waker, say_bye=lambda link: self._apply(link, link.conn.stop()))
+        # the consumer connections, as the endpoints and what their names resolve to call for (producer/linkset.py);
+        # each checks TASK indices against the dataset it is bound to (its own, until a consumer names another)
+        self._links = LinkSet(config, ctx=self._ctx, poller=self._poller, waker=self._waker,
+                              say_bye=lambda link: self._apply(link, link.conn.stop()), bind=self._bind_link)
         self._slab = self._map_slab(config.shared_memory)
         # compresses frames for links that use a codec, on its own threads (common/compression.py)
         self._compressor = FrameCompressor(workers=min(config.threads, os.cpu_count() or 1))
         # one batch worker per slot of every connection there may be (threads start only when work needs them)
-        self._batcher = Batcher(dataset, collate_fn=config.collate, threads=config.threads,
-                                batch_workers=config.slots * max(1, self._links.capacity), done=self._done,
-                                waker=self._waker, compressor=self._compressor)
-        dataset_info = {"spec": config.dataset_label, "len": self.dataset_len, "fingerprint": self.fingerprint,
-                        **({"sharded": True} if self.sharded else {}),
-                        **({"shard_lens": shard_lengths} if shard_lengths is not None else {}),
-                        **self.iterable_fields}
-        self._outbox = Outbox(hello_fields(producer_id=self.producer_id, slots=config.slots, dataset=dataset_info,
+        workers = config.slots * max(1, self._links.capacity)
+        self._datasets = DatasetPool(
+            dataset, label=config.dataset_label, allowed=config.allow_dataset, threads=config.threads,
+            buffers=workers + 2, own_collate=config.collate,
+            make_batcher=lambda ds, collate, shared: Batcher(
+                ds, collate_fn=collate, threads=config.threads, batch_workers=workers, done=self._done,
+                waker=self._waker, compressor=self._compressor, shared=shared))
+        own = self._datasets.own
+        # a TASK's turn among the consumers' (producer/fairshare.py): at most --slots batches run at once
+        self._share = FairShare(limit=config.slots)
+        self._outbox = Outbox(hello_fields(producer_id=self.producer_id, slots=config.slots,
+                                           dataset=own.announce if own is not None else dict(NO_DATASET),
                                            shm_token=config.shared_memory[1] if self._slab is not None else None,
-                                           worker=[config.worker_id, config.num_workers] if self.iterable else None),
-                              self._batcher.pool)
+                                           worker=[config.worker_id, config.num_workers]
+                                           if own is not None and own.iterable else None),
+                              self._datasets.buffers)
         self.invalid_messages = 0
         self.stale_messages = 0
         self._invalid_log = RateLimitedLog(log, suppressed="%d more invalid messages were dropped without a log line")
@@ -130,12 +131,16 @@ class Producer:
     def run(self) -> int:
         """Serve until stopped or permanently rejected everywhere. Returns the process exit code."""
         cfg = self.config
-        log.info("ferry producer %s (id %s) serving %s: %d samples, fingerprint %s, %d threads, %d slots -> %s",
-                 self.name, self.producer_id, cfg.dataset_label, self.dataset_len, self.fingerprint, cfg.threads,
-                 cfg.slots, ", ".join(cfg.endpoints),
+        own = self._datasets.own.announce if self._datasets.own is not None else NO_DATASET
+        allowed = ", ".join(cfg.allow_dataset) or "none"
+        log.info("ferry producer %s (id %s) serving %s: %d samples, fingerprint %s, %d threads, %d slots -> %s; "
+                 "datasets consumers may name: the built-ins and %s",
+                 self.name, self.producer_id, cfg.dataset_label or "no dataset of its own", own["len"],
+                 own["fingerprint"] or "-", cfg.threads, cfg.slots, ", ".join(cfg.endpoints), allowed,
                  extra=fields(event="start", producer=self.name, producer_id=self.producer_id,
-                              dataset=cfg.dataset_label, samples=self.dataset_len, fingerprint=self.fingerprint,
-                              threads=cfg.threads, slots=cfg.slots, endpoints=list(cfg.endpoints)))
+                              dataset=cfg.dataset_label, samples=own["len"], fingerprint=own["fingerprint"],
+                              threads=cfg.threads, slots=cfg.slots, endpoints=list(cfg.endpoints),
+                              allow_dataset=list(cfg.allow_dataset)))
         poller = self._poller
         poller.register(self._waker.fileno(), zmq.POLLIN)
         code = EXIT_OK
@@ -166,7 +171,9 @@ class Producer:
                     if link.auth_denials(events):  # with CURVE: the consumer refused our key
                         self._apply(link, link.conn.auth_denied(time.monotonic()))
                 while (outcome := self._next_outcome()) is not None:
+                    self._share.finished(outcome.job, time.monotonic())  # its worker is free: the next one's turn
                     self._outbox.deliver(outcome, self._links.get(outcome.job.conn_key), time.monotonic())
+                self._start_tasks()
                 self._links.answers()
             self._write_status(STOPPING, time.monotonic())
             for link in self._links:
@@ -193,6 +200,8 @@ class Producer:
                 self._links.check(link)
             elif isinstance(action, Stale):
                 self.stale_messages += 1
+            elif isinstance(action, OpenDataset):
+                self._bind_dataset(link, action)
             elif isinstance(action, Rebuild):
                 link.rebuild()
             elif isinstance(action, SendBye):
@@ -209,13 +218,51 @@ class Producer:
             except ValueError as exc:
                 raise ProtocolError(str(exc)) from None
         link.conn.task_started()
-        self._batcher.submit(
-            Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
-                header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"),
-                streams=header.get("streams"),
-                compress=link.compression.task(header), frame_bytes=link.frame_bytes,
-                max_batch_bytes=link.max_batch_bytes, unbatched=header.get("unbatched"), pickle_ok=link.pickle_ok)
-        )
+        job = Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
+                  header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"),
+                  streams=header.get("streams"),
+                  compress=link.compression.task(header), frame_bytes=link.frame_bytes,
+                  max_batch_bytes=link.max_batch_bytes, unbatched=header.get("unbatched"), pickle_ok=link.pickle_ok)
+        self._share.add(link.key, link.weight, job, time.monotonic())  # its turn comes by the consumers' weights
+        self._start_tasks()
+
+    def _start_tasks(self) -> None:
+        """Hand the batcher of each one's dataset the tasks whose turn it is (producer/fairshare.py). A task whose
+        connection is gone or left its session is dropped: its consumer re-issues it."""
+        now = time.monotonic()
+        for key, job in self._share.take(now):
+            link = self._links.get(key)
+            served = link.served if link is not None else None
+            if link is None or served is None or not link.conn.owns(job.session):
+                self._share.finished(job, now)
+                continue
+            served.batcher.submit(job)
+
+    def _bind_link(self, link: Link, opened: bool) -> None:
+        """A new connection serves the producer's own dataset (if any) until its consumer names another; a closed
+        one no longer holds its dataset, and its queued tasks are dropped."""
+        if opened:
+            own = self._datasets.own
+            self._datasets.bind(None, own)
+            link.served = own
+            link.conn.dataset_len = own.index_bound if own is not None else 0
+            return
+        self._datasets.bind(link.served, None)
+        link.served = None
+        self._share.forget(link.key)
+
+    def _bind_dataset(self, link: Link, action: OpenDataset) -> None:
+        """A consumer named its dataset in its WELCOME (a pool, common/pool.py): open it, or find it open; the
+        connection's next HELLO announces it, or why it may not be served."""
+        try:
+            served = self._datasets.open(action.spec, action.args)
+        except DatasetRefused as exc:
+            link.hello_extra = {"refused": str(exc)}
+            self._apply(link, link.conn.dataset_bound(0, str(exc), time.monotonic()))
+            return
+        self._datasets.bind(link.served, served)
+        link.served, link.hello_extra = served, {"dataset": served.announce}
+        self._apply(link, link.conn.dataset_bound(served.index_bound, None, time.monotonic()))
 
     # --- receiving ------------------------------------------------------------------------------------
     def _receive(self, link: Link) -> None:
@@ -232,6 +279,7 @@ class Producer:
                     link.frame_bytes = announced_frame_bytes(header)
                     link.max_batch_bytes = header.get("max_batch_bytes")
                     link.pickle_ok = header.get("pickle") is True
+                    link.weight = header.get("weight", 1.0)  # its share against the other consumers' (fairshare.py)
                 self._apply(link, actions)
             except ProtocolError as exc:
                 self.invalid_messages += 1
@@ -250,7 +298,7 @@ class Producer:
         return {
             "batches_sent": self._outbox.batches_sent, "bytes_sent": self._outbox.bytes_sent,
             "shared_batches": self._outbox.shared_batches, "invalid_messages": self.invalid_messages,
-            "stale_messages": self.stale_messages, "pending": self._batcher.pending, **self._links.describe(),
+            "stale_messages": self.stale_messages, "pending": self._datasets.pending, **self._links.describe(),
         }
 
     def _status_figures(self) -> dict[str, Any]:
@@ -296,14 +344,14 @@ class Producer:
         """Stop the batcher: queued work is cancelled, running samples get ``drain_timeout`` seconds. Their tasks
         went back to the consumers with the BYE, so nothing waits for them: past the bound the process exits
         without them (exit_past_lingering_threads), and the abandoned threads go with it."""
-        pending = self._batcher.pending
-        closer = threading.Thread(target=self._batcher.close, name="ferry-drain", daemon=True)
+        pending = self._datasets.pending
+        closer = threading.Thread(target=self._datasets.close, name="ferry-drain", daemon=True)
         closer.start()
         closer.join(self.config.drain_timeout)
         if closer.is_alive():
             log.warning("%d batches were still loading %g s after the stop (--drain-timeout); exiting without them "
-                        "(their consumers re-issue them)", self._batcher.pending, self.config.drain_timeout,
-                        extra=fields(event="drain_timeout", pending=self._batcher.pending, pending_at_stop=pending,
+                        "(their consumers re-issue them)", self._datasets.pending, self.config.drain_timeout,
+                        extra=fields(event="drain_timeout", pending=self._datasets.pending, pending_at_stop=pending,
                                      drain_timeout_s=self.config.drain_timeout))
 
     @staticmethod

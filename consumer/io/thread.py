@@ -52,6 +52,7 @@ class IoHealth:
     progress_at: float  # when a result last arrived, or nothing was owed by producers
     churn: int  # producers lost since progress_at
     last_loss: str  # the latest of those losses, in words
+    refused: str = ""  # the latest pool producer's refusal to load the dataset this consumer named, in words
 
 
 class IoThread:
@@ -146,7 +147,8 @@ class IoThread:
             peers = self._core.peers
             return IoHealth(alive=alive, failure=self._failure, live_producers=len(self._core.dispatcher.producers),
                             producers_seen=peers.seen, no_producer_since=peers.none_since,
-                            progress_at=peers.progress_at, churn=peers.churn, last_loss=peers.last_loss)
+                            progress_at=peers.progress_at, churn=peers.churn, last_loss=peers.last_loss,
+                            refused=peers.refused)
 
     def wait_dataset(self, timeout: float) -> tuple[int, bool] | None:
         """``(length, sharded)`` of the dataset once known (given, or from the first producer admitted); None if
