@@ -41,6 +41,7 @@ class Flow:
     served_s: float = 0.0  # producer seconds its finished tasks took
     waited_s: float = 0.0  # seconds its tasks waited in the queue for a worker
     tasks: int = 0  # tasks finished
+    forgotten: bool = False  # its connection is gone: removed once its running tasks end
 
     @property
     def active(self) -> bool:
@@ -61,6 +62,7 @@ class FairShare:
     def add(self, flow: int, weight: float, item: Any, now: float) -> None:
         """Queue ``item`` (a task) of ``flow``, whose weight is now ``weight``."""
         state = self.flows.setdefault(flow, Flow())
+        state.forgotten = False
         if not state.active:  # (re)joining: no credit for the time it was away
             state.virtual = max(state.virtual, self._floor(exclude=state))
         state.weight = weight
@@ -86,8 +88,9 @@ class FairShare:
         return started
 
     def finished(self, item: Any, now: float) -> None:
-        """``item``, started by :meth:`take`, is done (answered, failed or dropped): its worker is free and its flow
-        pays what it cost. An item never started is ignored."""
+        """``item`` (the very object :meth:`take` returned: items are told apart by identity, a Job being unhashable)
+        is done (answered, failed or dropped): its worker is free and its flow pays what it cost. An item never
+        started is ignored."""
         entry = self._started.pop(id(item), None)
         if entry is None:
             return
@@ -102,6 +105,8 @@ class FairShare:
         state.served_s += spent
         state.tasks += 1
         state.cost = spent if state.tasks == 1 else (1 - _COST_SMOOTHING) * state.cost + _COST_SMOOTHING * spent
+        if state.forgotten and not state.active:
+            del self.flows[key]
 
     def forget(self, flow: int) -> list[Any]:
         """``flow``'s connection is gone: its queued items are dropped (returned); running ones still end through
@@ -111,6 +116,7 @@ class FairShare:
             return []
         dropped = [item for item, _ in state.queue]
         state.queue.clear()
+        state.forgotten = True
         if state.running == 0:
             del self.flows[flow]
         return dropped
