@@ -142,7 +142,8 @@ class RemoteLoader:
                                     self.no_producer_timeout, pipeline.stop)
         self._observer = EpochObserver(self._counters, self._io.snapshot,
                                        capacity=self.buffer_batches, log_every=self.log_every,
-                                       threads=(self._io.thread, self._staging), on_demand=pipeline.autoscale)
+                                       threads=(self._io.thread, self._staging), on_demand=pipeline.autoscale,
+                                       on_load=self._io.report_load)
         device = self.device
         self._parts = EpochParts(
             staged=pipeline.staged, release=self._io.release, check_health=self._health.check,

@@ -41,7 +41,8 @@ from typing import Any, Callable, Iterable
 
 from ferry.common import protocol
 from ferry.common.constants import (
-    AUTH_RETRY_FIRST_S, AUTH_RETRY_MAX_S, MAX_PENDING_TASKS, MAX_WELCOME_HEARTBEAT_S, MIN_WELCOME_HEARTBEAT_S,
+    AUTH_RETRY_FIRST_S, AUTH_RETRY_MAX_S, MAX_INVALID_FROM_CONSUMER, MAX_PENDING_TASKS, MAX_WELCOME_HEARTBEAT_S,
+    MIN_WELCOME_HEARTBEAT_S,
 )
 from ferry.common.errors import ProtocolError
 
@@ -102,6 +103,7 @@ class Connection:
         self.awaiting_connection = False  # GREETING, and the last HELLO found no connection to go out on
         self.denials = 0  # the consumer refused our CURVE key this many times in a row
         self.rebuild_at: float | None = None  # when to retry with a fresh socket after a denial
+        self.invalid_messages = 0  # invalid messages of the current session (see invalid)
 
     @property
     def serving(self) -> bool:
@@ -233,6 +235,19 @@ class Connection:
         self.pending -= 1
 
     # --- transitions ------------------------------------------------------------------------------------
+    def invalid(self, now: float) -> list[Action]:
+        """A message from this consumer failed validation (the loop counted and dropped it). The
+        MAX_INVALID_FROM_CONSUMER-th of one session drops that session, as a silent consumer's is: its work is
+        dropped and a new HELLO goes out, so that a broken or hostile consumer holds nothing of the producer's."""
+        if self.phase is not Phase.SERVING:
+            return []
+        self.invalid_messages += 1
+        if self.invalid_messages < MAX_INVALID_FROM_CONSUMER:
+            return []
+        return self._reset(Phase.GREETING, now, logging.WARNING,
+                           f"consumer at {self.endpoint} sent {self.invalid_messages} invalid messages: dropping its "
+                           "work and saying HELLO again", "consumer_invalid")
+
     def dataset_bound(self, dataset_len: int, refused: str | None, now: float) -> list[Action]:
         """What became of the dataset a WELCOME named (:class:`OpenDataset`): this connection now serves it,
         TASK indices below ``dataset_len``; or it may not (``refused``: why). Either way the next HELLO, said at
@@ -255,7 +270,7 @@ class Connection:
         if "dataset" in header:  # not admitted yet: the consumer names the dataset it wants (common/pool.py)
             self.last_heard = now
             return [OpenDataset(header["dataset"]["spec"], header["dataset"]["args"])]
-        self.phase, self.session = Phase.SERVING, header["session"]
+        self.phase, self.session, self.invalid_messages = Phase.SERVING, header["session"], 0
         self.welcomed_here, self.awaiting_connection = True, False
         self.denials, self.rebuild_at = 0, None
         self.heartbeat = min(max(float(header["heartbeat"]), MIN_WELCOME_HEARTBEAT_S), MAX_WELCOME_HEARTBEAT_S)

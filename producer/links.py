@@ -51,6 +51,7 @@ class Link:
     served: Any = None
     hello_extra: dict = field(default_factory=dict)  # what its HELLO says of its dataset: "dataset", or "refused"
     weight: float = 1.0  # its consumer's share against the others' (its WELCOME's; producer/fairshare.py)
+    load: dict = field(default_factory=dict)  # its consumer's last PING load: its demand and stall (sharing.py)
 
     def open(self) -> None:
         """Make the socket (and its monitor) and connect it. Not yet registered: see :meth:`register`."""

@@ -40,8 +40,8 @@ from ferry.common.ratelimit import RateLimitedLog
 from ferry.common.waker import Waker
 
 from ferry.producer.batcher import Batcher, Job, Outcome
-from ferry.producer.fairshare import FairShare
-from ferry.producer.pool import DatasetPool, DatasetRefused
+from ferry.producer.pool import DatasetPool
+from ferry.producer.sharing import Sharing
 from ferry.producer.compressing import FrameCompressor
 from ferry.producer.config import ProducerConfig
 from ferry.producer.connection import (
@@ -80,27 +80,28 @@ class Producer:
         # the consumer connections, as the endpoints and what their names resolve to call for (producer/linkset.py);
         # each checks TASK indices against the dataset it is bound to (its own, until a consumer names another)
         self._links = LinkSet(config, ctx=self._ctx, poller=self._poller, waker=self._waker,
-                              say_bye=lambda link: self._apply(link, link.conn.stop()), bind=self._bind_link)
+                              say_bye=lambda link: self._apply(link, link.conn.stop()),
+                              bind=lambda link, opened: self._sharing.bind_link(link, opened))
         self._slab = self._map_slab(config.shared_memory)
         # compresses frames for links that use a codec, on its own threads (common/compression.py)
         self._compressor = FrameCompressor(workers=min(config.threads, os.cpu_count() or 1))
         # one batch worker per slot of every connection there may be (threads start only when work needs them)
         workers = config.slots * max(1, self._links.capacity)
-        self._datasets = DatasetPool(
+        datasets = DatasetPool(
             dataset, label=config.dataset_label, allowed=config.allow_dataset, threads=config.threads,
             buffers=workers + 2, own_collate=config.collate,
             make_batcher=lambda ds, collate, shared: Batcher(
                 ds, collate_fn=collate, threads=config.threads, batch_workers=workers, done=self._done,
                 waker=self._waker, compressor=self._compressor, shared=shared))
-        own = self._datasets.own
-        # a TASK's turn among the consumers' (producer/fairshare.py): at most --slots batches run at once
-        self._share = FairShare(limit=config.slots)
+        own = datasets.own
+        # the datasets its consumers name, and a TASK's turn among theirs: at most --slots run at once (sharing.py)
+        self._sharing = Sharing(datasets, limit=config.slots)
         self._outbox = Outbox(hello_fields(producer_id=self.producer_id, slots=config.slots,
                                            dataset=own.announce if own is not None else dict(NO_DATASET),
                                            shm_token=config.shared_memory[1] if self._slab is not None else None,
                                            worker=[config.worker_id, config.num_workers]
                                            if own is not None and own.iterable else None),
-                              self._datasets.buffers)
+                              datasets.buffers)
         self.invalid_messages = 0
         self.stale_messages = 0
         self._invalid_log = RateLimitedLog(log, suppressed="%d more invalid messages were dropped without a log line")
@@ -131,7 +132,7 @@ class Producer:
     def run(self) -> int:
         """Serve until stopped or permanently rejected everywhere. Returns the process exit code."""
         cfg = self.config
-        own = self._datasets.own.announce if self._datasets.own is not None else NO_DATASET
+        own = self._sharing.datasets.own.announce if self._sharing.datasets.own is not None else NO_DATASET
         allowed = ", ".join(cfg.allow_dataset) or "none"
         log.info("ferry producer %s (id %s) serving %s: %d samples, fingerprint %s, %d threads, %d slots -> %s; "
                  "datasets consumers may name: the built-ins and %s",
@@ -171,9 +172,9 @@ class Producer:
                     if link.auth_denials(events):  # with CURVE: the consumer refused our key
                         self._apply(link, link.conn.auth_denied(time.monotonic()))
                 while (outcome := self._next_outcome()) is not None:
-                    self._share.finished(outcome.job, time.monotonic())  # its worker is free: the next one's turn
+                    self._sharing.finished(outcome.job, time.monotonic())  # its worker is free: the next one's turn
                     self._outbox.deliver(outcome, self._links.get(outcome.job.conn_key), time.monotonic())
-                self._start_tasks()
+                self._sharing.start(self._links.get, time.monotonic())
                 self._links.answers()
             self._write_status(STOPPING, time.monotonic())
             for link in self._links:
@@ -201,7 +202,7 @@ class Producer:
             elif isinstance(action, Stale):
                 self.stale_messages += 1
             elif isinstance(action, OpenDataset):
-                self._bind_dataset(link, action)
+                self._apply(link, self._sharing.bind_dataset(link, action, time.monotonic()))
             elif isinstance(action, Rebuild):
                 link.rebuild()
             elif isinstance(action, SendBye):
@@ -223,46 +224,8 @@ class Producer:
                   streams=header.get("streams"),
                   compress=link.compression.task(header), frame_bytes=link.frame_bytes,
                   max_batch_bytes=link.max_batch_bytes, unbatched=header.get("unbatched"), pickle_ok=link.pickle_ok)
-        self._share.add(link.key, link.weight, job, time.monotonic())  # its turn comes by the consumers' weights
-        self._start_tasks()
-
-    def _start_tasks(self) -> None:
-        """Hand the batcher of each one's dataset the tasks whose turn it is (producer/fairshare.py). A task whose
-        connection is gone or left its session is dropped: its consumer re-issues it."""
-        now = time.monotonic()
-        for key, job in self._share.take(now):
-            link = self._links.get(key)
-            served = link.served if link is not None else None
-            if link is None or served is None or not link.conn.owns(job.session):
-                self._share.finished(job, now)
-                continue
-            served.batcher.submit(job)
-
-    def _bind_link(self, link: Link, opened: bool) -> None:
-        """A new connection serves the producer's own dataset (if any) until its consumer names another; a closed
-        one no longer holds its dataset, and its queued tasks are dropped."""
-        if opened:
-            own = self._datasets.own
-            self._datasets.bind(None, own)
-            link.served = own
-            link.conn.dataset_len = own.index_bound if own is not None else 0
-            return
-        self._datasets.bind(link.served, None)
-        link.served = None
-        self._share.forget(link.key)
-
-    def _bind_dataset(self, link: Link, action: OpenDataset) -> None:
-        """A consumer named its dataset in its WELCOME (a pool, common/pool.py): open it, or find it open; the
-        connection's next HELLO announces it, or why it may not be served."""
-        try:
-            served = self._datasets.open(action.spec, action.args)
-        except DatasetRefused as exc:
-            link.hello_extra = {"refused": str(exc)}
-            self._apply(link, link.conn.dataset_bound(0, str(exc), time.monotonic()))
-            return
-        self._datasets.bind(link.served, served)
-        link.served, link.hello_extra = served, {"dataset": served.announce}
-        self._apply(link, link.conn.dataset_bound(served.index_bound, None, time.monotonic()))
+        self._sharing.submit(link, job, time.monotonic())  # its turn comes by the consumers' weights
+        self._sharing.start(self._links.get, time.monotonic())
 
     # --- receiving ------------------------------------------------------------------------------------
     def _receive(self, link: Link) -> None:
@@ -280,9 +243,12 @@ class Producer:
                     link.max_batch_bytes = header.get("max_batch_bytes")
                     link.pickle_ok = header.get("pickle") is True
                     link.weight = header.get("weight", 1.0)  # its share against the other consumers' (fairshare.py)
+                elif header["type"] == protocol.PING and link.conn.serving:  # its demand and stall (sharing.py)
+                    link.load = header["load"]
                 self._apply(link, actions)
             except ProtocolError as exc:
                 self.invalid_messages += 1
+                self._apply(link, link.conn.invalid(time.monotonic()))  # too many: that consumer's session goes
                 self._invalid_log.warning("invalid message #%d from %s dropped: %s", self.invalid_messages,
                                           link.conn.endpoint, exc)
 
@@ -298,7 +264,8 @@ class Producer:
         return {
             "batches_sent": self._outbox.batches_sent, "bytes_sent": self._outbox.bytes_sent,
             "shared_batches": self._outbox.shared_batches, "invalid_messages": self.invalid_messages,
-            "stale_messages": self.stale_messages, "pending": self._datasets.pending, **self._links.describe(),
+            "stale_messages": self.stale_messages, "pending": self._sharing.pending, **self._links.describe(),
+            **self._sharing.figures(self._links),
         }
 
     def _status_figures(self) -> dict[str, Any]:
@@ -344,14 +311,14 @@ class Producer:
         """Stop the batcher: queued work is cancelled, running samples get ``drain_timeout`` seconds. Their tasks
         went back to the consumers with the BYE, so nothing waits for them: past the bound the process exits
         without them (exit_past_lingering_threads), and the abandoned threads go with it."""
-        pending = self._datasets.pending
-        closer = threading.Thread(target=self._datasets.close, name="ferry-drain", daemon=True)
+        pending = self._sharing.pending
+        closer = threading.Thread(target=self._sharing.close, name="ferry-drain", daemon=True)
         closer.start()
         closer.join(self.config.drain_timeout)
         if closer.is_alive():
             log.warning("%d batches were still loading %g s after the stop (--drain-timeout); exiting without them "
-                        "(their consumers re-issue them)", self._datasets.pending, self.config.drain_timeout,
-                        extra=fields(event="drain_timeout", pending=self._datasets.pending, pending_at_stop=pending,
+                        "(their consumers re-issue them)", self._sharing.pending, self.config.drain_timeout,
+                        extra=fields(event="drain_timeout", pending=self._sharing.pending, pending_at_stop=pending,
                                      drain_timeout_s=self.config.drain_timeout))
 
     @staticmethod

@@ -147,3 +147,19 @@ def test_the_consumer_names_its_dataset_without_registering_and_admits_its_annou
     assert second.joined is not None and (peers.dataset_len, peers.fingerprint) == (8, "fp")
     refused = peers.admit(b"b", hello(refused="not allowed: none", producer="q"), now=1.2)
     assert refused.refused and "not allowed: none" in refused.reject and "not allowed: none" in peers.refused
+
+
+def test_a_consumer_sending_invalid_messages_loses_its_session_at_the_bound_and_only_then():
+    from ferry.common.constants import MAX_INVALID_FROM_CONSUMER
+
+    conn = connection()
+    conn.receive(welcome(conn), 1, now=1.0)
+    nonce = conn.nonce
+    for _ in range(MAX_INVALID_FROM_CONSUMER - 1):
+        assert conn.invalid(now=2.0) == []
+    actions = conn.invalid(now=2.0)
+    assert conn.phase is Phase.GREETING and conn.nonce != nonce and conn.pending == 0
+    assert isinstance(actions[0], Log) and actions[0].level == logging.WARNING and "invalid messages" in actions[0].message
+    assert conn.invalid(now=2.1) == []  # greeting: nothing to drop
+    conn.receive(welcome(conn), 1, now=3.0)  # a new session starts counting afresh
+    assert conn.invalid(now=3.1) == [] and conn.serving

@@ -93,6 +93,9 @@ class ConsumerCore:
         self._epoch = 0
         self._out: list[Action] = []
         self._leaving: OrderedDict[str, None] = OrderedDict()  # local producers asked to stop (host:pid)
+        # what every PING tells the producers: the demand gauge's value ("needed") and the loop's recent stall,
+        # which a pool producer exports per job (producer/sharing.py); set by the io thread's report_load
+        self.load: dict[str, float] = {}
         self.dispatcher.occupancy(now)
 
     @property
@@ -149,7 +152,7 @@ class ConsumerCore:
             self.peers.progressed(now)  # nothing owed: waiting on the training loop, not on producers
         self._settle(losses)
         for peer in alive:
-            self._send(peer, protocol.PING, load={})
+            self._send(peer, protocol.PING, load=dict(self.load))
         return self._finish(now)
 
     def producer_died(self, name: str, why: str, now: float) -> list[Action]:

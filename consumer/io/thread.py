@@ -169,6 +169,13 @@ class IoThread:
         with self._lock:
             return self._core.peers.shard_lengths
 
+    def report_load(self, needed: int | None, stall: float) -> None:
+        """What the next PINGs tell every producer (the training thread's demand sample): the producers the loop needs
+        (``needed``; None: not known yet) and its recent stall fraction. A pool exports them per job."""
+        load = {"stall": round(stall, 4), **({"needed": needed} if needed is not None else {})}
+        with self._lock:
+            self._core.load = load
+
     def snapshot(self) -> dict[str, Any]:
         """A consistent view for stats(), read under the lock every event takes."""
         with self._lock:

@@ -1,0 +1,118 @@
+"""A producer's work across the consumers it serves (docs/ARCHITECTURE.md#producer): which dataset each connection
+is bound to (:mod:`ferry.producer.pool`), whose TASK runs next (:mod:`ferry.producer.fairshare`), and the per-job
+figures of the producer's metrics. Only the main loop (:mod:`ferry.producer.service`) uses a :class:`Sharing`; it
+touches no socket.
+
+Per job (one consumer connection), the figures say: its ``weight``; its *demand* here, tasks ``queued`` and
+``running``, and the demand its consumer reports in its PINGs (``needed``: the producers its loop needs,
+consumer/figures/demand.py); its *share*, ``served_s`` (producer seconds its tasks took; a share is its rate over
+the rate of all jobs'); its *stall*, its loop's fraction of time waiting for data as its consumer reports it
+(``stall``), and ``waited_s``, the seconds its tasks waited here for a worker. ``pool_demand`` is the sum of the
+jobs' ``needed``: the producers the whole pool needs, for an engine's autoscaler (docs/deployment.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterable
+
+from ferry.producer.actions import Action, OpenDataset
+from ferry.producer.batcher import Job
+from ferry.producer.fairshare import FairShare
+from ferry.producer.links import Link
+from ferry.producer.pool import DatasetPool, DatasetRefused
+
+__all__ = ["Sharing"]
+
+log = logging.getLogger("ferry.producer")
+
+
+def _number(value: Any) -> float:
+    """A figure a consumer reported (a PING's load), as a number; 0 for anything else."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else 0.0
+
+
+class Sharing:
+    """The datasets (``datasets``, a DatasetPool) and the fair scheduler (``share``, at most ``limit`` tasks at once).
+
+    Args:
+        datasets: the producer's opened datasets.
+        limit: tasks run at once, across every consumer (``--slots``).
+    """
+
+    def __init__(self, datasets: DatasetPool, *, limit: int) -> None:
+        self.datasets = datasets
+        self.share = FairShare(limit=limit)
+
+    # --- connections and their datasets -----------------------------------------------------------------
+    def bind_link(self, link: Link, opened: bool) -> None:
+        """A new connection serves the producer's own dataset (if any) until its consumer names another; a closed
+        one no longer holds its dataset, and its queued tasks are dropped."""
+        if opened:
+            own = self.datasets.own
+            self.datasets.bind(None, own)
+            link.served = own
+            link.conn.dataset_len = own.index_bound if own is not None else 0
+            return
+        self.datasets.bind(link.served, None)
+        link.served = None
+        self.share.forget(link.key)
+
+    def bind_dataset(self, link: Link, action: OpenDataset, now: float) -> list[Action]:
+        """A consumer named its dataset in its WELCOME (a pool, common/pool.py): open it, or find it open. Returns
+        the connection's actions: its next HELLO announces the dataset, or why it may not be served."""
+        try:
+            served = self.datasets.open(action.spec, action.args)
+        except DatasetRefused as exc:
+            link.hello_extra = {"refused": str(exc)}
+            return link.conn.dataset_bound(0, str(exc), now)
+        self.datasets.bind(link.served, served)
+        link.served, link.hello_extra = served, {"dataset": served.announce}
+        return link.conn.dataset_bound(served.index_bound, None, now)
+
+    # --- tasks ---------------------------------------------------------------------------------------------
+    def submit(self, link: Link, job: Job, now: float) -> None:
+        """Queue ``job``: its turn comes by its consumer's weight (its WELCOME's) against the others'."""
+        self.share.add(link.key, link.weight, job, now)
+
+    def start(self, link_of: Callable[[int], Link | None], now: float) -> None:
+        """Hand the batcher of each one's dataset the tasks whose turn it is. A task whose connection is gone or left
+        its session is dropped: its consumer re-issues it."""
+        for key, job in self.share.take(now):
+            link = link_of(key)
+            served = link.served if link is not None else None
+            if link is None or served is None or not link.conn.owns(job.session):
+                self.share.finished(job, now)
+                continue
+            served.batcher.submit(job)
+
+    def finished(self, job: Job, now: float) -> None:
+        """``job``'s outcome is back: its worker is free, its consumer pays what it cost."""
+        self.share.finished(job, now)
+
+    @property
+    def pending(self) -> int:
+        """Tasks handed to a batcher and not yet finished."""
+        return self.datasets.pending
+
+    # --- figures ---------------------------------------------------------------------------------------------
+    def figures(self, links: Iterable[Link]) -> dict[str, Any]:
+        """``per_job`` (by consumer endpoint, for each serving connection) and ``pool_demand``: see the module
+        docstring."""
+        flows = self.share.figures()
+        jobs = {}
+        for link in links:
+            if not link.conn.serving:
+                continue
+            flow = flows.get(link.key, {})
+            jobs[link.conn.endpoint] = {
+                "weight": link.weight, "queued": flow.get("queued", 0), "running": flow.get("running", 0),
+                "served_s": flow.get("served_s", 0.0), "waited_s": flow.get("waited_s", 0.0),
+                "tasks": flow.get("tasks", 0), "needed": _number(link.load.get("needed")),
+                "stall": _number(link.load.get("stall")),
+                "dataset": link.served.announce["spec"] if link.served is not None else ""}
+        return {"per_job": jobs, "pool_demand": sum(job["needed"] for job in jobs.values())}
+
+    def close(self) -> None:
+        """Stop every dataset's batcher (see DatasetPool.close)."""
+        self.datasets.close()
