@@ -24,7 +24,10 @@ see :mod:`ferry.common.shm`) and TASK ``compression`` (the codec of that task's 
 WELCOME's ``codecs``; see :mod:`ferry.consumer.core.compression`); WELCOME ``pickle`` (this producer may pickle
 values no tree spec describes: the consumer's own local producers only), TASK ``unbatched`` (one sample, not a
 batch: ``batch_size=None``) and BATCH ``batch_first`` (False: not Ferry's collation, so no sample counts are
-checked). A sample error of a BATCH or FAIL may name
+checked). A producer pool (:mod:`ferry.common.pool`): HELLO ``pool``
+(it opens the dataset a WELCOME names), ``refused`` (it may not: why) and ``dataset.args`` (the arguments a consumer
+named it with); WELCOME ``dataset`` (``{spec, args}``: open this and announce it) and ``weight`` (this consumer's
+share of the producer's time). A sample error of a BATCH or FAIL may name
 its exception's classes (``exc_classes``, a list of ``module:qualname``): names only, from which the consumer
 rebuilds the type (:mod:`ferry.common.remote_errors`).
 """

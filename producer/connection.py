@@ -29,8 +29,10 @@ Events: :meth:`Connection.receive` (a parsed message), :meth:`~Connection.tick` 
 :meth:`~Connection.address_checked` (what resolving the host found),
 :meth:`~Connection.sent` / :meth:`~Connection.hello_unsent` (what became of a send),
 :meth:`~Connection.writable` (a connection came up while a HELLO waits for one),
-:meth:`~Connection.stop`, and the task ledger :meth:`~Connection.task_started` /
-:meth:`~Connection.task_finished`.
+:meth:`~Connection.stop`, :meth:`~Connection.invalid` (a message that failed validation: too many drop the
+session), :meth:`~Connection.dataset_bound` (what became of the dataset a WELCOME named: a pool, common/pool.py;
+such a WELCOME leaves the machine GREETING and asks the loop to :class:`OpenDataset`), and the task ledger
+:meth:`~Connection.task_started` / :meth:`~Connection.task_finished`.
 """
 
 from __future__ import annotations
