@@ -50,6 +50,7 @@ class Link:
     #: another; None: none (a pool without --dataset)
     served: Any = None
     hello_extra: dict = field(default_factory=dict)  # what its HELLO says of its dataset: "dataset", or "refused"
+    opening: str | None = None  # the key of the dataset its consumer named, while it opens (producer/pool.py)
     weight: float = 1.0  # its consumer's share against the others' (its WELCOME's; producer/fairshare.py)
     load: dict = field(default_factory=dict)  # its consumer's last PING load: its demand and stall (sharing.py)
 

@@ -10,7 +10,8 @@ PING / BYE (:mod:`ferry.producer.outbox`), run a TASK, open, rebuild or close a 
 also writes the status that the engine's probes read (:mod:`ferry.producer.status`).
 
 Threads: the main loop (this module), the batcher's pools (:mod:`ferry.producer.batcher`), the compression pool,
-``ferry-resolve`` (DNS, :mod:`ferry.producer.resolver`) and, with ``--metrics-port``, ``ferry-metrics``.
+``ferry-open`` (named datasets, :mod:`ferry.producer.pool`), ``ferry-resolve`` (DNS, :mod:`ferry.producer.resolver`)
+and, with ``--metrics-port``, ``ferry-metrics``.
 Shutdown order, on SIGTERM / SIGINT / ``stop()``: the main loop leaves its poll, marks its status ``stopping``,
 says BYE on every serving connection (the consumer re-issues what it held here, charging no attempt), closes
 the sockets with LINGER=0 (PRODUCER_BYE_LINGER_MS where a BYE was queued: the frames still queued are dropped,
@@ -89,7 +90,7 @@ class Producer:
         workers = config.slots * max(1, self._links.capacity)
         datasets = DatasetPool(
             dataset, label=config.dataset_label, allowed=config.allow_dataset, threads=config.threads,
-            buffers=workers + 2, own_collate=config.collate,
+            buffers=workers + 2, own_collate=config.collate, wake=self._waker.wake,
             make_batcher=lambda ds, collate, shared: Batcher(
                 ds, collate_fn=collate, threads=config.threads, batch_workers=workers, done=self._done,
                 waker=self._waker, compressor=self._compressor, shared=shared))
@@ -171,6 +172,8 @@ class Producer:
                         self._apply(link, link.conn.writable(time.monotonic()))
                     if link.auth_denials(events):  # with CURVE: the consumer refused our key
                         self._apply(link, link.conn.auth_denied(time.monotonic()))
+                for link, actions in self._sharing.opened(self._links, time.monotonic()):  # named datasets opened
+                    self._apply(link, actions)
                 while (outcome := self._next_outcome()) is not None:
                     self._sharing.finished(outcome.job, time.monotonic())  # its worker is free: the next one's turn
                     self._outbox.deliver(outcome, self._links.get(outcome.job.conn_key), time.monotonic())

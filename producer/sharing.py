@@ -16,11 +16,13 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterable
 
+from ferry.common.pool import dataset_key
+
 from ferry.producer.actions import Action, OpenDataset
 from ferry.producer.batcher import Job
 from ferry.producer.fairshare import FairShare
 from ferry.producer.links import Link
-from ferry.producer.pool import DatasetPool, DatasetRefused
+from ferry.producer.pool import DatasetPool, DatasetRefused, Served
 
 __all__ = ["Sharing"]
 
@@ -59,16 +61,39 @@ class Sharing:
         self.share.forget(link.key)
 
     def bind_dataset(self, link: Link, action: OpenDataset, now: float) -> list[Action]:
-        """A consumer named its dataset in its WELCOME (a pool, common/pool.py): open it, or find it open. Returns
-        the connection's actions: its next HELLO announces the dataset, or why it may not be served."""
+        """A consumer named its dataset in its WELCOME (a pool, common/pool.py): bind the connection to it if it is
+        open; else it opens off the main loop and :meth:`opened` binds it. Returns the connection's actions: its next
+        HELLO announces the dataset, or why it may not be served (none while it opens)."""
         try:
-            served = self.datasets.open(action.spec, action.args)
+            served = self.datasets.request(action.spec, action.args)
         except DatasetRefused as exc:
-            link.hello_extra = {"refused": str(exc)}
-            return link.conn.dataset_bound(0, str(exc), now)
+            return self._refuse(link, exc, now)
+        if served is None:  # opening: the connection stays GREETING, its consumer's repeated naming changes nothing
+            link.opening = dataset_key(action.spec, action.args)
+            return []
+        return self._bind(link, served, now)
+
+    def opened(self, links: Iterable[Link], now: float) -> list[tuple[Link, list[Action]]]:
+        """The datasets whose opening ended: each connection waiting for one is bound to it (or told why not).
+        Returns each such connection with its actions."""
+        finished = dict(self.datasets.opened())
+        answers = []
+        for link in links:
+            result = finished.get(link.opening) if link.opening is not None else None
+            if result is None:
+                continue
+            answers.append((link, self._refuse(link, result, now) if isinstance(result, DatasetRefused)
+                            else self._bind(link, result, now)))
+        return answers
+
+    def _bind(self, link: Link, served: Served, now: float) -> list[Action]:
         self.datasets.bind(link.served, served)
-        link.served, link.hello_extra = served, {"dataset": served.announce}
+        link.served, link.hello_extra, link.opening = served, {"dataset": served.announce}, None
         return link.conn.dataset_bound(served.index_bound, None, now)
+
+    def _refuse(self, link: Link, why: DatasetRefused, now: float) -> list[Action]:
+        link.hello_extra, link.opening = {"refused": str(why)}, None
+        return link.conn.dataset_bound(0, str(why), now)
 
     # --- tasks ---------------------------------------------------------------------------------------------
     def submit(self, link: Link, job: Job, now: float) -> None:

@@ -131,3 +131,23 @@ def test_a_consumer_sending_malformed_messages_is_dropped_without_touching_the_o
     finally:
         stop.set()
         thread.join(10)
+
+
+def test_a_dataset_slow_to_open_stalls_no_other_job(spawn):
+    served = Job()
+    other = f"tcp://127.0.0.1:{free_port()}"
+    try:
+        spawn([served.endpoint, other], "", threads=8, slots=2, extra=["--allow-dataset", "tests.datasets:SlowToOpen"])
+        served.start()
+        wait_for(lambda: served.batches >= 10, 60, "the first job served")
+        before = served.batches
+        with RemoteLoader(endpoint=other, dataset="tests.datasets:SlowToOpen", dataset_args={"length": 8, "open_s": 3},
+                          batch_size=4, heartbeat=0.2, timeout=60) as slow:
+            labels = [y.tolist() for _, y in slow]  # waits out the 3 s opening, then the epoch
+        assert labels == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        stats = served.loader.stats()
+        # its producer was never lost (its heartbeats went on: liveness is 1 s) and kept serving it meanwhile
+        assert stats["reissued"] == 0 and stats["producers"] == 1 and stats["producers_seen"] == 1
+        assert served.batches - before >= 20
+    finally:
+        served.close()
