@@ -163,3 +163,46 @@ def test_a_consumer_sending_invalid_messages_loses_its_session_at_the_bound_and_
     assert conn.invalid(now=2.1) == []  # greeting: nothing to drop
     conn.receive(welcome(conn), 1, now=3.0)  # a new session starts counting afresh
     assert conn.invalid(now=3.1) == [] and conn.serving
+
+
+# --- RemoteLoader(weight=) -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("weight", [0, -1, 1001, "2", True, float("nan")])
+def test_a_weight_outside_0_to_1000_is_refused_before_anything_starts_naming_the_keyword(weight):
+    from ferry import RemoteLoader
+    from ferry.common.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^weight must be a (finite )?number"):
+        RemoteLoader(dataset_len=4, weight=weight)
+
+
+def test_the_weight_is_a_documented_transport_option_of_default_1():
+    from ferry.consumer.options.groups import TransportOptions
+
+    assert TransportOptions().weight == 1.0 and TransportOptions(weight=3).weight == 3.0
+    assert "weight" in (TransportOptions.__doc__ or "")  # documented with the other options
+
+
+# --- the consumer core: what goes out ----------------------------------------------------------------------------
+def test_the_core_welcomes_a_pool_naming_its_dataset_then_admits_its_announcement_with_its_weight():
+    from ferry.consumer.core import ConsumerCore, CoreConfig, Send
+    from ferry.consumer.figures.counters import Counters
+
+    core = ConsumerCore(CoreConfig(capacity=4, heartbeat=1.0, liveness=3, task_timeout=10.0, on_error="raise",
+                                   max_batch_bytes=1 << 20, max_attempts=3, dataset_spec="synthetic",
+                                   dataset_args={"length": 8}, weight=2.0),
+                        session=9, now=0.0, counters=Counters())
+
+    def said(actions) -> list[dict]:
+        return [protocol.parse_header(a.frames[0]) for a in actions if isinstance(a, Send)]
+
+    first = said(core.received([b"p", protocol.pack(protocol.HELLO, **hello())], now=1.0))
+    assert [m["type"] for m in first] == ["WELCOME"] and first[0]["dataset"] == {"spec": "synthetic",
+                                                                                  "args": {"length": 8}}
+    assert "weight" not in first[0] and not core.dispatcher.producers  # named, not admitted
+    announced = hello(served("synthetic", 8, "fp", {"length": 8}))
+    second = said(core.received([b"p", protocol.pack(protocol.HELLO, **announced)], now=1.1))
+    assert second[0]["type"] == "WELCOME" and "dataset" not in second[0] and second[0]["weight"] == 2.0
+    assert list(core.dispatcher.producers) == [b"p"] and core.peers.dataset_len == 8
+    core.load = {"needed": 3, "stall": 0.5}  # as the io thread's report_load sets it: every PING carries it
+    pings = said(core.tick(now=1.5))
+    assert pings and all(m["type"] == "PING" and m["load"] == {"needed": 3, "stall": 0.5} for m in pings)
