@@ -13,7 +13,6 @@ jobs' ``needed``: the producers the whole pool needs, for an engine's autoscaler
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable, Iterable
 
 from ferry.common.pool import dataset_key
@@ -26,12 +25,16 @@ from ferry.producer.pool import DatasetPool, DatasetRefused, Served
 
 __all__ = ["Sharing"]
 
-log = logging.getLogger("ferry.producer")
+
+#: The largest figure a consumer's PING may report (a hostile one must not make the pool's demand infinite).
+_MAX_REPORTED = 1e6
 
 
 def _number(value: Any) -> float:
-    """A figure a consumer reported (a PING's load), as a number; 0 for anything else."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else 0.0
+    """A figure a consumer reported (a PING's load), as a number in [0, _MAX_REPORTED]; 0 for anything else."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= _MAX_REPORTED:
+        return 0.0
+    return float(value)
 
 
 class Sharing:
