@@ -135,9 +135,11 @@ class FairShare:
                                               default=0.0)
 
     def figures(self) -> dict[int, dict[str, float]]:
-        """Per flow: weight, queued and running tasks, seconds served and waited, tasks finished."""
+        """Per flow: weight, queued and running tasks, seconds served and waited, tasks finished. Safe from another
+        thread (the figures may be a turn old)."""
         return {key: {"weight": f.weight, "queued": len(f.queue), "running": f.running, "served_s": f.served_s,
-                      "waited_s": f.waited_s, "tasks": f.tasks} for key, f in self.flows.items()}
+                      "waited_s": f.waited_s, "tasks": f.tasks}
+                for key, f in list(self.flows.items())}  # a copy made at once: another thread may read (metrics)
 
     def __repr__(self) -> str:
         return (f"<FairShare [{self.running}/{self.limit} running | "

@@ -120,16 +120,16 @@ class Sharing:
 
     @property
     def pending(self) -> int:
-        """Tasks handed to a batcher and not yet finished."""
-        return self.datasets.pending
+        """Tasks received and not yet finished: waiting for their turn, or handed to a batcher."""
+        return self.datasets.pending + sum(len(flow.queue) for flow in list(self.share.flows.values()))
 
     # --- figures ---------------------------------------------------------------------------------------------
     def figures(self, links: Iterable[Link]) -> dict[str, Any]:
         """``per_job`` (by consumer endpoint, for each serving connection) and ``pool_demand``: see the module
-        docstring."""
+        docstring. Any thread may ask (the metrics server's): it reads copies, and plain numbers."""
         flows = self.share.figures()
         jobs = {}
-        for link in links:
+        for link in list(links):  # a copy made at once: the metrics thread reads while the loop changes them
             if not link.conn.serving:
                 continue
             flow = flows.get(link.key, {})
