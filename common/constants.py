@@ -115,6 +115,12 @@ MAX_FRAMES = 1024
 MAX_NDIM = 16
 #: Tasks a producer holds for one consumer session at most; a consumer asking for more is broken.
 MAX_PENDING_TASKS = 2 * MAX_SLOTS
+#: Datasets a pool producer keeps open for its consumers besides its own (producer/pool.py): each holds its files,
+#: index and batch workers; a job naming one more closes one no connection uses, or is refused.
+MAX_NAMED_DATASETS = 8
+#: Invalid messages a producer takes from one consumer session before it drops that session (its work) and says
+#: HELLO again: a broken or hostile consumer costs the producer's other consumers nothing more than its share.
+MAX_INVALID_FROM_CONSUMER = 16
 #: Largest number of sample indices in one TASK.
 MAX_TASK_INDICES = 1 << 16
 #: Largest dataset length a HELLO may announce.

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ferry.common.errors import ConfigError
 
-__all__ = ["MetricsServer", "Figure", "COUNTER", "GAUGE", "PRODUCER_FIGURES"]
+__all__ = ["MetricsServer", "Figure", "COUNTER", "GAUGE", "PRODUCER_FIGURES", "JOB_FIGURES"]
 
 #: A figure that only grows over its owner's life: exported as a Prometheus counter (``<name>_total``).
 COUNTER = "counter"
@@ -43,7 +43,23 @@ PRODUCER_FIGURES: tuple[Figure, ...] = (
     Figure("pending", GAUGE, "batches being loaded or waiting to be sent"),
     Figure("consumers", GAUGE, "consumers being served now"),
     Figure("links", GAUGE, "consumer connections: one per endpoint, and per address an endpoint's name resolves to"),
+    Figure("pool_demand", GAUGE, "producers the jobs this producer serves need in all: the sum of their loops' "
+           "demand gauges (ferry_producers_needed), as their PINGs report them", also="ferry_pool_demand"),
+    Figure("per_job", None, "figures per job (consumer endpoint -> dict; producer/sharing.py)"),
 )
+
+#: The per-job figures of a pool producer (``per_job``), exported with the labels ``job`` (the consumer's endpoint)
+#: and ``dataset``: name -> (kind, help).
+JOB_FIGURES: dict[str, tuple[str, str]] = {
+    "weight": (GAUGE, "the job's weight (RemoteLoader(weight=))"),
+    "queued": (GAUGE, "the job's tasks waiting for a worker here"),
+    "running": (GAUGE, "the job's tasks being loaded here"),
+    "served_s": (COUNTER, "producer seconds the job's tasks took here: its share is its rate over all jobs'"),
+    "waited_s": (COUNTER, "seconds the job's tasks waited here for a worker"),
+    "tasks": (COUNTER, "the job's tasks finished here"),
+    "needed": (GAUGE, "producers the job's loop needs (its demand gauge, from its PINGs)"),
+    "stall": (GAUGE, "the fraction of time the job's loop waited for data (from its PINGs)"),
+}
 
 
 class MetricsServer:
@@ -123,6 +139,14 @@ class _Collector:
             yield family(f"{self._prefix}_{name}", declared.help, value=value)
             if declared.also:
                 yield family(declared.also, declared.help, value=value)
+        per_job = figures.get("per_job")
+        if isinstance(per_job, dict):
+            for field, (kind, help_text) in JOB_FIGURES.items():
+                family = (CounterMetricFamily if kind == COUNTER else GaugeMetricFamily)(
+                    f"{self._prefix}_job_{field}", help_text, labels=["job", "dataset"])
+                for job, values in per_job.items():
+                    family.add_metric([job, str(values.get("dataset", ""))], values.get(field, 0))
+                yield family
         per_producer = figures.get("per_producer")
         if isinstance(per_producer, dict):
             batches = CounterMetricFamily(f"{self._prefix}_producer_batches", "batches per producer",

@@ -24,7 +24,10 @@ see :mod:`ferry.common.shm`) and TASK ``compression`` (the codec of that task's 
 WELCOME's ``codecs``; see :mod:`ferry.consumer.core.compression`); WELCOME ``pickle`` (this producer may pickle
 values no tree spec describes: the consumer's own local producers only), TASK ``unbatched`` (one sample, not a
 batch: ``batch_size=None``) and BATCH ``batch_first`` (False: not Ferry's collation, so no sample counts are
-checked). A sample error of a BATCH or FAIL may name
+checked). A producer pool (:mod:`ferry.common.pool`): HELLO ``pool``
+(it opens the dataset a WELCOME names), ``refused`` (it may not: why) and ``dataset.args`` (the arguments a consumer
+named it with); WELCOME ``dataset`` (``{spec, args}``: open this and announce it) and ``weight`` (this consumer's
+share of the producer's time). A sample error of a BATCH or FAIL may name
 its exception's classes (``exc_classes``, a list of ``module:qualname``): names only, from which the consumer
 rebuilds the type (:mod:`ferry.common.remote_errors`).
 """
@@ -39,6 +42,7 @@ from ferry.common.constants import (MAX_ANNOUNCED_SHARDS, MAX_CLASS_PATH, MAX_DA
                                     MAX_HEADER_BYTES, MAX_SLOTS, MAX_STREAMS, MAX_TASK_INDICES, MAX_TEXT,
                                     PROTOCOL_VERSION)
 from ferry.common.errors import ProtocolError, VersionMismatch
+from ferry.common.pool import valid_named, valid_weight
 
 __all__ = [
     "HELLO", "WELCOME", "REJECT", "TASK", "BATCH", "FAIL", "PING", "BYE",
@@ -76,6 +80,7 @@ def _dataset(v: Any) -> bool:
         and ("shard_lens" not in v or _shard_lens(v["shard_lens"], v))
         and ("iterable" not in v or v["iterable"] is True)
         and ("sized" not in v or (v.get("iterable") is True and isinstance(v["sized"], bool)))
+        and ("args" not in v or valid_named({"spec": v["spec"] or "-", "args": v["args"]}))
     )
 
 
@@ -142,10 +147,15 @@ SCHEMAS: dict[str, dict[str, Check]] = {
 OPTIONAL: dict[str, dict[str, Check]] = {
     HELLO: {"shm": _str,
             # an iterable dataset's producer: its [worker id, worker count] (a local producer's place in its loader)
-            "worker": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[0] < v[1]},
+            "worker": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[0] < v[1],
+            # a pool producer (common/pool.py): it loads the dataset a WELCOME names; or it cannot load the one
+            # named to it, and says why (the consumer answers a permanent REJECT)
+            "pool": lambda v: v is True, "refused": _str},
     # the producer may pickle what no tree spec describes: only the consumer's own local producers (ipc, same
     # user; consumer/core/admission.py), never a producer over the network
-    WELCOME: {"pickle": lambda v: v is True},
+    # dataset: {spec, args}, the dataset a pool producer is to open and announce in its next HELLO (common/pool.py);
+    # weight: this consumer's share of the producer's time against its other consumers' (producer/fairshare.py)
+    WELCOME: {"pickle": lambda v: v is True, "dataset": valid_named, "weight": valid_weight},
     TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0,
            "seed": _uint,  # the loader's seed, from which each sample's sample_info().seed is derived
            # the codec for this task's batch frames (absent: none); the consumer decides, "auto" included

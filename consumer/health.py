@@ -70,9 +70,11 @@ class LoaderHealth:
         return bounded
 
     def no_producers_error(self, waited: float) -> NoProducersError:
-        seen = self._io.health().producers_seen
+        health = self._io.health()
+        refused = (f" A producer refused the dataset this loader names: {health.refused} (start the pool with "
+                   f"--allow-dataset <spec>)." if health.refused else "")
         return NoProducersError(
             f"no producer alive for {waited:.1f} s (no_producer_timeout={self._timeout:g} s); the consumer is bound to "
-            f"{', '.join(self._endpoints)} and has seen {seen} producer(s) in all. Start one with: "
-            f"python -m ferry.producer --connect tcp://<this-host>:<port> --dataset <spec>"
+            f"{', '.join(self._endpoints)} and has seen {health.producers_seen} producer(s) in all.{refused} Start "
+            f"one with: python -m ferry.producer --connect tcp://<this-host>:<port> --dataset <spec>"
         )

@@ -112,7 +112,7 @@ class RemoteLoader:
         collate_fn: Any = UNSET, producer_init: Any = UNSET,
         collate_args: dict[str, Any] | None = UNSET, producer_transform_args: dict[str, Any] | None = UNSET,
         heartbeat: float = UNSET, liveness: int = UNSET, task_timeout: float = UNSET, max_batch_bytes: int = UNSET,
-        max_attempts: int = UNSET, compression: str | None = UNSET,
+        max_attempts: int = UNSET, compression: str | None = UNSET, weight: float = UNSET,
         curve_secret_key: str | None = UNSET, curve_authorized_keys: str | None = UNSET,
         **dataloader_options: Any,
     ) -> None:
@@ -142,7 +142,8 @@ class RemoteLoader:
                                     self.no_producer_timeout, pipeline.stop)
         self._observer = EpochObserver(self._counters, self._io.snapshot,
                                        capacity=self.buffer_batches, log_every=self.log_every,
-                                       threads=(self._io.thread, self._staging), on_demand=pipeline.autoscale)
+                                       threads=(self._io.thread, self._staging), on_demand=pipeline.autoscale,
+                                       on_load=self._io.report_load)
         device = self.device
         self._parts = EpochParts(
             staged=pipeline.staged, release=self._io.release, check_health=self._health.check,

@@ -148,6 +148,8 @@ class Pipeline:
                        seed=opts.seed % (1 << 63), max_attempts=transport.max_attempts,
                        # dataset= a spec, no local producers: remote producers must serve that spec
                        dataset_spec=dataset if isinstance(dataset, str) and local is None else None,
+                       dataset_args=opts.dataset_args if isinstance(dataset, str) and local is None else None,
+                       weight=transport.weight,
                        local_producers=self.local.count if self.local is not None else 0,
                        **compression_welcome(transport.compression)),
             endpoints=self.endpoints, handoff=self.handoff, counters=counters, curve=curve,

@@ -18,6 +18,7 @@ subcommand examples:
   ferry keys ./keys                             # CURVE keys: server + one authorized producer
   ferry pack /data/train /data/train-packed     # fixed-size records: one read per sample
   ferry pack --format tar /data/train /data/train-tar   # WebDataset .tar shards (--dataset tar-shards)
+  ferry top http://producer-1:9100 http://producer-2:9100   # a pool's jobs: share, demand, stall
 
 In a training script:
   from ferry import RemoteLoader
@@ -88,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
                           formatter_class=argparse.RawDescriptionHelpFormatter,
                           epilog="example:\n  ferry demo --samples 2048 --producers 3 --epochs 2")
     add_arguments(demo)
+    from ferry.top import add_arguments as top_arguments
+
+    top = sub.add_parser("top", help="the jobs a producer pool serves, from its producers' metrics endpoints: each "
+                                     "job's weight, share, batches/s, demand and stall, refreshed in the terminal",
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog="example:\n  ferry top http://producer-1:9100 http://producer-2:9100 --interval 5")
+    top_arguments(top)
     return parser
 
 
@@ -121,6 +129,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from ferry.demo import run
 
         return run(args)
+    if args.command == "top":
+        from ferry.top import run as top
+
+        return top(args)
     parser.print_help()
     return 2
 

@@ -43,7 +43,8 @@ def preload() -> None:
 
 
 def serve(config: ProducerConfig, dataset: Any = None) -> int:
-    """Serve ``dataset`` (or the one ``config.dataset`` names) until SIGTERM/SIGINT. Returns an exit code
+    """Serve ``dataset`` (or the one ``config.dataset`` names; neither: only the datasets consumers name, from the
+    built-ins and ``config.allow_dataset``) until SIGTERM/SIGINT. Returns an exit code
     (:mod:`ferry.producer.exits`).
 
     ``dataset`` may be a :class:`ferry.common.deferred_pickle.DeferredPickle` (local mode): it is unpickled here,
@@ -99,9 +100,9 @@ def _opened(config: ProducerConfig, dataset: Any) -> Any:
     from ferry.producer.service import Producer
 
     try:
-        if dataset is None:
+        if dataset is None and config.dataset:  # without --dataset: a pool serving only what consumers name
             dataset = resolve_dataset(config.dataset, config.dataset_args)
-        if config.transform:
+        if config.transform and dataset is not None:
             dataset = Transformed(dataset, config.transform, config.transform_args)
         if config.collate is not None:  # its spec resolved, its keyword arguments bound
             config = dataclasses.replace(config, collate=bind_hook(config.collate, config.collate_args,

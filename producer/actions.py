@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 __all__ = ["Phase", "SendHello", "SendPing", "SendBye", "RunTask", "FailTask", "CheckAddress", "Stale", "Rebuild",
-           "Log", "Action"]
+           "OpenDataset", "Log", "Action"]
 
 
 class Phase(enum.Enum):
@@ -70,6 +70,15 @@ class Rebuild:
 
 
 @dataclass(frozen=True)
+class OpenDataset:
+    """A consumer named the dataset it wants (a pool: common/pool.py): open it (or find it open), bind this
+    connection to it, and report with :meth:`Connection.dataset_bound` (its HELLO then announces it)."""
+
+    spec: str
+    args: dict
+
+
+@dataclass(frozen=True)
 class Log:
     """Log ``message`` at ``level``; ``fields``: the event's fields for a JSON log line (producer/logs.py), not
     compared (a test compares what is said)."""
@@ -79,4 +88,4 @@ class Log:
     fields: dict = field(default_factory=dict, compare=False, hash=False)
 
 
-Action = Union[SendHello, SendPing, SendBye, RunTask, FailTask, CheckAddress, Stale, Rebuild, Log]
+Action = Union[SendHello, SendPing, SendBye, RunTask, FailTask, CheckAddress, Stale, Rebuild, OpenDataset, Log]

@@ -61,16 +61,21 @@ class Batcher:
     """Loads and collates batches on thread pools. ``close()`` waits for running work, bounded."""
 
     def __init__(self, dataset: Any, *, threads: int, batch_workers: int, done: "queue.SimpleQueue[Outcome]",
-                 waker: Waker, collate_fn: Any = None, compressor: Any = None) -> None:
+                 waker: Waker, collate_fn: Any = None, compressor: Any = None,
+                 shared: "tuple[ThreadPoolExecutor, BufferPool] | None" = None) -> None:
+        """``shared``: the sample pool and the buffer pool of another batcher, to use instead of its own (a
+        producer pool's datasets share them: producer/pool.py); ``close()`` then leaves them to their owner."""
         self._dataset = dataset
         self._collate_fn = collate_fn  # the user's own: then samples reach it as they are, no row layout
         layout = dataset.array_layout() if callable(getattr(dataset, "array_layout", None)) else None
         # the fast path makes default_collate's [array, labels] itself: not with the user's own collate_fn
         self._layout = layout if callable(getattr(dataset, "read_into", None)) and collate_fn is None else None
-        self.pool = BufferPool(limit=batch_workers + 2)
+        self._owns_shared = shared is None
+        self.pool = BufferPool(limit=batch_workers + 2) if shared is None else shared[1]
         self._rows: RowLayout | None = None  # the general path's sample layout, learned from a batch
         self._populated: set[tuple[int, int]] = set()  # slot regions this process has faulted in
-        self._samples = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ferry-sample")
+        self._samples = (ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ferry-sample") if shared is None
+                         else shared[0])
         self._batches = ThreadPoolExecutor(max_workers=batch_workers, thread_name_prefix="ferry-batch")
         self._done = done
         self._waker = waker
@@ -293,8 +298,14 @@ class Batcher:
         )
         return Outcome(job, [header], failed=True)
 
+    @property
+    def shared(self) -> "tuple[ThreadPoolExecutor, BufferPool]":
+        """The sample pool and buffer pool, for another batcher to share (see ``__init__``)."""
+        return self._samples, self.pool
+
     def close(self) -> None:
         self._batches.shutdown(wait=True, cancel_futures=True)
-        self._samples.shutdown(wait=True, cancel_futures=True)
+        if self._owns_shared:
+            self._samples.shutdown(wait=True, cancel_futures=True)
         if self._shards is not None:
             self._shards.close()

@@ -48,6 +48,32 @@ class _Endpoints(s.Kind):
         return list(value)
 
 
+class _AllowedSpecs(s.Kind):
+    """Dataset specs a consumer may name (``package.module:callable``): one a ``--allow-dataset`` (repeated), or a
+    comma-separated variable."""
+
+    expected, repeated = "comma-separated package.module:callable specs", True
+
+    def check(self, name: str, value: Any) -> tuple[str, ...]:
+        specs = tuple(value)
+        for spec in specs:
+            module, sep, attr = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+            if not (sep and module and attr):
+                raise ConfigError(f"{name}: {spec!r} is not a package.module:callable dataset spec (built-in datasets "
+                                  "are always allowed)")
+        return specs
+
+    def parse(self, text: str) -> list[str]:
+        return [e.strip() for e in text.split(",") if e.strip()]
+
+    def combine(self, variable: Any, flags: list[str]) -> list[str] | None:
+        """The flags replace the variable."""
+        return flags or variable
+
+    def items(self, value: Any) -> list[str]:
+        return list(value)
+
+
 class _TokenPath(s.Kind):
     """A shared-memory slab: ``(path, token)``, written ``TOKEN:PATH``."""
 
@@ -99,8 +125,14 @@ class ProducerConfig:
         "--resolve-interval).", flag="--connect", metavar="ENDPOINT"))
     dataset: str = option(Setting(
         s.Text("a dataset spec", nonempty=False), "a built-in dataset (synthetic, npy-folder, image-folder, packed, tar-shards) or "
-        "package.module:callable that returns a dataset; only a label when serve() is given a dataset object.",
+        "package.module:callable that returns a dataset; only a label when serve() is given a dataset object. Served to "
+        "every consumer that names no dataset of its own; without it, the producer serves only the datasets consumers "
+        "name (RemoteLoader(dataset='SPEC'): a pool, docs/deployment.md#one-pool-several-jobs).", "",
         flag="--dataset", metavar="SPEC"))
+    allow_dataset: tuple[str, ...] = option(Setting(
+        _AllowedSpecs(), "a package.module:callable dataset spec that a consumer may name for this producer to open "
+        "(with the consumer's dataset_args); repeatable. The built-in datasets are always allowed; any other spec a "
+        "consumer names is refused, naming this list.", (), flag="--allow-dataset", metavar="SPEC"))
     dataset_args: dict[str, Any] = option(Setting(
         s.KeywordArgs("dataset argument"), "keyword arguments of the dataset spec: KEY=VALUE, VALUE parsed as JSON when it parses, "
         "else taken as a string; repeatable (the variable: a JSON object).", {}, flag="--dataset-arg",

@@ -29,8 +29,10 @@ Events: :meth:`Connection.receive` (a parsed message), :meth:`~Connection.tick` 
 :meth:`~Connection.address_checked` (what resolving the host found),
 :meth:`~Connection.sent` / :meth:`~Connection.hello_unsent` (what became of a send),
 :meth:`~Connection.writable` (a connection came up while a HELLO waits for one),
-:meth:`~Connection.stop`, and the task ledger :meth:`~Connection.task_started` /
-:meth:`~Connection.task_finished`.
+:meth:`~Connection.stop`, :meth:`~Connection.invalid` (a message that failed validation: too many drop the
+session), :meth:`~Connection.dataset_bound` (what became of the dataset a WELCOME named: a pool, common/pool.py;
+such a WELCOME leaves the machine GREETING and asks the loop to :class:`OpenDataset`), and the task ledger
+:meth:`~Connection.task_started` / :meth:`~Connection.task_finished`.
 """
 
 from __future__ import annotations
@@ -41,20 +43,21 @@ from typing import Any, Callable, Iterable
 
 from ferry.common import protocol
 from ferry.common.constants import (
-    AUTH_RETRY_FIRST_S, AUTH_RETRY_MAX_S, MAX_PENDING_TASKS, MAX_WELCOME_HEARTBEAT_S, MIN_WELCOME_HEARTBEAT_S,
+    AUTH_RETRY_FIRST_S, AUTH_RETRY_MAX_S, MAX_INVALID_FROM_CONSUMER, MAX_PENDING_TASKS, MAX_WELCOME_HEARTBEAT_S,
+    MIN_WELCOME_HEARTBEAT_S,
 )
 from ferry.common.errors import ProtocolError
 
 # the actions this machine returns, declared in producer/actions.py (imported from here too)
 from ferry.producer.actions import (
-    Action, CheckAddress, FailTask, Log, Phase, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
+    Action, CheckAddress, FailTask, Log, OpenDataset, Phase, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
 )
 # the process's exit statuses are declared in producer/exits.py (these two are imported from here too)
 from ferry.producer.exits import EXIT_OK, EXIT_REJECTED
 
 __all__ = [
     "Phase", "Connection", "SendHello", "SendPing", "SendBye", "RunTask", "FailTask", "CheckAddress", "Stale",
-    "Rebuild", "Log", "Action",
+    "Rebuild", "OpenDataset", "Log", "Action",
     "exit_code", "warning_due", "EXIT_OK", "EXIT_REJECTED",
 ]
 
@@ -102,6 +105,7 @@ class Connection:
         self.awaiting_connection = False  # GREETING, and the last HELLO found no connection to go out on
         self.denials = 0  # the consumer refused our CURVE key this many times in a row
         self.rebuild_at: float | None = None  # when to retry with a fresh socket after a denial
+        self.invalid_messages = 0  # invalid messages of the current session (see invalid)
 
     @property
     def serving(self) -> bool:
@@ -233,12 +237,42 @@ class Connection:
         self.pending -= 1
 
     # --- transitions ------------------------------------------------------------------------------------
+    def invalid(self, now: float) -> list[Action]:
+        """A message from this consumer failed validation (the loop counted and dropped it). The
+        MAX_INVALID_FROM_CONSUMER-th of one session drops that session, as a silent consumer's is: its work is
+        dropped and a new HELLO goes out, so that a broken or hostile consumer holds nothing of the producer's."""
+        if self.phase is not Phase.SERVING:
+            return []
+        self.invalid_messages += 1
+        if self.invalid_messages < MAX_INVALID_FROM_CONSUMER:
+            return []
+        return self._reset(Phase.GREETING, now, logging.WARNING,
+                           f"consumer at {self.endpoint} sent {self.invalid_messages} invalid messages: dropping its "
+                           "work and saying HELLO again", "consumer_invalid")
+
+    def dataset_bound(self, dataset_len: int, refused: str | None, now: float) -> list[Action]:
+        """What became of the dataset a WELCOME named (:class:`OpenDataset`): this connection now serves it,
+        TASK indices below ``dataset_len``; or it may not (``refused``: why). Either way the next HELLO, said at
+        once, announces it or the refusal (common/pool.py)."""
+        if self.phase is not Phase.GREETING:
+            return []
+        self.dataset_len = dataset_len
+        self.last_sent = now
+        actions: list[Action] = [SendHello(self.nonce)]
+        if refused is not None:
+            actions.insert(0, Log(logging.ERROR, f"consumer at {self.endpoint} named a dataset this producer does "
+                                                 f"not serve: {refused}", {"event": "dataset_refused"}))
+        return actions
+
     def _welcome(self, header: dict[str, Any], now: float) -> list[Action]:
         if header["nonce"] != self.nonce:
             raise ProtocolError("WELCOME for an earlier HELLO")
         if self.phase is not Phase.GREETING:
             return []  # a repeated WELCOME (we said HELLO twice before it came)
-        self.phase, self.session = Phase.SERVING, header["session"]
+        if "dataset" in header:  # not admitted yet: the consumer names the dataset it wants (common/pool.py)
+            self.last_heard = now
+            return [OpenDataset(header["dataset"]["spec"], header["dataset"]["args"])]
+        self.phase, self.session, self.invalid_messages = Phase.SERVING, header["session"], 0
         self.welcomed_here, self.awaiting_connection = True, False
         self.denials, self.rebuild_at = 0, None
         self.heartbeat = min(max(float(header["heartbeat"]), MIN_WELCOME_HEARTBEAT_S), MAX_WELCOME_HEARTBEAT_S)

@@ -7,7 +7,7 @@ protocol error, or after a consumer denied our CURVE key) replaces the old one t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -46,6 +46,13 @@ class Link:
     #: name resolved to, so that two addresses of one consumer (a multi-homed host, a load balancer) are two
     #: producers to it, not one that restarts its work at each HELLO of the other
     id_suffix: str = ""
+    #: the dataset this connection serves (a producer/pool.py Served): its producer's own until its consumer names
+    #: another; None: none (a pool without --dataset)
+    served: Any = None
+    hello_extra: dict = field(default_factory=dict)  # what its HELLO says of its dataset: "dataset", or "refused"
+    opening: str | None = None  # the key of the dataset its consumer named, while it opens (producer/pool.py)
+    weight: float = 1.0  # its consumer's share against the others' (its WELCOME's; producer/fairshare.py)
+    load: dict = field(default_factory=dict)  # its consumer's last PING load: its demand and stall (sharing.py)
 
     def open(self) -> None:
         """Make the socket (and its monitor) and connect it. Not yet registered: see :meth:`register`."""

@@ -34,13 +34,14 @@ class LinkSet:
 
     Args:
         config: the producer's (endpoints, heartbeat, liveness, warnings, compression, CURVE, resolve interval).
-        dataset_len: samples in the dataset (each connection checks TASK indices against it).
         say_bye: the loop's way to stop one link's connection (it applies ``link.conn.stop()``: BYE if serving).
+        bind: called with each new link and True (the loop binds it to its producer's own dataset, producer/pool.py),
+            and with each closed one and False.
     """
 
-    def __init__(self, config: ProducerConfig, *, dataset_len: int, ctx: zmq.Context, poller: zmq.Poller,
-                 waker: Waker, say_bye: Callable[[Link], None]) -> None:
-        self._config, self._dataset_len = config, dataset_len
+    def __init__(self, config: ProducerConfig, *, ctx: zmq.Context, poller: zmq.Poller,
+                 waker: Waker, say_bye: Callable[[Link], None], bind: Callable[[Link, bool], None]) -> None:
+        self._config, self._bind = config, bind
         self._ctx, self._poller, self._say_bye = ctx, poller, say_bye
         self._links: dict[int, Link] = {}
         self._by_url: dict[str, Link] = {}
@@ -113,9 +114,10 @@ class LinkSet:
     def _open(self, url: str, label: str, id_suffix: str) -> None:
         cfg = self._config
         conn = Connection(label, now=time.monotonic(), heartbeat=cfg.heartbeat, liveness=cfg.liveness,
-                          unreachable_warning_s=cfg.unreachable_warning_s, dataset_len=self._dataset_len)
+                          unreachable_warning_s=cfg.unreachable_warning_s, dataset_len=0)
         link = Link(key=next(self._keys), endpoint=url, conn=conn, ctx=self._ctx, poller=self._poller,
                     compression=LinkCodec(label, cfg.compression), curve=cfg.curve, id_suffix=id_suffix)
+        self._bind(link, True)  # its dataset, and the bound on its TASKs' indices
         link.open()
         link.register()
         self._links[link.key] = link
@@ -133,6 +135,7 @@ class LinkSet:
         link.unregister()
         link.close(linger=PRODUCER_BYE_LINGER_MS if link.said_bye else 0)
         del self._links[link.key]
+        self._bind(link, False)
 
     def describe(self) -> dict[str, Any]:
         """How many connections there are and how many serve (for figures and the status)."""

@@ -46,7 +46,8 @@ class Outbox:
         return True
 
     def hello(self, link: Link, nonce: int, now: float) -> bool:
-        fields = {**self._hello, "producer": self._hello["producer"] + link.id_suffix}
+        # what the connection serves: its producer's own dataset, one its consumer named, or why it may not (pool.py)
+        fields = {**self._hello, **link.hello_extra, "producer": self._hello["producer"] + link.id_suffix}
         return self.send(link, [protocol.pack(protocol.HELLO, nonce=nonce, **fields)], now)
 
     def ping(self, link: Link, pending: int, now: float) -> None:
@@ -94,5 +95,5 @@ def hello_fields(*, producer_id: str, slots: int, dataset: dict[str, Any], shm_t
                  worker: list[int] | None = None) -> dict[str, Any]:
     """The HELLO's fields but the nonce. ``worker``: an iterable dataset's producer's [worker id, worker count]."""
     return {"producer": producer_id, "host": pysocket.gethostname(), "pid": os.getpid(), "slots": slots,
-            "dataset": dataset, **({"shm": shm_token} if shm_token is not None else {}),
+            "dataset": dataset, "pool": True, **({"shm": shm_token} if shm_token is not None else {}),
             **({"worker": worker} if worker is not None else {})}

@@ -10,7 +10,8 @@ PING / BYE (:mod:`ferry.producer.outbox`), run a TASK, open, rebuild or close a 
 also writes the status that the engine's probes read (:mod:`ferry.producer.status`).
 
 Threads: the main loop (this module), the batcher's pools (:mod:`ferry.producer.batcher`), the compression pool,
-``ferry-resolve`` (DNS, :mod:`ferry.producer.resolver`) and, with ``--metrics-port``, ``ferry-metrics``.
+``ferry-open`` (named datasets, :mod:`ferry.producer.pool`), ``ferry-resolve`` (DNS, :mod:`ferry.producer.resolver`)
+and, with ``--metrics-port``, ``ferry-metrics``.
 Shutdown order, on SIGTERM / SIGINT / ``stop()``: the main loop leaves its poll, marks its status ``stopping``,
 says BYE on every serving connection (the consumer re-issues what it held here, charging no attempt), closes
 the sockets with LINGER=0 (PRODUCER_BYE_LINGER_MS where a BYE was queued: the frames still queued are dropped,
@@ -33,20 +34,20 @@ from typing import Any
 
 import zmq
 
-from ferry.common.constants import HEARTBEAT_S, MAX_DATASET_LEN, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST
+from ferry.common.constants import HEARTBEAT_S, POLL_HEARTBEAT_FRACTION, POLL_MIN_MS, RECEIVE_BURST
 from ferry.common import protocol
-from ferry.common.datasets import dataset_fingerprint
 from ferry.common.errors import ProtocolError
 from ferry.common.ratelimit import RateLimitedLog
-from ferry.common.shardplan import announced_shard_lengths, is_sharded, shard_names
-from ferry.common.streamplan import is_iterable, iterable_fields, iterable_len
 from ferry.common.waker import Waker
 
 from ferry.producer.batcher import Batcher, Job, Outcome
+from ferry.producer.pool import DatasetPool
+from ferry.producer.sharing import Sharing
 from ferry.producer.compressing import FrameCompressor
 from ferry.producer.config import ProducerConfig
 from ferry.producer.connection import (
-    EXIT_OK, Action, CheckAddress, FailTask, Log, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale, exit_code,
+    EXIT_OK, Action, CheckAddress, FailTask, Log, OpenDataset, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
+    exit_code,
 )
 from ferry.producer.links import Link, announced_frame_bytes
 from ferry.producer.linkset import LinkSet
@@ -56,21 +57,18 @@ from ferry.producer.status import PROBES, SERVING, STARTING, STOPPING, StatusFil
 
 log = logging.getLogger("ferry.producer")
 
+#: What a HELLO announces of a producer with no dataset of its own, on a connection no consumer named one for
+#: (common/pool.py): an empty spec.
+NO_DATASET = {"spec": "", "len": 0, "fingerprint": ""}
+
 
 class Producer:
     """Serves a dataset to one or more consumers until stopped."""
 
     def __init__(self, config: ProducerConfig, dataset: Any) -> None:
+        """``dataset``: the producer's own (``--dataset``), opened; None for a pool that serves only the datasets its
+        consumers name (producer/pool.py)."""
         self.config = config
-        self.dataset = dataset
-        self.sharded = is_sharded(dataset)  # a stream of shards: "len" is the shard count (producer/shards.py)
-        self.iterable = is_iterable(dataset)  # an IterableDataset: "len" is len(dataset) or 0 (producer/streams.py)
-        self.dataset_len = (len(shard_names(dataset)) if self.sharded else (iterable_len(dataset) or 0)
-                            if self.iterable else len(dataset))
-        self.iterable_fields = iterable_fields(dataset) if self.iterable else {}  # told in every HELLO
-        # each shard's samples, told in every HELLO: how a loader that does not hold the dataset knows len()
-        shard_lengths = announced_shard_lengths(dataset) if self.sharded else None
-        self.fingerprint = dataset_fingerprint(dataset)
         self.producer_id = uuid.uuid4().hex[:12]
         self.name = f"{pysocket.gethostname()}:{os.getpid()}"
         self._stop_requested = False  # a plain flag: stop() runs in signal handlers, which must take no lock
@@ -80,26 +78,31 @@ class Producer:
         self._poller = zmq.Poller()
         self._metrics = None
         self._status = StatusFile(config.status_file, config.stuck_after)
-        # the consumer connections, as the endpoints and what their names resolve to call for (producer/linkset.py)
-        # (a stream task's indices name its stream, which the stream runner checks)
-        self._links = LinkSet(config, dataset_len=MAX_DATASET_LEN if self.iterable else self.dataset_len,
-                              ctx=self._ctx, poller=self._poller,
-                              waker=self._waker, say_bye=lambda link: self._apply(link, link.conn.stop()))
+        # the consumer connections, as the endpoints and what their names resolve to call for (producer/linkset.py);
+        # each checks TASK indices against the dataset it is bound to (its own, until a consumer names another)
+        self._links = LinkSet(config, ctx=self._ctx, poller=self._poller, waker=self._waker,
+                              say_bye=lambda link: self._apply(link, link.conn.stop()),
+                              bind=lambda link, opened: self._sharing.bind_link(link, opened))
         self._slab = self._map_slab(config.shared_memory)
         # compresses frames for links that use a codec, on its own threads (common/compression.py)
         self._compressor = FrameCompressor(workers=min(config.threads, os.cpu_count() or 1))
         # one batch worker per slot of every connection there may be (threads start only when work needs them)
-        self._batcher = Batcher(dataset, collate_fn=config.collate, threads=config.threads,
-                                batch_workers=config.slots * max(1, self._links.capacity), done=self._done,
-                                waker=self._waker, compressor=self._compressor)
-        dataset_info = {"spec": config.dataset_label, "len": self.dataset_len, "fingerprint": self.fingerprint,
-                        **({"sharded": True} if self.sharded else {}),
-                        **({"shard_lens": shard_lengths} if shard_lengths is not None else {}),
-                        **self.iterable_fields}
-        self._outbox = Outbox(hello_fields(producer_id=self.producer_id, slots=config.slots, dataset=dataset_info,
+        workers = config.slots * max(1, self._links.capacity)
+        datasets = DatasetPool(
+            dataset, label=config.dataset_label, allowed=config.allow_dataset, threads=config.threads,
+            buffers=workers + 2, own_collate=config.collate, wake=self._waker.wake,
+            make_batcher=lambda ds, collate, shared: Batcher(
+                ds, collate_fn=collate, threads=config.threads, batch_workers=workers, done=self._done,
+                waker=self._waker, compressor=self._compressor, shared=shared))
+        own = datasets.own
+        # the datasets its consumers name, and a TASK's turn among theirs: at most --slots run at once (sharing.py)
+        self._sharing = Sharing(datasets, limit=config.slots)
+        self._outbox = Outbox(hello_fields(producer_id=self.producer_id, slots=config.slots,
+                                           dataset=own.announce if own is not None else dict(NO_DATASET),
                                            shm_token=config.shared_memory[1] if self._slab is not None else None,
-                                           worker=[config.worker_id, config.num_workers] if self.iterable else None),
-                              self._batcher.pool)
+                                           worker=[config.worker_id, config.num_workers]
+                                           if own is not None and own.iterable else None),
+                              datasets.buffers)
         self.invalid_messages = 0
         self.stale_messages = 0
         self._invalid_log = RateLimitedLog(log, suppressed="%d more invalid messages were dropped without a log line")
@@ -130,12 +133,16 @@ class Producer:
     def run(self) -> int:
         """Serve until stopped or permanently rejected everywhere. Returns the process exit code."""
         cfg = self.config
-        log.info("ferry producer %s (id %s) serving %s: %d samples, fingerprint %s, %d threads, %d slots -> %s",
-                 self.name, self.producer_id, cfg.dataset_label, self.dataset_len, self.fingerprint, cfg.threads,
-                 cfg.slots, ", ".join(cfg.endpoints),
+        own = self._sharing.datasets.own.announce if self._sharing.datasets.own is not None else NO_DATASET
+        allowed = ", ".join(cfg.allow_dataset) or "none"
+        log.info("ferry producer %s (id %s) serving %s: %d samples, fingerprint %s, %d threads, %d slots -> %s; "
+                 "datasets consumers may name: the built-ins and %s",
+                 self.name, self.producer_id, cfg.dataset_label or "no dataset of its own", own["len"],
+                 own["fingerprint"] or "-", cfg.threads, cfg.slots, ", ".join(cfg.endpoints), allowed,
                  extra=fields(event="start", producer=self.name, producer_id=self.producer_id,
-                              dataset=cfg.dataset_label, samples=self.dataset_len, fingerprint=self.fingerprint,
-                              threads=cfg.threads, slots=cfg.slots, endpoints=list(cfg.endpoints)))
+                              dataset=cfg.dataset_label, samples=own["len"], fingerprint=own["fingerprint"],
+                              threads=cfg.threads, slots=cfg.slots, endpoints=list(cfg.endpoints),
+                              allow_dataset=list(cfg.allow_dataset)))
         poller = self._poller
         poller.register(self._waker.fileno(), zmq.POLLIN)
         code = EXIT_OK
@@ -165,8 +172,12 @@ class Producer:
                         self._apply(link, link.conn.writable(time.monotonic()))
                     if link.auth_denials(events):  # with CURVE: the consumer refused our key
                         self._apply(link, link.conn.auth_denied(time.monotonic()))
+                for link, actions in self._sharing.opened(self._links, time.monotonic()):  # named datasets opened
+                    self._apply(link, actions)
                 while (outcome := self._next_outcome()) is not None:
+                    self._sharing.finished(outcome.job, time.monotonic())  # its worker is free: the next one's turn
                     self._outbox.deliver(outcome, self._links.get(outcome.job.conn_key), time.monotonic())
+                self._sharing.start(self._links.get, time.monotonic())
                 self._links.answers()
             self._write_status(STOPPING, time.monotonic())
             for link in self._links:
@@ -193,6 +204,8 @@ class Producer:
                 self._links.check(link)
             elif isinstance(action, Stale):
                 self.stale_messages += 1
+            elif isinstance(action, OpenDataset):
+                self._apply(link, self._sharing.bind_dataset(link, action, time.monotonic()))
             elif isinstance(action, Rebuild):
                 link.rebuild()
             elif isinstance(action, SendBye):
@@ -209,13 +222,13 @@ class Producer:
             except ValueError as exc:
                 raise ProtocolError(str(exc)) from None
         link.conn.task_started()
-        self._batcher.submit(
-            Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
-                header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"),
-                streams=header.get("streams"),
-                compress=link.compression.task(header), frame_bytes=link.frame_bytes,
-                max_batch_bytes=link.max_batch_bytes, unbatched=header.get("unbatched"), pickle_ok=link.pickle_ok)
-        )
+        job = Job(link.key, header["session"], header["task"], header["epoch"], header["seq"], header["indices"],
+                  header["on_error"], slot, header.get("seed", 0), shard=header.get("shard"),
+                  streams=header.get("streams"),
+                  compress=link.compression.task(header), frame_bytes=link.frame_bytes,
+                  max_batch_bytes=link.max_batch_bytes, unbatched=header.get("unbatched"), pickle_ok=link.pickle_ok)
+        self._sharing.submit(link, job, time.monotonic())  # its turn comes by the consumers' weights
+        self._sharing.start(self._links.get, time.monotonic())
 
     # --- receiving ------------------------------------------------------------------------------------
     def _receive(self, link: Link) -> None:
@@ -232,9 +245,13 @@ class Producer:
                     link.frame_bytes = announced_frame_bytes(header)
                     link.max_batch_bytes = header.get("max_batch_bytes")
                     link.pickle_ok = header.get("pickle") is True
+                    link.weight = header.get("weight", 1.0)  # its share against the other consumers' (fairshare.py)
+                elif header["type"] == protocol.PING and link.conn.serving:  # its demand and stall (sharing.py)
+                    link.load = header["load"]
                 self._apply(link, actions)
             except ProtocolError as exc:
                 self.invalid_messages += 1
+                self._apply(link, link.conn.invalid(time.monotonic()))  # too many: that consumer's session goes
                 self._invalid_log.warning("invalid message #%d from %s dropped: %s", self.invalid_messages,
                                           link.conn.endpoint, exc)
 
@@ -250,7 +267,8 @@ class Producer:
         return {
             "batches_sent": self._outbox.batches_sent, "bytes_sent": self._outbox.bytes_sent,
             "shared_batches": self._outbox.shared_batches, "invalid_messages": self.invalid_messages,
-            "stale_messages": self.stale_messages, "pending": self._batcher.pending, **self._links.describe(),
+            "stale_messages": self.stale_messages, "pending": self._sharing.pending, **self._links.describe(),
+            **self._sharing.figures(self._links),
         }
 
     def _status_figures(self) -> dict[str, Any]:
@@ -296,14 +314,14 @@ class Producer:
         """Stop the batcher: queued work is cancelled, running samples get ``drain_timeout`` seconds. Their tasks
         went back to the consumers with the BYE, so nothing waits for them: past the bound the process exits
         without them (exit_past_lingering_threads), and the abandoned threads go with it."""
-        pending = self._batcher.pending
-        closer = threading.Thread(target=self._batcher.close, name="ferry-drain", daemon=True)
+        pending = self._sharing.pending
+        closer = threading.Thread(target=self._sharing.close, name="ferry-drain", daemon=True)
         closer.start()
         closer.join(self.config.drain_timeout)
         if closer.is_alive():
             log.warning("%d batches were still loading %g s after the stop (--drain-timeout); exiting without them "
-                        "(their consumers re-issue them)", self._batcher.pending, self.config.drain_timeout,
-                        extra=fields(event="drain_timeout", pending=self._batcher.pending, pending_at_stop=pending,
+                        "(their consumers re-issue them)", self._sharing.pending, self.config.drain_timeout,
+                        extra=fields(event="drain_timeout", pending=self._sharing.pending, pending_at_stop=pending,
                                      drain_timeout_s=self.config.drain_timeout))
 
     @staticmethod

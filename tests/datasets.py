@@ -60,6 +60,14 @@ class FailingDataset(PairDataset):
         return super().__getitem__(index)
 
 
+class SlowToOpen(PairDataset):
+    """A PairDataset whose construction takes ``open_s`` seconds (a folder scan, an index to load)."""
+
+    def __init__(self, length: int = 50, open_s: float = 0.0) -> None:
+        time.sleep(open_s)
+        super().__init__(length)
+
+
 class PidDataset(PairDataset):
     """Sample i is (array, i, pid of the producer that loaded it): shows which producer served a batch."""
 

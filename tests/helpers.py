@@ -286,8 +286,9 @@ class FullLeakCheck(LeakCheck):
 
 
 def producer_buffer_pool(producer: Any) -> Any:
-    """The BufferPool of an in-process ``ferry.producer.service.Producer``. PRIVATE: ``Producer._batcher.pool``."""
-    return producer._batcher.pool
+    """The BufferPool of an in-process ``ferry.producer.service.Producer``. PRIVATE: ``Producer._sharing.datasets.buffers``
+    (shared by the batchers of every dataset it serves)."""
+    return producer._sharing.datasets.buffers
 
 
 def pooled_buffer_ids(pool: Any) -> set[int]:

@@ -177,9 +177,12 @@ def fake_consumer(router: zmq.Socket, seed: int, count: int, stop: threading.Eve
                 header = protocol.parse_header(frames[1])
             except ProtocolError:
                 continue
-            if header["type"] == "HELLO":
-                router.send_multipart([frames[0], protocol.pack(protocol.WELCOME, session=session, heartbeat=0.2, **welcome_fields(),
-                                                                nonce=header["nonce"])])
+            if header["type"] == "HELLO":  # a producer greeting anew (it drops a session after 16 invalid messages)
+                try:
+                    router.send_multipart([frames[0], protocol.pack(protocol.WELCOME, session=session, heartbeat=0.2,
+                                                                    **welcome_fields(), nonce=header["nonce"])])
+                except zmq.ZMQError:  # gone since its HELLO (EHOSTUNREACH): it says HELLO again under a new id
+                    continue
             if frames[0] not in peers:  # also a PING: a producer that reconnected under a new id
                 peers.append(frames[0])
         if not peers:

@@ -80,6 +80,7 @@ def test_every_flag_and_variable_is_in_the_help_with_its_default():
 VARIABLES = {
     "FERRY_CONNECT": (" tcp://a:1, ipc:///x ", ["tcp://a:1", "ipc:///x"], None),
     "FERRY_DATASET": ("synthetic", "synthetic", None),
+    "FERRY_ALLOW_DATASET": (" a.b:c, d:e ", ["a.b:c", "d:e"], None),
     "FERRY_DATASET_ARGS": ('{"length": 4}', {"length": 4}, "[1, 2]"),
     "FERRY_THREADS": ("8", 8, "eight"),
     "FERRY_SLOTS": ("3", 3, "2.5"),
@@ -132,6 +133,7 @@ CONFIGS = [
         transform="tests.transforms:double", metrics_port=9100, shared_memory=("/memfd:ferry (deleted)", "tok"),
         seed=-5, worker_id=2, num_workers=3, init="m:f", collate="m:g", compression="none",
         resolve_interval=0.0, status_file="/tmp/ferry-x/status.json", stuck_after=7.5, drain_timeout=0.25,
+        allow_dataset=("tests.datasets:DictDataset", "m:h"),
     ),
     ProducerConfig(endpoints=("tcp://h:1",), dataset="synthetic", heartbeat=1 / 3, seed=0, compression="auto"),
 ]

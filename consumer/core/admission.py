@@ -7,7 +7,11 @@ returns what the core must then do (answer WELCOME or REJECT, log, set a lost pr
   announcing that spec are admitted, and the first of them sets the length and fingerprint (the consumer
   does not build the dataset, which may be costly or need files it does not have; ``dataset_args`` are not
   announced, so they are not compared: the fingerprint tells datasets apart where the dataset defines one).
-  Otherwise: a permanent REJECT saying why.
+  Otherwise: a permanent REJECT saying why. A producer is a pool (:mod:`ferry.common.pool`): to one that does
+  not announce this consumer's spec (with its arguments, where it opened it for a consumer), the consumer names
+  its dataset in a WELCOME and does not register it; its next HELLO announces the named dataset. A producer
+  that cannot load it says so in its HELLO (``refused``): a permanent REJECT, kept as ``refused`` for the
+  no-producer error.
 * Then, by the producer's identity ``(producer id, nonce)``:
   - the same identity on the same routing id: a repeated HELLO, which changes nothing;
   - the same identity on another routing id: the producer reconnected, and keeps the tasks it holds;
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ferry.common.constants import MAX_TRACKED_PEERS
+from ferry.common.pool import NAME, REJECT, answer_hello
 
 from ferry.consumer.core.dispatcher import Dispatcher, Poisoned, ProducerInfo
 
@@ -88,13 +93,18 @@ class Admission:
     losses: tuple[Loss, ...] = ()  # registrations it replaced
     live: int = 0  # producers registered after it
     adopted: str = ""  # this producer's dataset became the consumer's: its length and fingerprint, in words
+    naming: bool = False  # a pool producer not serving our dataset yet: WELCOME it naming ours, do not register
+    refused: bool = False  # the producer said it cannot load the dataset we named (reject says why)
 
 
 class Peers:
     def __init__(self, dispatcher: Dispatcher, *, dataset_len: int | None, fingerprint: str | None,
-                 shm_token: str | None, now: float, dataset_spec: str | None = None) -> None:
+                 shm_token: str | None, now: float, dataset_spec: str | None = None,
+                 dataset_args: dict[str, Any] | None = None) -> None:
         self.dispatcher = dispatcher
-        self.dataset_spec = dataset_spec  # admit only producers announcing this spec
+        self.dataset_spec = dataset_spec  # admit only producers announcing this spec (pools: named to them)
+        self.dataset_args = dict(dataset_args or {})  # named with the spec to pool producers
+        self.refused = ""  # the latest producer's refusal to load the dataset we named, in words
         self.dataset_len = dataset_len
         self.fingerprint = fingerprint
         self.shard_lengths: list[int] | None = None  # each shard's samples, as the first producer announced them
@@ -120,6 +130,13 @@ class Peers:
         """Decide on a HELLO from ``peer`` and apply it to the registry."""
         name = f"{hello['host']}:{hello['pid']}"
         known = self.dataset_known
+        verdict, why = answer_hello(hello, self.dataset_spec, self.dataset_args)  # common/pool.py
+        if verdict == REJECT:
+            if "refused" in hello:
+                self.refused = f"producer {name}: {hello['refused']}"
+            return Admission(name, reject=why, refused="refused" in hello)
+        if verdict == NAME:
+            return Admission(name, naming=True)
         reason = self._check_dataset(hello["dataset"], name)
         if reason is not None:
             return Admission(name, reject=reason)

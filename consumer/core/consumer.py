@@ -29,6 +29,7 @@ from typing import Any, Iterable
 from ferry.common import protocol
 from ferry.common.constants import DEAL_FIRST_TASKS_S, DEFAULT_FRAME_BYTES, MAX_TRACKED_PEERS
 from ferry.common.errors import PoisonTaskError, ProtocolError, VersionMismatch
+from ferry.common.pool import named_dataset
 
 from ferry.consumer.core.actions import Action, Deliver, Log, Send
 from ferry.consumer.core.admission import BadPeers, Loss, Peers, same_user_ipc
@@ -61,7 +62,9 @@ class CoreConfig:
     seed: int = 0  # the loader's seed, sent with every TASK for sample_info()
     dataset_len: int | None = None
     fingerprint: str | None = None
-    dataset_spec: str | None = None  # admit only producers announcing this spec
+    dataset_spec: str | None = None  # admit only producers announcing this spec (named to pools: common/pool.py)
+    dataset_args: dict[str, Any] | None = None  # named with dataset_spec to pool producers
+    weight: float = 1.0  # this consumer's share of a pool producer's time, against its other consumers' (WELCOME)
     compression: str = "none"  # auto, lz4, zstd or none: each TASK names the codec for its batch
     codecs: tuple[str, ...] = ()  # the codecs this consumer can decompress (told in WELCOME)
     local_producers: int = 0  # started with this loader: one first task to each, the rest when all are live
@@ -79,7 +82,7 @@ class ConsumerCore:
                                      deal_until=now + DEAL_FIRST_TASKS_S)
         self.peers = Peers(self.dispatcher, dataset_len=config.dataset_len, fingerprint=config.fingerprint,
                            shm_token=slab.token if slab is not None else None, now=now,
-                           dataset_spec=config.dataset_spec)
+                           dataset_spec=config.dataset_spec, dataset_args=config.dataset_args)
         self.slots = SlotLedger(slab)
         self.sharded = False  # an admitted producer serves a sharded dataset (HELLO dataset.sharded)
         self._bad_peers = BadPeers(self.peers.describe)
@@ -90,6 +93,9 @@ class ConsumerCore:
         self._epoch = 0
         self._out: list[Action] = []
         self._leaving: OrderedDict[str, None] = OrderedDict()  # local producers asked to stop (host:pid)
+        # what every PING tells the producers: the demand gauge's value ("needed") and the loop's recent stall,
+        # which a pool producer exports per job (producer/sharing.py); set by the io thread's report_load
+        self.load: dict[str, float] = {}
         self.dispatcher.occupancy(now)
 
     @property
@@ -146,7 +152,7 @@ class ConsumerCore:
             self.peers.progressed(now)  # nothing owed: waiting on the training loop, not on producers
         self._settle(losses)
         for peer in alive:
-            self._send(peer, protocol.PING, load={})
+            self._send(peer, protocol.PING, load=dict(self.load))
         return self._finish(now)
 
     def producer_died(self, name: str, why: str, now: float) -> list[Action]:
@@ -227,9 +233,18 @@ class ConsumerCore:
             self._send(peer, protocol.REJECT, reason="asked to stop: fewer producers needed", permanent=True)
             return
         admission = self.peers.admit(peer, header, now)
+        c = self.config
         if admission.reject is not None:
-            self._out.append(Log(_WARNING, f"rejected producer {admission.name}: {admission.reject}"))
+            self._out.append(Log(_ERROR if admission.refused else _WARNING,
+                                 f"rejected producer {admission.name}: {admission.reject}"))
             self._send(peer, protocol.REJECT, reason=admission.reject, permanent=True)
+            return
+        if admission.naming:  # a pool: it opens our dataset and says HELLO again announcing it (common/pool.py)
+            assert c.dataset_spec is not None
+            self._out.append(Log(_INFO, f"naming dataset {c.dataset_spec!r} to pool producer {admission.name}"))
+            self._send(peer, protocol.WELCOME, session=self.session, heartbeat=c.heartbeat, nonce=header["nonce"],
+                       codecs=list(c.codecs), frame_bytes=DEFAULT_FRAME_BYTES, max_batch_bytes=c.max_batch_bytes,
+                       dataset=named_dataset(c.dataset_spec, c.dataset_args))
             return
         if header["dataset"].get("sharded") is True:
             self.sharded = True
@@ -243,9 +258,9 @@ class ConsumerCore:
         if info is not None:  # admitted (perhaps reconnected from elsewhere): is its link local?
             info.remote = not info.shared and not is_local_address(address)
             info.pickle_ok = same_user_ipc(address)
-        c = self.config
         self._send(peer, protocol.WELCOME, session=self.session, heartbeat=c.heartbeat, nonce=header["nonce"],
                    codecs=list(c.codecs), frame_bytes=DEFAULT_FRAME_BYTES, max_batch_bytes=c.max_batch_bytes,
+                   **({"weight": c.weight} if c.weight != 1.0 else {}),
                    **({"pickle": True} if info is not None and info.pickle_ok else {}))
 
     def _batch(self, info: ProducerInfo, header: dict[str, Any], data: list[Any], now: float, keep: Any,

@@ -33,11 +33,14 @@ class EpochObserver:
         threads: the consumer's own threads, whose CPU time is the consumer's load.
         on_demand: called with ``(now, the gauge's value)`` after each demand sample, on this thread (the
             autoscaler of ``local_producers="auto"``), or None.
+        on_load: called with ``(the gauge's value, the loop's stall fraction since the last sample)`` after each
+            demand sample: what the PINGs tell the producers (a pool exports them per job), or None.
     """
 
     def __init__(self, counters: Counters, snapshot: Callable[[], dict[str, Any]],
                  *, capacity: int, log_every: float | None,
-                 threads: tuple[Any, ...], on_demand: Callable[[float, int | None], None] | None = None) -> None:
+                 threads: tuple[Any, ...], on_demand: Callable[[float, int | None], None] | None = None,
+                 on_load: Callable[[int | None, float], None] | None = None) -> None:
         self._counters, self._snapshot = counters, snapshot
         self._capacity, self._log_every = capacity, log_every
         self._waits = WaitTally({"per_producer": {}})
@@ -46,7 +49,9 @@ class EpochObserver:
         self._last_log = time.monotonic()
         self.demand = DemandGauge()
         self._on_demand = on_demand
+        self._on_load = on_load
         self._last_sample = float("-inf")
+        self._sampled = (0.0, 0.0)  # wait_s and active_s at the last sample
 
     def started(self) -> None:
         """The first ``__next__`` of an epoch."""
@@ -89,6 +94,10 @@ class EpochObserver:
                                          consumer_cpu_s=cpu_seconds(self._threads)))
             if self._on_demand is not None:
                 self._on_demand(now, self.demand.value)
+            waited, active = c.wait_s - self._sampled[0], c.active_s - self._sampled[1]
+            self._sampled = (c.wait_s, c.active_s)
+            if self._on_load is not None:
+                self._on_load(self.demand.value, min(1.0, waited / active) if active > 0 else 0.0)
         if self._log_every is None or now - self._last_log < self._log_every:
             return
         self._last_log = now

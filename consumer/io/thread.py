@@ -52,6 +52,7 @@ class IoHealth:
     progress_at: float  # when a result last arrived, or nothing was owed by producers
     churn: int  # producers lost since progress_at
     last_loss: str  # the latest of those losses, in words
+    refused: str = ""  # the latest pool producer's refusal to load the dataset this consumer named, in words
 
 
 class IoThread:
@@ -146,7 +147,8 @@ class IoThread:
             peers = self._core.peers
             return IoHealth(alive=alive, failure=self._failure, live_producers=len(self._core.dispatcher.producers),
                             producers_seen=peers.seen, no_producer_since=peers.none_since,
-                            progress_at=peers.progress_at, churn=peers.churn, last_loss=peers.last_loss)
+                            progress_at=peers.progress_at, churn=peers.churn, last_loss=peers.last_loss,
+                            refused=peers.refused)
 
     def wait_dataset(self, timeout: float) -> tuple[int, bool] | None:
         """``(length, sharded)`` of the dataset once known (given, or from the first producer admitted); None if
@@ -166,6 +168,13 @@ class IoThread:
         """Each shard's samples, as the producers announced them; None where they did not (or not yet)."""
         with self._lock:
             return self._core.peers.shard_lengths
+
+    def report_load(self, needed: int | None, stall: float) -> None:
+        """What the next PINGs tell every producer (the training thread's demand sample): the producers the loop needs
+        (``needed``; None: not known yet) and its recent stall fraction. A pool exports them per job."""
+        load = {"stall": round(stall, 4), **({"needed": needed} if needed is not None else {})}
+        with self._lock:
+            self._core.load = load
 
     def snapshot(self) -> dict[str, Any]:
         """A consistent view for stats(), read under the lock every event takes."""

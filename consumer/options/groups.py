@@ -23,6 +23,7 @@ from ferry.common.constants import (
     DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BATCH_BYTES, DEFAULT_TASK_TIMEOUT_S, MAX_BATCH_BYTES_LIMIT,
 )
 from ferry.common.errors import ConfigError, ConfigTypeError
+from ferry.common.pool import MAX_WEIGHT
 from ferry.common.settings import Setting, option, setting_of
 
 __all__ = ["LocalOptions", "TransportOptions", "CurveOptions", "UNSET", "AUTO", "ProducerCount"]
@@ -164,6 +165,12 @@ COMPRESSION = Setting(s.Compression(), "what producers should do with batch fram
                       "producer's ``--compression`` overrides it. ``\"lz4\"`` needs ``ferry[lz4]``, ``\"zstd\"`` "
                       "``ferry[zstd]``; ``\"auto\"`` without either stays off.", "auto", optional=True)
 
+WEIGHT = Setting(s.Real(0, MAX_WEIGHT, low_open=True, expected=f"a number in (0, {MAX_WEIGHT:g}]"),
+                 "this loader's share of a producer pool against the other jobs it serves: when their demand exceeds "
+                 "the pool, each producer gives its consumers time in proportion to their weights, and a job that "
+                 "needs less than its share leaves the rest to the others (docs/deployment.md#one-pool-several-jobs).",
+                 1.0)
+
 
 @s.documented
 @dataclass(frozen=True)
@@ -176,6 +183,7 @@ class TransportOptions(_Group):
     max_batch_bytes: int = option(MAX_BATCH_BYTES, flat="max_batch_bytes")
     max_attempts: int = option(MAX_ATTEMPTS, flat="max_attempts")
     compression: str | None = option(COMPRESSION, flat="compression")
+    weight: float = option(WEIGHT, flat="weight")
 
 
 @s.documented
