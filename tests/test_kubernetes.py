@@ -73,7 +73,8 @@ def kubernetes_validate(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_every_file_in_the_folder_is_checked_here():
-    assert sorted(os.listdir(KUBE)) == sorted(MANIFESTS + ["scaledobject.yaml", "secrets.sh"])
+    assert sorted(os.listdir(KUBE)) == sorted(MANIFESTS + ["scaledobject.yaml", "secrets.sh", "pool"])
+    assert sorted(os.listdir(os.path.join(KUBE, "pool"))) == ["pool.yaml", "trial.yaml"]  # test_kubernetes_pool.py
 
 
 @pytest.mark.parametrize("name", MANIFESTS)
