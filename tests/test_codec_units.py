@@ -10,6 +10,8 @@ from ferry.common.codec import Chunked, decode_tree, encode_tree, tree_nbytes, t
 from ferry.common.constants import MAX_FRAMES, MAX_NDIM, MAX_TREE_DEPTH, MAX_TREE_LEAVES
 from ferry.common.errors import ProtocolError
 
+from . import batch_type_datasets as bt
+
 
 def nested(levels: int, leaf=1):
     tree = leaf
@@ -249,3 +251,10 @@ def test_whatever_a_tree_provokes_while_decoding_is_a_protocol_error(monkeypatch
     spec = {"t": "n", "c": "m:C", "k": ["a"], "v": [1]}
     with pytest.raises(ProtocolError, match="does not decode: KeyError"):
         decode_tree(spec, [])
+
+
+def test_a_typed_containers_signature_is_its_class_over_its_plain_containers():
+    signature = tree_signature(bt.CustomDict(a=np.zeros(2, np.float32)), 2)
+    assert signature == ("c", "tests.batch_type_datasets:CustomDict", tree_signature({"a": np.zeros(2, np.float32)}, 2))
+    assert tree_signature(bt.CustomDict(a=np.zeros(2, np.int64)), 2) != signature  # another dtype inside
+    assert tree_signature({"a": np.zeros(2, np.float32)}, 2) != signature  # the plain dict is another structure
