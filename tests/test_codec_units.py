@@ -4,11 +4,12 @@ limits, chunk sizes, shared-memory slot leaves, and the helpers that measure a d
 import msgpack
 import numpy as np
 import pytest
+import torch
 
 from ferry.common import shm
 from ferry.common.codec import Chunked, decode_tree, encode_tree, tree_nbytes, tree_signature
 from ferry.common.constants import MAX_FRAMES, MAX_NDIM, MAX_TREE_DEPTH, MAX_TREE_LEAVES
-from ferry.common.errors import ProtocolError
+from ferry.common.errors import BatchTypeError, ProtocolError
 
 from . import batch_type_datasets as bt
 
@@ -258,3 +259,11 @@ def test_a_typed_containers_signature_is_its_class_over_its_plain_containers():
     assert signature == ("c", "tests.batch_type_datasets:CustomDict", tree_signature({"a": np.zeros(2, np.float32)}, 2))
     assert tree_signature(bt.CustomDict(a=np.zeros(2, np.int64)), 2) != signature  # another dtype inside
     assert tree_signature({"a": np.zeros(2, np.float32)}, 2) != signature  # the plain dict is another structure
+
+
+def test_a_sparse_tensor_is_refused_over_the_network_saying_how_to_send_it():
+    with pytest.raises(BatchTypeError) as refused:
+        encode_tree({"x": torch.eye(2).to_sparse()})
+    assert str(refused.value) == (
+        "a batch holds a sparse_coo tensor, which cannot travel to a consumer over the network (only strided tensors "
+        "are bytes): convert it in the collate_fn (to_dense(), unbind()), or load with local producers")
