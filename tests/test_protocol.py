@@ -5,7 +5,7 @@ import pytest
 
 from ferry.common import protocol
 from ferry.common.constants import (
-    MAX_DATASET_LEN, MAX_HEADER_BYTES, MAX_SLOTS, MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION,
+    MAX_CLASS_PATH, MAX_DATASET_LEN, MAX_HEADER_BYTES, MAX_SLOTS, MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION,
 )
 from ferry.common.errors import ProtocolError
 
@@ -97,6 +97,11 @@ def hello(**overrides):
     packed(v=PROTOCOL_VERSION, type="PING", load={str(i): i for i in range(32)}),
     packed(v=PROTOCOL_VERSION, type="WELCOME", session=1, heartbeat=1, nonce=2,  # an int heartbeat is a number
            frame_bytes=1, max_batch_bytes=1, codecs=["lz4"] * 8),
+    task(shard=[0, 1, 0, 0]),  # a sharded task of the smallest batch size
+    hello(dataset={"spec": "s", "len": 10, "fingerprint": "f", "iterable": True, "sized": False}),
+    packed(v=PROTOCOL_VERSION, type="FAIL", session=1, task=1, epoch=0, seq=0,
+           errors=[{"index": 1, "exc_type": "E", "message": "m", "traceback": "t",
+                    "exc_classes": ["m:" + "E" * (MAX_CLASS_PATH - 2)]}]),  # the longest class path
 ])
 def test_values_at_the_edge_of_every_bound_are_accepted(frame):
     protocol.parse_header(frame)
@@ -122,6 +127,15 @@ def test_values_at_the_edge_of_every_bound_are_accepted(frame):
     (hello(dataset={"spec": "s", "len": 1, "fingerprint": None}), "dataset"),
     (hello(dataset={"spec": "s", "fingerprint": "f"}), "dataset"),
     (hello(dataset=["s", 1, "f"]), "dataset"),
+    (task(shard=[0, 0, 0, 0]), "shard"),  # batch size 0
+    (task(shard=[0, 4, 0]), "shard"),
+    (hello(dataset={"spec": "s", "len": 10, "fingerprint": "f", "sized": True}), "dataset"),  # sized, not iterable
+    (hello(dataset={"spec": "s", "len": 10, "fingerprint": "f", "iterable": True, "sized": 1}), "dataset"),
+    (packed(v=PROTOCOL_VERSION, type="WELCOME", session=1, heartbeat=1, nonce=2, frame_bytes=1, max_batch_bytes=0,
+            codecs=[]), "max_batch_bytes"),
+    (packed(v=PROTOCOL_VERSION, type="FAIL", session=1, task=1, epoch=0, seq=0,
+            errors=[{"index": 1, "exc_type": "E", "message": "m", "traceback": "t",
+                     "exc_classes": ["m:" + "E" * (MAX_CLASS_PATH - 1)]}]), "errors"),
     (packed(v=PROTOCOL_VERSION, type="PING", load={str(i): i for i in range(33)}), "load"),
     (packed(v=PROTOCOL_VERSION, type="PING", load=[]), "load"),
     (packed(v=PROTOCOL_VERSION, type="WELCOME", session=1, heartbeat=True, nonce=2), "heartbeat"),
