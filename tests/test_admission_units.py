@@ -232,3 +232,17 @@ def test_per_producer_figures_name_each_producer_and_what_stats_reads():
     p.dispatcher.assign(held=0, now=1.0)
     p.dispatcher.producers[b"a"].batches, p.dispatcher.producers[b"a"].bytes = 4, 4096
     assert p.figures(now=3.5) == {"h:7": {"batches": 4, "bytes": 4096, "in_flight": 3, "slots": 3, "joined_s": 2.5}}
+
+
+def test_the_first_producer_of_an_iterable_dataset_says_so_and_whether_it_has_a_length():
+    p = peers()
+    assert not p.iterable
+    p.admit(b"a", dict(hello("a"), dataset={"spec": "s", "len": 40, "fingerprint": "f", "iterable": True}), now=1.0)
+    assert (p.iterable, p.iterable_len) == (True, 40)
+    unsized = peers()
+    unsized.admit(b"a", dict(hello("a"), dataset={"spec": "s", "len": 0, "fingerprint": "f", "iterable": True,
+                                                  "sized": False}), now=1.0)
+    assert (unsized.iterable, unsized.iterable_len) == (True, None)
+    plain = peers()
+    plain.admit(b"a", hello("a"), now=1.0)
+    assert (plain.iterable, plain.iterable_len) == (False, None)
