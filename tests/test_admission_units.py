@@ -209,3 +209,40 @@ def test_a_consumer_given_a_spec_admits_only_producers_serving_it_and_logs_who_s
     assert first.reject is None and "100 samples" in first.adopted and "'f'" in first.adopted
     assert p.admit(b"b", hello("b", length=100, fingerprint="f"), now=3.0).adopted == ""  # only the first sets it
     assert p.admit(b"c", hello("c", length=100, fingerprint="g"), now=3.0).reject is not None
+
+
+def test_nothing_is_refused_until_a_producer_refuses_the_dataset_named_and_then_it_is_named():
+    p = Peers(Dispatcher(10, max_attempts=3), dataset_len=None, fingerprint=None, shm_token=None, now=0.0,
+              dataset_spec="m:ds")
+    assert p.refused == ""  # what the no-producer error adds a sentence for when it is not empty
+    refusal = p.admit(b"x", dict(hello("x", pid=9), refused="not allowed here"), now=1.0)
+    assert refusal.refused and refusal.reject is not None
+    assert p.refused == "producer h:9: not allowed here"
+
+
+def test_a_length_given_to_the_consumer_is_named_as_its_own_in_a_refusal():
+    refused = peers(dataset_len=10, fingerprint="x").admit(b"a", hello(length=11, fingerprint="x"), now=1.0).reject
+    assert refused == "dataset length 11 (spec 's') differs from this consumer's 10"
+
+
+def test_per_producer_figures_name_each_producer_and_what_stats_reads():
+    p = peers()
+    p.admit(b"a", hello("p1", pid=7, slots=3), now=1.0)
+    p.dispatcher.start_run(seqs(1, 10))
+    p.dispatcher.assign(held=0, now=1.0)
+    p.dispatcher.producers[b"a"].batches, p.dispatcher.producers[b"a"].bytes = 4, 4096
+    assert p.figures(now=3.5) == {"h:7": {"batches": 4, "bytes": 4096, "in_flight": 3, "slots": 3, "joined_s": 2.5}}
+
+
+def test_the_first_producer_of_an_iterable_dataset_says_so_and_whether_it_has_a_length():
+    p = peers()
+    assert not p.iterable
+    p.admit(b"a", dict(hello("a"), dataset={"spec": "s", "len": 40, "fingerprint": "f", "iterable": True}), now=1.0)
+    assert (p.iterable, p.iterable_len) == (True, 40)
+    unsized = peers()
+    unsized.admit(b"a", dict(hello("a"), dataset={"spec": "s", "len": 0, "fingerprint": "f", "iterable": True,
+                                                  "sized": False}), now=1.0)
+    assert (unsized.iterable, unsized.iterable_len) == (True, None)
+    plain = peers()
+    plain.admit(b"a", hello("a"), now=1.0)
+    assert (plain.iterable, plain.iterable_len) == (False, None)

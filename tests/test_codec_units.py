@@ -4,11 +4,14 @@ limits, chunk sizes, shared-memory slot leaves, and the helpers that measure a d
 import msgpack
 import numpy as np
 import pytest
+import torch
 
-from ferry.common import shm
+from ferry.common import compression, shm
 from ferry.common.codec import Chunked, decode_tree, encode_tree, tree_nbytes, tree_signature
 from ferry.common.constants import MAX_FRAMES, MAX_NDIM, MAX_TREE_DEPTH, MAX_TREE_LEAVES
-from ferry.common.errors import ProtocolError
+from ferry.common.errors import BatchTypeError, ProtocolError
+
+from . import batch_type_datasets as bt
 
 
 def nested(levels: int, leaf=1):
@@ -248,4 +251,34 @@ def test_whatever_a_tree_provokes_while_decoding_is_a_protocol_error(monkeypatch
     monkeypatch.setattr(codec, "namedtuple_class", broken)
     spec = {"t": "n", "c": "m:C", "k": ["a"], "v": [1]}
     with pytest.raises(ProtocolError, match="does not decode: KeyError"):
+        decode_tree(spec, [])
+
+
+def test_a_typed_containers_signature_is_its_class_over_its_plain_containers():
+    signature = tree_signature(bt.CustomDict(a=np.zeros(2, np.float32)), 2)
+    assert signature == ("c", "tests.batch_type_datasets:CustomDict", tree_signature({"a": np.zeros(2, np.float32)}, 2))
+    assert tree_signature(bt.CustomDict(a=np.zeros(2, np.int64)), 2) != signature  # another dtype inside
+    assert tree_signature({"a": np.zeros(2, np.float32)}, 2) != signature  # the plain dict is another structure
+
+
+def test_a_sparse_tensor_is_refused_over_the_network_saying_how_to_send_it():
+    with pytest.raises(BatchTypeError) as refused:
+        encode_tree({"x": torch.eye(2).to_sparse()})
+    assert str(refused.value) == (
+        "a batch holds a sparse_coo tensor, which cannot travel to a consumer over the network (only strided tensors "
+        "are bytes): convert it in the collate_fn (to_dense(), unbind()), or load with local producers")
+
+
+@pytest.mark.parametrize("name", ["lz4", "zstd"])
+def test_a_compressed_leaf_is_decoded_to_its_array(name):
+    array = (np.arange(4000) % 7).astype(np.int32).reshape(-1, 4)
+    raw = memoryview(array.reshape(-1).view(np.uint8))
+    spec = {"t": "a", "d": array.dtype.str, "s": list(array.shape), "f": 0, "z": [[name, 0, len(raw)]]}
+    got = decode_tree(spec, [compression.codec(name).compress(raw)], max_bytes=1 << 20)
+    assert isinstance(got, np.ndarray) and got.dtype == array.dtype and np.array_equal(got, array)
+
+
+def test_a_typed_container_of_two_trees_is_refused_as_a_typed_container():
+    spec = {"t": "c", "c": "collections:OrderedDict", "v": [{"t": "l", "v": []}, {"t": "l", "v": []}]}
+    with pytest.raises(ProtocolError, match=r"^typed container at batch holds 2 trees, not one$"):
         decode_tree(spec, [])

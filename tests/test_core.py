@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 
 import msgpack
 import numpy as np
@@ -408,3 +409,64 @@ def test_a_producer_asked_to_stop_is_not_admitted_again_before_it_exits():
     refusal = [h for p, h, _ in loop.sent if p == b"a" and h["type"] == protocol.REJECT and h["permanent"]]
     assert refusal and "asked to stop" in refusal[-1]["reason"]
     assert all(t["task"] not in loop.core.dispatcher.tasks for t in loop.tasks(b"a"))  # nothing held there
+
+
+# --- what survivors of .ci/mutation showed unpinned -----------------------------------------------------------------
+def test_a_message_without_a_header_frame_is_invalid_and_each_one_counts():
+    loop = Loop()
+    for _ in range(3):
+        loop.apply(loop.core.received([b"x"], loop.now))  # a routing id alone
+    assert loop.counters.invalid_messages == 3 and loop.sent == []
+
+
+def test_pickled_values_are_allowed_only_to_a_same_user_ipc_producer():
+    """WELCOME's ``pickle``: only a producer whose ipc link's kernel credentials are this process's user may send
+    pickled values; a tcp one (even over loopback) or one of another user never is told it may."""
+    loop = Loop()
+    uid, gid = os.getuid(), os.getgid()
+    for peer, address in [(b"ipc", f"/run/ferry/x.sock:{uid}:{gid}:4242"), (b"tcp", "127.0.0.1"),
+                          (b"other", f"/run/ferry/x.sock:{uid + 1}:{gid}:4243")]:
+        hello = dict(type=protocol.HELLO, producer=peer.decode(), nonce=1, host="h", pid=len(loop.sent) + 1, slots=2,
+                     dataset={"spec": "s", "len": SAMPLES, "fingerprint": "f"}, v=protocol.PROTOCOL_VERSION)
+        loop.apply(loop.core.received([peer, msgpack.packb(hello)], loop.now, address=address))
+    welcomes = {p: h for p, h, _ in loop.sent if h["type"] == protocol.WELCOME}
+    assert sorted(welcomes) == [b"ipc", b"other", b"tcp"]
+    assert welcomes[b"ipc"].get("pickle") is True
+    assert "pickle" not in welcomes[b"tcp"] and "pickle" not in welcomes[b"other"]
+    assert [p.pickle_ok for p in loop.core.dispatcher.producers.values()] == [True, False, False]
+
+
+def test_no_progress_is_counted_while_the_consumer_owes_producers_work_and_it_is_when_it_owes_none():
+    loop = Loop(capacity=2, length=4)
+    loop.start()  # a run, no producer: 4 batches owed to no one
+    loop.tick(1.0)
+    assert loop.core.peers.progress_at == 0.0, "nothing in flight but work queued: no progress"
+    loop.hello(b"a", slots=4)
+    assert loop.in_flight() == 2  # the capacity: nothing more to issue now, two tasks owed
+    loop.tick(1.0)
+    assert loop.core.peers.progress_at == 0.0, "tasks in flight and none answered: no progress"
+    answer_all(loop, b"a")
+    assert loop.core.peers.progress_at == 2.0  # results arrived
+    loop.tick(1.0)  # both held by a training loop that takes nothing: the consumer owes producers nothing
+    assert loop.in_flight() == 0 and loop.core.held == 2
+    assert loop.core.peers.progress_at == 3.0, "waiting on the training loop, not on producers: progress"
+
+
+def test_a_result_of_an_unregistered_peer_is_a_duplicate_in_this_session_and_stale_from_another():
+    loop = Loop(capacity=2)
+    loop.hello(b"a", slots=2)
+    loop.start()
+    first, second = loop.tasks(b"a")
+    loop.receive(b"a", {"type": protocol.BYE})  # its tasks go back to the queue; its late answers are strangers'
+    loop.answer(b"a", first)
+    assert (loop.counters.duplicates, loop.counters.stale) == (1, 0)
+    loop.answer(b"a", dict(second, session=5))  # a previous consumer's session
+    assert (loop.counters.duplicates, loop.counters.stale) == (1, 1) and loop.delivered == []
+
+
+def test_a_producer_announcing_a_sharded_dataset_makes_the_consumer_sharded():
+    loop = Loop()
+    loop.receive(b"a", dict(type=protocol.HELLO, producer="a", nonce=1, host="h", pid=1, slots=2,
+                            dataset={"spec": "s", "len": 3, "fingerprint": "f", "sharded": True}))
+    assert any(h["type"] == protocol.WELCOME for _, h, _ in loop.sent)
+    assert loop.core.sharded is True and loop.core.peers.dataset_len == 3

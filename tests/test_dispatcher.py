@@ -337,3 +337,17 @@ def test_between_producers_with_as_many_free_slots_tasks_go_in_turn():
         peers.append(task.peer)
         assert d.complete(task.task, task.peer) is not None
     assert peers == [b"a", b"b", b"c", b"a", b"b", b"c"]
+
+
+def test_busy_time_counts_full_producers_since_the_last_event_and_nothing_before_it():
+    d = Dispatcher(capacity=100, max_attempts=DEFAULT_MAX_ATTEMPTS)
+    d.add(producer(b"a", slots=2))
+    d.start_run(seqs(1, range(10)))
+    assert len(d.assign(held=0, now=10.0)) == 2
+    d.occupancy(10.0)  # from now on one producer has every slot in use
+    assert d.busy_until(10.0) == 0.0, "no time has passed since the event"
+    assert d.busy_until(9.5) == 0.0, "a clock read before the event counts nothing"
+    assert d.busy_until(12.5) == pytest.approx(2.5)
+    d.complete(next(iter(d.tasks)), b"a")
+    d.occupancy(12.5)  # half its slots from here on
+    assert d.busy_s == pytest.approx(2.5) and d.busy_until(14.5) == pytest.approx(3.5)

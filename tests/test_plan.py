@@ -78,3 +78,32 @@ def test_a_batch_samplers_own_sampler_gets_set_epoch_too():
                       world_size=1, batch_sampler=batch_sampler)
     assert [plan.batch(s) for s in range(len(plan))] == [[0, 1], [2, 3], [4]]
     assert Recording.epochs == [6]
+
+
+def test_a_generators_shuffle_replays_dataloaders_permutations_in_turn_or_by_a_jump():
+    import torch
+    from torch.utils.data import DataLoader
+
+    from ferry.common.plan import GeneratorOrder
+
+    generator = torch.Generator().manual_seed(5)
+    state = generator.get_state()  # a copy: drawing from the generator below changes nothing here
+    order = GeneratorOrder(state)
+    loader = DataLoader(range(9), batch_size=None, shuffle=True, generator=generator)
+    epochs = [[int(i) for i in loader] for _ in range(3)]
+    assert len({tuple(e) for e in epochs}) == 3 and all(sorted(e) == list(range(9)) for e in epochs)
+    assert [order.permutation(e, 9).tolist() for e in range(3)] == epochs
+    jumped = GeneratorOrder(state)
+    assert jumped.permutation(2, 9).tolist() == epochs[2] and jumped.permutation(0, 9).tolist() == epochs[0]
+
+
+def test_an_unbatched_plan_makes_each_item_a_task_of_indices_or_of_lists_never_both():
+    plan = EpochPlan.unbatched_items(1, [4, 0, 7])
+    assert [plan.batch(s) for s in range(len(plan))] == [[4], [0], [7]] and (plan.epoch, plan.unbatched) == (1, "index")
+    lists = EpochPlan.unbatched_items(0, [[1, 2], (3,), [5, 6, 7]])
+    assert [lists.batch(s) for s in range(len(lists))] == [[1, 2], [3], [5, 6, 7]] and lists.unbatched == "list"
+    assert len(EpochPlan.unbatched_items(0, [])) == 0
+    with pytest.raises(ConfigError, match="indices or lists of indices, not both"):
+        EpochPlan.unbatched_items(0, [1, [2, 3]])
+    with pytest.raises(ConfigError, match="empty list of indices"):
+        EpochPlan.unbatched_items(0, [[1], []])

@@ -5,9 +5,9 @@ import pytest
 
 from ferry.common import protocol
 from ferry.common.constants import (
-    MAX_DATASET_LEN, MAX_HEADER_BYTES, MAX_SLOTS, MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION,
+    MAX_ANNOUNCED_SHARDS, MAX_CLASS_PATH, MAX_DATASET_LEN, MAX_HEADER_BYTES, MAX_SLOTS, MAX_TASK_INDICES, MAX_TEXT, PROTOCOL_VERSION,
 )
-from ferry.common.errors import ProtocolError
+from ferry.common.errors import ProtocolError, VersionMismatch
 
 
 def packed(**fields):
@@ -97,6 +97,17 @@ def hello(**overrides):
     packed(v=PROTOCOL_VERSION, type="PING", load={str(i): i for i in range(32)}),
     packed(v=PROTOCOL_VERSION, type="WELCOME", session=1, heartbeat=1, nonce=2,  # an int heartbeat is a number
            frame_bytes=1, max_batch_bytes=1, codecs=["lz4"] * 8),
+    task(shard=[0, 1, 0, 0]),  # a sharded task of the smallest batch size
+    hello(dataset={"spec": "s", "len": MAX_ANNOUNCED_SHARDS, "fingerprint": "f", "sharded": True,
+                   "shard_lens": [1] * MAX_ANNOUNCED_SHARDS}),  # the most shard lengths (one more: msgpack's limit)
+    packed(v=PROTOCOL_VERSION, type="WELCOME", session=1, heartbeat=1, nonce=2, frame_bytes=1, max_batch_bytes=1,
+           codecs=[], pickle=True),
+    packed(v=PROTOCOL_VERSION, type="BATCH", session=1, task=1, epoch=0, seq=0, tree=None, errors=[], count=0,
+           last=False, batch_first=False),
+    hello(dataset={"spec": "s", "len": 10, "fingerprint": "f", "iterable": True, "sized": False}),
+    packed(v=PROTOCOL_VERSION, type="FAIL", session=1, task=1, epoch=0, seq=0,
+           errors=[{"index": 1, "exc_type": "E", "message": "m", "traceback": "t",
+                    "exc_classes": ["m:" + "E" * (MAX_CLASS_PATH - 2)]}]),  # the longest class path
 ])
 def test_values_at_the_edge_of_every_bound_are_accepted(frame):
     protocol.parse_header(frame)
@@ -122,6 +133,23 @@ def test_values_at_the_edge_of_every_bound_are_accepted(frame):
     (hello(dataset={"spec": "s", "len": 1, "fingerprint": None}), "dataset"),
     (hello(dataset={"spec": "s", "fingerprint": "f"}), "dataset"),
     (hello(dataset=["s", 1, "f"]), "dataset"),
+    (task(shard=[0, 0, 0, 0]), "shard"),  # batch size 0
+    (packed(v=PROTOCOL_VERSION, type="WELCOME", session=1, heartbeat=1, nonce=2, frame_bytes=0, max_batch_bytes=1,
+            codecs=[]), "frame_bytes"),
+    (packed(v=PROTOCOL_VERSION, type="WELCOME", session=1, heartbeat=1, nonce=2, frame_bytes=1.5, max_batch_bytes=1,
+            codecs=[]), "frame_bytes"),
+    (packed(v=PROTOCOL_VERSION, type="WELCOME", session=1, heartbeat=1, nonce=2, frame_bytes=1, max_batch_bytes=1,
+            codecs=[], pickle=1), "pickle"),
+    (packed(v=PROTOCOL_VERSION, type="BATCH", session=1, task=1, epoch=0, seq=0, tree=None, errors=[],
+            batch_first=0), "batch_first"),
+    (task(shard=[0, 4, 0]), "shard"),
+    (hello(dataset={"spec": "s", "len": 10, "fingerprint": "f", "sized": True}), "dataset"),  # sized, not iterable
+    (hello(dataset={"spec": "s", "len": 10, "fingerprint": "f", "iterable": True, "sized": 1}), "dataset"),
+    (packed(v=PROTOCOL_VERSION, type="WELCOME", session=1, heartbeat=1, nonce=2, frame_bytes=1, max_batch_bytes=0,
+            codecs=[]), "max_batch_bytes"),
+    (packed(v=PROTOCOL_VERSION, type="FAIL", session=1, task=1, epoch=0, seq=0,
+            errors=[{"index": 1, "exc_type": "E", "message": "m", "traceback": "t",
+                     "exc_classes": ["m:" + "E" * (MAX_CLASS_PATH - 1)]}]), "errors"),
     (packed(v=PROTOCOL_VERSION, type="PING", load={str(i): i for i in range(33)}), "load"),
     (packed(v=PROTOCOL_VERSION, type="PING", load=[]), "load"),
     (packed(v=PROTOCOL_VERSION, type="WELCOME", session=1, heartbeat=True, nonce=2), "heartbeat"),
@@ -214,3 +242,9 @@ def test_a_bad_value_of_exactly_80_characters_is_shown_whole():
     with pytest.raises(ProtocolError) as caught:
         protocol.parse_header(task(on_error="x" * 78))
     assert str(caught.value).partition("is invalid: ")[2] == "'" + "x" * 78 + "'"
+
+
+def test_another_version_names_the_message_type_so_a_hello_can_be_told_why():
+    with pytest.raises(VersionMismatch) as mismatch:
+        protocol.parse_header(hello(v=99))
+    assert (mismatch.value.theirs, mismatch.value.ours, mismatch.value.msg_type) == (99, PROTOCOL_VERSION, "HELLO")

@@ -266,3 +266,24 @@ def test_an_unbatched_plan_asks_for_one_sample_a_task_and_counts_len_in_samples(
     assert len(plan) == 24
     batched = StreamPlan(epoch=0, streams=3, batch_size=4, drop_last=False, length=24)
     assert "unbatched" not in batched.task_fields(seq)
+
+
+def test_a_free_producer_gets_no_reissue_of_a_stream_whose_own_producer_is_live():
+    run = _run(2, 4)
+    run.peer_joined(b"own", (1, 2))  # stream 1's own producer
+    seq = encode_seq(1, 0)  # say a free producer read it before "own" joined, then died: a re-issue
+    assert not run.may_take(b"free", seq, {b"own", b"free"}), "a free producer took a bound stream's re-issue"
+    assert run.may_take(b"own", seq, {b"own", b"free"})
+    run.peer_lost(b"own")
+    assert run.may_take(b"free", seq, {b"free"}), "with its own producer gone, a free one takes the stream"
+
+
+def test_out_of_order_an_item_past_a_streams_end_is_never_handed_on():
+    run = _run(1, 4, in_order=False)
+    assert run.put(Delivery(run=1, seq=encode_seq(0, 3), tree="late"))  # a re-issue answered first
+    assert run.put(Delivery(run=1, seq=encode_seq(0, 0), tree="first"))
+    run.ended(encode_seq(0, 2), empty=False)  # then batch 2 failed: the stream ends there, (0, 3) never comes
+    assert run.held == 1
+    got = run.take()
+    assert got is not None and not is_eof(got) and got.tree == "first"
+    assert run.take() is None  # batches 1 and 2 have not arrived: nothing else, and not the dropped (0, 3)
