@@ -40,6 +40,16 @@ log = logging.getLogger("ferry.consumer")
 RECEIVE_BURST = 256
 
 
+_DRAINED = object()  # the command queue is empty
+
+
+def credit_group(capacity: int) -> int:
+    """Credits the training thread may take back before it wakes the io thread for them: a quarter of the
+    capacity (at least 1). Fewer than that wait for the io thread's next turn (a message wakes it), or for the
+    training loop to wait for a batch, which returns them all at once."""
+    return max(1, capacity // 4)
+
+
 @dataclass(frozen=True)
 class IoHealth:
     """What the training thread needs to know of the io thread, read at one moment."""
@@ -74,7 +84,10 @@ class IoThread:
                                   counters=counters, slab=slab)
         self._dataset_known = threading.Event()
         self._failure: BaseException | None = None
-        self._commands: queue.SimpleQueue[Callable[[float], list[Action]] | None] = queue.SimpleQueue()
+        # events for the core, or a run whose batch the training loop took (an int: a credit back), or None: close
+        self._commands: queue.SimpleQueue[Callable[[float], list[Action]] | int | None] = queue.SimpleQueue()
+        self._group = credit_group(config.capacity)
+        self._unwoken = 0  # credits queued since the training thread last woke the io thread (its own count)
         self._waker = Waker()
         try:
             self._router = Router(endpoints, max_batch_bytes=config.max_batch_bytes, curve=curve)
@@ -96,8 +109,22 @@ class IoThread:
         self._command(lambda now: self._core.start_run(sequencer, epoch, now))
 
     def release(self, run: int) -> None:
-        """The training loop took one batch (or error) of ``run``: a credit back."""
-        self._command(lambda now: self._core.released(run, now))
+        """The training loop took one batch (or error) of ``run``: a credit back. Credits go back in groups: the
+        io thread is woken for every :func:`credit_group` of them, and by :meth:`flush_credits`; until then
+        they wait for its next turn (the next message that arrives). Holding a credit back only ever delays a
+        task, so the bound ``buffered + in flight <= capacity`` holds throughout."""
+        self._commands.put(run)
+        self._unwoken += 1
+        if self._unwoken >= self._group:
+            self._unwoken = 0
+            self._waker.wake()
+
+    def flush_credits(self) -> None:
+        """The training loop is about to wait for a batch: wake the io thread for the credits it still holds
+        back, so that no task waits on a loop that itself waits."""
+        if self._unwoken:
+            self._unwoken = 0
+            self._waker.wake()
 
     def producer_died(self, pid: int, why: str) -> None:
         """From any thread: the producer process ``pid`` on this host has died (a local producer)."""
@@ -203,24 +230,43 @@ class IoThread:
             self._router.close(self._core.dispatcher.producers)  # BYE to every producer
 
     def _run_commands(self) -> bool:
-        """Run what the training thread queued; False once told to close."""
+        """Run what the training thread queued, in order, the credits of a run given back together; False once
+        told to close."""
+        run, count = 0, 0  # credits given back and not yet fed to the core
         while True:
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
+                command = _DRAINED
+            if isinstance(command, int):
+                if count and command != run:
+                    self._release(run, count)
+                    count = 0
+                run, count = command, count + 1
+                continue
+            if count:
+                self._release(run, count)
+                count = 0
+            if command is _DRAINED:
                 return True
             if command is None:
                 return False
             self._event(command)
 
+    def _release(self, run: int, count: int) -> None:
+        self._event(lambda now: self._core.released(run, now, count))
+
     def _receive(self) -> None:
+        """Every message waiting (at most RECEIVE_BURST), fed to the core as one event: one turn of the lock, and
+        the tasks their credits allow issued once, after the last."""
+        burst = []
         for _ in range(RECEIVE_BURST):
             frames = self._router.recv()
             if frames is None:
-                return
-            buffers = [frame.buffer for frame in frames]
-            address = peer_address(frames[-1])
-            self._event(lambda now: self._core.received(buffers, now, keep=frames, address=address))
+                break
+            burst.append(([frame.buffer for frame in frames], frames, peer_address(frames[-1])))
+        if burst:
+            self._event(lambda now: self._core.received_burst(burst, now))
 
     def _event(self, event: Callable[[float], list[Action]]) -> None:
         """Feed the core one event under the lock, then apply its actions outside it."""
@@ -235,10 +281,10 @@ class IoThread:
             if isinstance(action, Deliver):
                 self._handoff.put(action.item)
             elif isinstance(action, Send):
-                if not self._router.send(action.peer, action.frames) and action.task is not None:
-                    peer, task = action.peer, action.task
+                if not self._router.send(action.peer, action.frames) and action.tasks:
+                    peer, tasks = action.peer, action.tasks
                     with self._lock:
-                        more = self._core.unsent(peer, task, time.monotonic())
+                        more = self._core.unsent(peer, tasks, time.monotonic())
                     self._apply(more)
             elif isinstance(action, Log):
                 log.log(action.level, "%s", action.message)
