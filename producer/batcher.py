@@ -52,6 +52,7 @@ from ferry.producer.convert import convert
 from ferry.producer.culprits import collate_or_blame, whole_batch
 from ferry.producer.jobs import Job, Outcome
 from ferry.producer.loading import BatchFailed, error_record, load_item, load_row, read_row, written_first
+from ferry.producer.samplepool import SamplePool
 from ferry.producer.shards import runner_for
 
 __all__ = ["Batcher", "Job", "Outcome"]
@@ -70,7 +71,7 @@ class Batcher:
         self.pool = BufferPool(limit=batch_workers + 2)
         self._rows: RowLayout | None = None  # the general path's sample layout, learned from a batch
         self._populated: set[tuple[int, int]] = set()  # slot regions this process has faulted in
-        self._samples = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ferry-sample")
+        self._samples = SamplePool(threads)
         self._batches = ThreadPoolExecutor(max_workers=batch_workers, thread_name_prefix="ferry-batch")
         self._done = done
         self._waker = waker
@@ -116,7 +117,7 @@ class Batcher:
         through the user's collate_fn or else :func:`convert`, as DataLoader with ``batch_size=None``."""
         item = job.indices if job.unbatched == "list" else job.indices[0]
         try:
-            sample = self._samples.submit(load_item, self._dataset, item, job).result()
+            sample = self._samples.run_or_submit(load_item, self._dataset, item, job).result()
             tree = (self._collate_fn or convert)(sample)
         except Exception as exc:
             return self._fail(job, [error_record(job.indices[0], exc)])
@@ -134,7 +135,9 @@ class Batcher:
         fresh = pooled is None and self._fresh(job)
         if futures and layout is not None:
             futures[0] = written_first(futures[0], layout, dests, fresh)
-        futures += [self._samples.submit(load_row, self._dataset, i, job, layout, dests, row, fresh)
+        last = len(job.indices) - 1  # loaded here if a permit is free: this thread would only wait for it
+        futures += [(self._samples.run_or_submit if row == last else self._samples.submit)(
+                        load_row, self._dataset, i, job, layout, dests, row, fresh)
                     for row, i in enumerate(job.indices) if row >= len(futures)]
         samples, indices, errors, fitted = [], [], [], 0
         for index, future in zip(job.indices, futures):
@@ -230,7 +233,9 @@ class Batcher:
         # ignores what the pool did not hand out, so a slot view needs no special case there
         buffer = room.view(dtype).reshape(batch_shape) if room is not None else self.pool.acquire(batch_shape, dtype)
         fresh = room is not None and self._fresh(job)
-        futures = [self._samples.submit(read_row, self._dataset, i, buffer[row], job, fresh)
+        last = len(job.indices) - 1  # read here if a permit is free: this thread would only wait for it
+        futures = [(self._samples.run_or_submit if row == last else self._samples.submit)(
+                       read_row, self._dataset, i, buffer[row], job, fresh)
                    for row, i in enumerate(job.indices)]
         labels, good, errors = [], [], []
         for row, (index, future) in enumerate(zip(job.indices, futures)):
@@ -295,6 +300,6 @@ class Batcher:
 
     def close(self) -> None:
         self._batches.shutdown(wait=True, cancel_futures=True)
-        self._samples.shutdown(wait=True, cancel_futures=True)
+        self._samples.shutdown()
         if self._shards is not None:
             self._shards.close()
