@@ -12,13 +12,17 @@ from typing import Any
 import zmq
 
 from ferry.common import protocol
+from ferry.common.constants import MAX_SLOTS
 
 from ferry.producer.actions import FailTask
 from ferry.producer.batcher import Outcome
 from ferry.producer.buffers import BufferPool, tracked
 from ferry.producer.links import Link
 
-__all__ = ["Outbox"]
+__all__ = ["Outbox", "hello_fields", "TASKS_PER_MESSAGE"]
+
+#: The most tasks this producer takes in one TASK (HELLO ``tasks``): as many as it may ever hold for a consumer.
+TASKS_PER_MESSAGE = MAX_SLOTS
 
 
 class Outbox:
@@ -94,5 +98,5 @@ def hello_fields(*, producer_id: str, slots: int, dataset: dict[str, Any], shm_t
                  worker: list[int] | None = None) -> dict[str, Any]:
     """The HELLO's fields but the nonce. ``worker``: an iterable dataset's producer's [worker id, worker count]."""
     return {"producer": producer_id, "host": pysocket.gethostname(), "pid": os.getpid(), "slots": slots,
-            "dataset": dataset, **({"shm": shm_token} if shm_token is not None else {}),
+            "dataset": dataset, "tasks": TASKS_PER_MESSAGE, **({"shm": shm_token} if shm_token is not None else {}),
             **({"worker": worker} if worker is not None else {})}
