@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import zmq
 
@@ -30,6 +30,7 @@ from ferry.common.waker import Waker
 
 from ferry.consumer.core import Action, ConsumerCore, CoreConfig, Deliver, Log, Send, Sequencer
 from ferry.consumer.figures.counters import Counters
+from ferry.consumer.io.credits import CreditReturns, coalesce
 from ferry.consumer.io.router import Router
 
 __all__ = ["IoThread", "IoHealth"]
@@ -38,16 +39,6 @@ log = logging.getLogger("ferry.consumer")
 
 #: Messages received per turn of the loop, at most: commands and heartbeats are never starved.
 RECEIVE_BURST = 256
-
-
-_DRAINED = object()  # the command queue is empty
-
-
-def credit_group(capacity: int) -> int:
-    """Credits the training thread may take back before it wakes the io thread for them: a quarter of the
-    capacity (at least 1). Fewer than that wait for the io thread's next turn (a message wakes it), or for the
-    training loop to wait for a batch, which returns them all at once."""
-    return max(1, capacity // 4)
 
 
 @dataclass(frozen=True)
@@ -86,8 +77,7 @@ class IoThread:
         self._failure: BaseException | None = None
         # events for the core, or a run whose batch the training loop took (an int: a credit back), or None: close
         self._commands: queue.SimpleQueue[Callable[[float], list[Action]] | int | None] = queue.SimpleQueue()
-        self._group = credit_group(config.capacity)
-        self._unwoken = 0  # credits queued since the training thread last woke the io thread (its own count)
+        self._credits = CreditReturns(self._commands, self._waker.wake, config.capacity)  # the training thread's
         self._waker = Waker()
         try:
             self._router = Router(endpoints, max_batch_bytes=config.max_batch_bytes, curve=curve)
@@ -109,22 +99,13 @@ class IoThread:
         self._command(lambda now: self._core.start_run(sequencer, epoch, now))
 
     def release(self, run: int) -> None:
-        """The training loop took one batch (or error) of ``run``: a credit back. Credits go back in groups: the
-        io thread is woken for every :func:`credit_group` of them, and by :meth:`flush_credits`; until then
-        they wait for its next turn (the next message that arrives). Holding a credit back only ever delays a
-        task, so the bound ``buffered + in flight <= capacity`` holds throughout."""
-        self._commands.put(run)
-        self._unwoken += 1
-        if self._unwoken >= self._group:
-            self._unwoken = 0
-            self._waker.wake()
+        """The training loop took one batch (or error) of ``run``: a credit back, the io thread woken for every
+        group of them (:mod:`ferry.consumer.io.credits`)."""
+        self._credits.release(run)
 
     def flush_credits(self) -> None:
-        """The training loop is about to wait for a batch: wake the io thread for the credits it still holds
-        back, so that no task waits on a loop that itself waits."""
-        if self._unwoken:
-            self._unwoken = 0
-            self._waker.wake()
+        """The training loop is about to wait for a batch: the io thread is woken for the credits queued since."""
+        self._credits.flush()
 
     def producer_died(self, pid: int, why: str) -> None:
         """From any thread: the producer process ``pid`` on this host has died (a local producer)."""
@@ -232,29 +213,26 @@ class IoThread:
     def _run_commands(self) -> bool:
         """Run what the training thread queued, in order, the credits of a run given back together; False once
         told to close."""
-        run, count = 0, 0  # credits given back and not yet fed to the core
+        for command in coalesce(self._queued()):
+            if command is None:
+                return False
+            if isinstance(command, tuple):
+                run, count = command
+                self._event(lambda now: self._core.released(run, now, count))
+            else:
+                self._event(command)
+        return True
+
+    def _queued(self) -> Iterator[Any]:
+        """What the command queue holds now (None, the close, ends it)."""
         while True:
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
-                command = _DRAINED
-            if isinstance(command, int):
-                if count and command != run:
-                    self._release(run, count)
-                    count = 0
-                run, count = command, count + 1
-                continue
-            if count:
-                self._release(run, count)
-                count = 0
-            if command is _DRAINED:
-                return True
+                return
+            yield command
             if command is None:
-                return False
-            self._event(command)
-
-    def _release(self, run: int, count: int) -> None:
-        self._event(lambda now: self._core.released(run, now, count))
+                return
 
     def _receive(self) -> None:
         """Every message waiting (at most RECEIVE_BURST), fed to the core as one event: one turn of the lock, and
