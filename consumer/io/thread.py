@@ -77,8 +77,8 @@ class IoThread:
         self._failure: BaseException | None = None
         # events for the core, or a run whose batch the training loop took (an int: a credit back), or None: close
         self._commands: queue.SimpleQueue[Callable[[float], list[Action]] | int | None] = queue.SimpleQueue()
-        self._credits = CreditReturns(self._commands, self._waker.wake, config.capacity)  # the training thread's
         self._waker = Waker()
+        self._credits = CreditReturns(self._commands, self._waker.wake, config.capacity)  # the training thread's
         try:
             self._router = Router(endpoints, max_batch_bytes=config.max_batch_bytes, curve=curve)
         except BaseException:
