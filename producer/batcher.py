@@ -46,7 +46,7 @@ from ferry.common.errors import BatchTooLarge, BatchTypeError
 from ferry.common.shm import SLOT_ALIGN
 from ferry.common.waker import Waker
 
-from ferry.producer.buffers import BufferPool
+from ferry.producer.buffers import BufferPool, tracked
 from ferry.producer.collate import RowLayout, collate
 from ferry.producer.convert import convert
 from ferry.producer.culprits import collate_or_blame, whole_batch
@@ -268,7 +268,11 @@ class Batcher:
             if pooled is not None:
                 self.pool.release(pooled)
             raise
-        return Outcome(job, [header, *frames], buffer=pooled, buffer_frames=views)
+        tracker = None
+        if pooled is not None and views:  # made here, not on the main loop: it only sends them
+            frames, tracker = tracked([header, *frames], views)
+            frames = frames[1:]
+        return Outcome(job, [header, *frames], buffer=pooled, buffer_frames=views, tracker=tracker)
 
     def _compress(self, job: Job, spec: Any, frames: list[Any], pooled: Any, views: int) -> tuple[Any, list[Any], Any, int]:
         """Compress the batch's frames as the job says (common/compression.py). The first ``views``

@@ -75,13 +75,14 @@ class Outbox:
             self._release(outcome, None)
             return
         link.conn.task_finished()
-        frames, tracker = outcome.frames, None
+        frames, tracker = outcome.frames, outcome.tracker
         count = outcome.buffer_frames if outcome.buffer is not None else 0
-        if count:  # the pooled buffer's views: it goes back to the pool once ZeroMQ has sent them
+        if count and tracker is None:  # the pooled buffer's views: it goes back to the pool once ZeroMQ has sent them
             frames, tracker = tracked(frames, count)
         sent = self.send(link, frames, now)
         del frames
-        self._release(outcome, tracker if sent else None)
+        # unsent, frames the batch worker tracked hold the buffer until the outcome goes: their tracker says when
+        self._release(outcome, tracker if sent or outcome.tracker is not None else None)
         if sent and not outcome.failed:
             self.batches_sent += 1
             self.bytes_sent += sum(len(f) for f in outcome.frames[1:])
