@@ -60,8 +60,8 @@ def test_a_loop_about_to_wait_wakes_the_io_thread_for_every_credit_it_held_back(
     assert wakes.count == 1  # once
 
 
-@pytest.mark.parametrize("capacity, group", [(1, 1), (3, 1), (4, 1), (8, 2), (32, 8)])
-def test_the_group_is_a_quarter_of_the_capacity_and_at_least_one(capacity, group):
+@pytest.mark.parametrize("capacity, group", [(1, 1), (3, 1), (4, 1), (8, 2), (12, 3), (16, 4), (48, 4)])
+def test_the_group_is_a_quarter_of_the_capacity_at_least_one_and_at_most_four(capacity, group):
     assert credit_group(capacity) == group
 
 

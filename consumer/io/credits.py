@@ -19,10 +19,15 @@ from typing import Any, Callable, Iterator
 __all__ = ["credit_group", "CreditReturns", "coalesce"]
 
 
+#: The most credits held back at once, whatever the capacity: each one held back is a task not yet in flight,
+#: which a deep window (slow producers, many batches in flight to hide their latency) would miss.
+MAX_CREDIT_GROUP = 4
+
+
 def credit_group(capacity: int) -> int:
     """Credits taken back before the io thread is woken for them: a quarter of ``capacity`` (buffer_batches),
-    at least 1. With the default 8, every second batch."""
-    return max(1, capacity // 4)
+    at least 1 and at most MAX_CREDIT_GROUP. With the default 8, every second batch."""
+    return max(1, min(MAX_CREDIT_GROUP, capacity // 4))
 
 
 class CreditReturns:
