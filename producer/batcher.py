@@ -135,9 +135,8 @@ class Batcher:
         fresh = pooled is None and self._fresh(job)
         if futures and layout is not None:
             futures[0] = written_first(futures[0], layout, dests, fresh)
-        last = len(job.indices) - 1  # loaded here if a permit is free: this thread would only wait for it
-        futures += [(self._samples.run_or_submit if row == last else self._samples.submit)(
-                        load_row, self._dataset, i, job, layout, dests, row, fresh)
+        load = self._samples.run_or_submit if len(job.indices) == 1 else self._samples.submit  # see SamplePool
+        futures += [load(load_row, self._dataset, i, job, layout, dests, row, fresh)
                     for row, i in enumerate(job.indices) if row >= len(futures)]
         samples, indices, errors, fitted = [], [], [], 0
         for index, future in zip(job.indices, futures):
@@ -233,10 +232,8 @@ class Batcher:
         # ignores what the pool did not hand out, so a slot view needs no special case there
         buffer = room.view(dtype).reshape(batch_shape) if room is not None else self.pool.acquire(batch_shape, dtype)
         fresh = room is not None and self._fresh(job)
-        last = len(job.indices) - 1  # read here if a permit is free: this thread would only wait for it
-        futures = [(self._samples.run_or_submit if row == last else self._samples.submit)(
-                       read_row, self._dataset, i, buffer[row], job, fresh)
-                   for row, i in enumerate(job.indices)]
+        load = self._samples.run_or_submit if len(job.indices) == 1 else self._samples.submit  # see SamplePool
+        futures = [load(read_row, self._dataset, i, buffer[row], job, fresh) for row, i in enumerate(job.indices)]
         labels, good, errors = [], [], []
         for row, (index, future) in enumerate(zip(job.indices, futures)):
             try:

@@ -1,10 +1,12 @@
 """The sample pool: ``--threads`` loading threads that run ``dataset[i]`` (or ``read_into``), with one shortcut.
 
-A batch worker that would hand its last sample to the pool and then only wait for it may load that sample
-itself, when a loading permit is free: for a batch of one sample (the ingest rows, an unbatched loader) this
-saves two thread hand-offs per batch, each a wake-up and a GIL acquisition (docs/performance.md, "The socket
-path"). The permits, ``threads`` of them, are taken by the pool's threads too, so no more than ``threads``
-samples are ever loading at once, whoever runs them: ``--threads 1`` still means one ``dataset[i]`` at a time.
+A batch worker whose batch is one sample (batch size 1, an unbatched loader's task) would hand it to the pool
+and then only wait for it; it loads it itself when a loading permit is free, which saves two thread hand-offs
+per batch, each a wake-up and a GIL acquisition (docs/performance.md, "The socket path after issue 21"). The
+permits, ``threads`` of them, are taken by the pool's threads too, so no more than ``threads`` samples are ever
+loading at once, whoever runs them: ``--threads 1`` still means one ``dataset[i]`` at a time. A batch of several
+samples goes to the pool whole, in submission order: a worker taking one of its samples could overtake the
+samples of batches queued before it and make each of them later.
 """
 
 from __future__ import annotations
