@@ -17,6 +17,7 @@ import json
 import os
 import resource
 import sys
+import threading
 import time
 
 WARMUP = 8
@@ -27,19 +28,45 @@ def _usage() -> tuple[int, float]:
     return r.ru_minflt, r.ru_utime + r.ru_stime
 
 
+def thread_cpu(pid: int | str = "self") -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of process ``pid``, from ``/proc/PID/task``, keyed
+    ``name/tid``; {} where /proc cannot be read (the process ended, or no /proc)."""
+    out, tick = {}, os.sysconf("SC_CLK_TCK")
+    names = {t.native_id: t.name for t in threading.enumerate()} if pid == "self" else {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        name = names.get(int(tid), "main" if tid == str(pid) else name)
+        out[f"{name}/{tid}"] = (int(rest[11]) + int(rest[12])) / tick  # utime, stime
+    return out
+
+
 def _measure(next_batch_bytes, count: int) -> None:
     """The one measurement both receivers share: WARMUP batches, then ``count`` timed ones, each taken by
     ``next_batch_bytes()`` (which hands the batch to the loop as tensors and returns its array bytes); prints
-    one JSON line."""
+    a ``{"started": true}`` line as the timed part begins (so that a harness can read the sender's CPU over
+    the same span), then one JSON line: rate, faults, CPU (all threads, and ``threads``: each thread's, from
+    /proc)."""
     for _ in range(WARMUP):
         next_batch_bytes()
+    print(json.dumps({"started": True}), flush=True)
     faults, cpu = _usage()
+    threads = thread_cpu()
     start = time.perf_counter()
     nbytes = sum(next_batch_bytes() for _ in range(count))
     took = time.perf_counter() - start
     faults2, cpu2 = _usage()
+    threads = {k: round(v - threads.get(k, 0.0), 3) for k, v in thread_cpu().items()}
     print(json.dumps({"gbps": nbytes / took / 1e9, "minflt_per_gb": (faults2 - faults) / (nbytes / 1e9),
-                      "cpu_s": cpu2 - cpu, "seconds": took}), flush=True)
+                      "cpu_s": cpu2 - cpu, "seconds": took, "batches": count, "threads": threads}), flush=True)
 
 
 def ferry_consume(endpoint: str, mib: float, count: int, buffer_batches: int = 8) -> None:

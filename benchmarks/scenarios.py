@@ -39,7 +39,7 @@ class Sizes:
     slow_samples: int
     scale_counts: tuple[int, ...]
     scale_batches_per_producer: int
-    ingest_mib: tuple[int, ...]
+    ingest_mib: tuple[float, ...]
     ingest_total_mib: int
     stall_counts: tuple[int, ...]
     stall_steps: int
@@ -48,9 +48,9 @@ class Sizes:
 
 
 SIZES = {
-    "full": Sizes(5, 256, (13, 299, 299), 2048, (1, 2, 4, 8, 16), 100, (1, 4, 16), 4096, (1, 4, 8, 12, 16, 20, 22, 24),
+    "full": Sizes(5, 256, (13, 299, 299), 2048, (1, 2, 4, 8, 16), 100, (0.25, 1, 4, 16), 4096, (1, 4, 8, 12, 16, 20, 22, 24),
                   200, 0.010),
-    "quick": Sizes(3, 128, (13, 299, 299), 384, (1, 2, 4, 8, 16), 40, (1, 4, 16), 1024, (1, 16, 22, 24), 60, 0.010),
+    "quick": Sizes(3, 128, (13, 299, 299), 384, (1, 2, 4, 8, 16), 40, (0.25, 1, 4, 16), 1024, (1, 16, 22, 24), 60, 0.010),
     "tiny": Sizes(2, 64, (3, 16, 16), 64, (1, 2), 10, (1,), 16, (1, 2), 10, 0.005, 0.5),  # seconds: the harness runs
 }
 
@@ -338,7 +338,9 @@ def scale_out(report: Report, sizes: Sizes) -> None:
 
 # --- 4. ingest ---------------------------------------------------------------------------------------
 #: Ferry's share of raw pyzmq that the ingest rows aim for, by batch size in MiB (tcp and veth).
-INGEST_TARGETS = {1: 0.75, 4: 0.9, 16: 0.9}
+INGEST_TARGETS = {0.25: 0.6, 1: 0.75, 4: 0.9, 16: 0.9}
+#: Producers (Ferry) and pushers (raw pyzmq) into one receiver in the fan-in row, and its target share.
+FAN_IN, FAN_IN_MIB, FAN_IN_TARGET = 4, 1, 0.9
 
 
 class VethPair:
@@ -389,9 +391,11 @@ def make_veth() -> VethPair | None:
         return None
 
 
-def ingest_once(system: str, mib: float, count: int, transport: str, veth: VethPair | None) -> float:
+def ingest_once(system: str, mib: float, count: int, transport: str, veth: VethPair | None,
+                senders: int = 1) -> float:
     """One measurement, every peer in its own fresh process (benchmarks/ingest_peers.py): Ferry's consumer
-    (a RemoteLoader) fed by a ``python -m ferry.producer``, or a raw pyzmq PULL fed by a PUSH. Returns GB/s."""
+    (a RemoteLoader) fed by ``senders`` ``python -m ferry.producer``, or a raw pyzmq PULL fed by as many PUSHes
+    (each sends ``count`` batches; the receiver times ``count`` in all). Returns GB/s."""
     folder = None
     recv_prefix: list[str] = []
     send_prefix: list[str] = []
@@ -413,7 +417,7 @@ def ingest_once(system: str, mib: float, count: int, transport: str, veth: VethP
         sender = [*peers, "raw-push", connect, str(mib), str(count)]
     try:
         return receive_pair([*recv_prefix, *receiver], [*send_prefix, *sender], env(),
-                            f"{system} receiver ({transport}, {mib} MiB)")["gbps"]
+                            f"{system} receiver ({transport}, {mib} MiB)", senders=senders)["gbps"]
     finally:
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
@@ -426,18 +430,19 @@ def ferry_sender(connect: str, mib: float) -> list[str]:
             str(INGEST_SLOTS), "--heartbeat", "0.2", "--log-level", "WARNING"]
 
 
-def receive_pair(receiver: list[str], sender: list[str], receiver_env: dict[str, str], what: str) -> dict:
-    """Run an ingest receiver and its sender, each its own process; the receiver's last line, as JSON. Both are
-    stopped on the way out, whatever happened (SIGTERM, then SIGKILL)."""
+def receive_pair(receiver: list[str], sender: list[str], receiver_env: dict[str, str], what: str,
+                 senders: int = 1) -> dict:
+    """Run an ingest receiver and ``senders`` copies of its sender, each its own process; the receiver's last
+    line, as JSON. All are stopped on the way out, whatever happened (SIGTERM, then SIGKILL)."""
     recv = subprocess.Popen(receiver, env=receiver_env, cwd=REPO, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    send = subprocess.Popen(sender, env=env(), cwd=REPO, stdin=subprocess.DEVNULL)
+    sends = [subprocess.Popen(sender, env=env(), cwd=REPO, stdin=subprocess.DEVNULL) for _ in range(senders)]
     try:
         out, _ = recv.communicate(timeout=600)
         if recv.returncode != 0:
             raise RuntimeError(f"{what} exited {recv.returncode}")
         return json.loads(out.decode().strip().splitlines()[-1])
     finally:
-        for proc in (send, recv):
+        for proc in (*sends, recv):
             if proc.poll() is None:
                 proc.terminate()
             try:
@@ -477,6 +482,16 @@ def ingest(report: Report, sizes: Sizes) -> float | None:
                                ratio=None, target=f"ferry / pyzmq ≥ {target}" if target else "",
                                met=(share >= target) if target else None, note=f"ferry / pyzmq = {share:.2f}",
                                raw={k: v.values for k, v in figs.items()}))
+        if not tiny:  # fan-in: several producers into one consumer, against as many pushers into one PULL
+            count = max(20, int(sizes.ingest_total_mib / FAN_IN_MIB))
+            figs = alternate({system: (lambda s=system: ingest_once(s, FAN_IN_MIB, count, "tcp", None, FAN_IN))
+                              for system in ("ferry", "pyzmq")}, sizes.repeats)
+            share = ratio(figs["ferry"], figs["pyzmq"])
+            report.add(Row("4 ingest", f"{FAN_IN_MIB} MiB batches, tcp, {FAN_IN} producers (raw: {FAN_IN} pushers) "
+                                       "into one consumer, separate processes",
+                           {"ferry GB/s": figs["ferry"].text(2), "raw pyzmq GB/s": figs["pyzmq"].text(2)},
+                           ratio=None, target=f"ferry / pyzmq ≥ {FAN_IN_TARGET}", met=share >= FAN_IN_TARGET,
+                           note=f"ferry / pyzmq = {share:.2f}", raw={k: v.values for k, v in figs.items()}))
     finally:
         if veth is not None:
             veth.close()

@@ -16,6 +16,11 @@ MAX_ANNOUNCED_SHARDS shards, ``shard_lens``: the samples of each shard, so that 
 the dataset; for an iterable dataset ``iterable`` and ``sized``, its ``len`` then ``len(dataset)`` or 0).
 An iterable dataset's producer says its ``worker`` place (``[id, count]``) in HELLO, and its TASKs carry
 ``streams`` (see :mod:`ferry.common.streamplan`).
+**Several tasks in one TASK.** A producer that says HELLO ``tasks: N`` takes TASKs carrying up to N tasks: the
+first task's fields are the TASK's own, the others' are the maps of its optional ``more`` list (each with its own
+``task``, ``seq``, ``indices`` and the per-task optional fields; ``session``, ``epoch``, ``on_error`` and ``seed`` are
+the TASK's, for all). :func:`task_headers` splits a TASK into one header per task. A producer that does not say
+``tasks`` (a hand-made one, say) gets one task per TASK, as always.
 WELCOME says ``frame_bytes`` (leaves up to that many bytes travel as one frame), ``max_batch_bytes`` and
 ``codecs``. There has only ever been version 1: both sides ship together, so no field is optional for the sake of
 an older peer. Optional: HELLO ``shm`` (the token of the consumer's shared-memory
@@ -46,7 +51,7 @@ from ferry.common.pool import valid_named, valid_weight
 
 __all__ = [
     "HELLO", "WELCOME", "REJECT", "TASK", "BATCH", "FAIL", "PING", "BYE",
-    "pack", "parse_header", "make_header",
+    "pack", "parse_header", "make_header", "task_headers",
 ]
 
 HELLO, WELCOME, REJECT, TASK, BATCH, FAIL, PING, BYE = (
@@ -143,9 +148,32 @@ SCHEMAS: dict[str, dict[str, Check]] = {
 }
 
 
+#: What each task of a TASK says for itself (the rest, ``session``, ``epoch``, ``on_error`` and ``seed``, is
+#: the TASK's for every task it carries): required, then optional.
+TASK_OWN: dict[str, Check] = {"task": _uint, "seq": _uint, "indices": _indices}
+TASK_OWN_OPTIONAL = ("slot", "compression", "shard", "unbatched", "streams")
+
+
+def _more_tasks(v: Any) -> bool:
+    """A TASK's ``more``: the other tasks it carries, each a map of its own fields (:data:`TASK_OWN`, and the
+    optional ones of :data:`TASK_OWN_OPTIONAL`), nothing else."""
+    if not (isinstance(v, list) and 0 < len(v) < MAX_SLOTS):
+        return False
+    optional = OPTIONAL[TASK]
+    for task in v:
+        if not isinstance(task, dict) or not all(key in task and check(task[key]) for key, check in TASK_OWN.items()):
+            return False
+        if any(key not in TASK_OWN and (key not in TASK_OWN_OPTIONAL or not optional[key](value))
+               for key, value in task.items()):
+            return False
+    return True
+
+
 #: Optional fields, checked when present.
 OPTIONAL: dict[str, dict[str, Check]] = {
     HELLO: {"shm": _str,
+            # takes TASKs that carry up to this many tasks (``more``); absent: one task per TASK
+            "tasks": lambda v: _uint(v) and 1 <= v <= MAX_SLOTS,
             # an iterable dataset's producer: its [worker id, worker count] (a local producer's place in its loader)
             "worker": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[0] < v[1],
             # a pool producer (common/pool.py): it loads the dataset a WELCOME names; or it cannot load the one
@@ -166,11 +194,20 @@ OPTIONAL: dict[str, dict[str, Check]] = {
            # dataset[indices] ("list", a sampler that yields lists), not collated
            "unbatched": lambda v: v in ("index", "list"),
            # an iterable dataset's task (with "shard"): stream indices[0] of this many (common/streamplan.py)
-           "streams": lambda v: _uint(v) and 1 <= v <= MAX_STREAMS},
+           "streams": lambda v: _uint(v) and 1 <= v <= MAX_STREAMS,
+           # the other tasks this TASK carries (to a producer whose HELLO said ``tasks``): see task_headers
+           "more": _more_tasks},
     # a sharded dataset's answer: its sample count (0: the shard has no such batch) and whether it is the last;
     # batch_first False: not Ferry's collation (a user's collate_fn, an unbatched sample): no sample counts checked
     BATCH: {"count": _uint, "last": lambda v: isinstance(v, bool), "batch_first": lambda v: isinstance(v, bool)},
 }
+
+
+def task_headers(header: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tasks a parsed TASK carries, each as the header of a TASK of its own, the TASK's own task first."""
+    first = {key: value for key, value in header.items() if key != "more"}
+    common = {key: header[key] for key in ("v", "type", "session", "epoch", "on_error", "seed") if key in header}
+    return [first, *({**common, **task} for task in header.get("more", ()))]
 
 
 def make_header(msg_type: str, **fields: Any) -> dict[str, Any]:

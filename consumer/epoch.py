@@ -46,7 +46,9 @@ class EpochParts:
 
     Attributes:
         staged: staged batches, in order (the staging thread's output).
-        release: gives one credit of a run back (the io thread's ``release``).
+        release: gives one credit of a run back (the io thread's ``release``, which may hold it back a while).
+        flush_credits: returns the credits ``release`` held back (the io thread's ``flush_credits``): called
+            whenever the loop is about to wait for a batch.
         check_health: raises when the loader is closed or cannot deliver any more (no producers, a thread failed).
         observer: the per-epoch figures: waits, progress lines, the diagnosis at the end.
         counters: the figures this thread writes (batches yielded, time waited and active).
@@ -62,6 +64,7 @@ class EpochParts:
 
     staged: "queue.Queue[Any]"
     release: Callable[[int], None]
+    flush_credits: Callable[[], None]
     check_health: Callable[[], None]
     observer: Any
     counters: Counters
@@ -166,6 +169,7 @@ class EpochIterator:
             except queue.Empty:
                 if not waited:
                     waited = True
+                    self._parts.flush_credits()  # nothing staged: no credit may wait on this wait
                     self._parts.observer.note_wait()
                     continue
                 self._parts.check_health()

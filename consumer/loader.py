@@ -146,8 +146,8 @@ class RemoteLoader:
                                        on_load=self._io.report_load)
         device = self.device
         self._parts = EpochParts(
-            staged=pipeline.staged, release=self._io.release, check_health=self._health.check,
-            observer=self._observer, counters=self._counters, runs=self._runs,
+            staged=pipeline.staged, release=self._io.release, flush_credits=self._io.flush_credits,
+            check_health=self._health.check, observer=self._observer, counters=self._counters, runs=self._runs,
             stream_for=lambda: torch.cuda.current_stream(device), device_transform=self.device_transform,
             lease=lease, timeout=self.timeout,
         )

@@ -46,12 +46,13 @@ from ferry.common.errors import BatchTooLarge, BatchTypeError
 from ferry.common.shm import SLOT_ALIGN
 from ferry.common.waker import Waker
 
-from ferry.producer.buffers import BufferPool
+from ferry.producer.buffers import BufferPool, tracked
 from ferry.producer.collate import RowLayout, collate
 from ferry.producer.convert import convert
 from ferry.producer.culprits import collate_or_blame, whole_batch
 from ferry.producer.jobs import Job, Outcome
 from ferry.producer.loading import BatchFailed, error_record, load_item, load_row, read_row, written_first
+from ferry.producer.samplepool import SamplePool
 from ferry.producer.shards import runner_for
 
 __all__ = ["Batcher", "Job", "Outcome"]
@@ -62,7 +63,7 @@ class Batcher:
 
     def __init__(self, dataset: Any, *, threads: int, batch_workers: int, done: "queue.SimpleQueue[Outcome]",
                  waker: Waker, collate_fn: Any = None, compressor: Any = None,
-                 shared: "tuple[ThreadPoolExecutor, BufferPool] | None" = None) -> None:
+                 shared: "tuple[SamplePool, BufferPool] | None" = None) -> None:
         """``shared``: the sample pool and the buffer pool of another batcher, to use instead of its own (a
         producer pool's datasets share them: producer/pool.py); ``close()`` then leaves them to their owner."""
         self._dataset = dataset
@@ -74,8 +75,7 @@ class Batcher:
         self.pool = BufferPool(limit=batch_workers + 2) if shared is None else shared[1]
         self._rows: RowLayout | None = None  # the general path's sample layout, learned from a batch
         self._populated: set[tuple[int, int]] = set()  # slot regions this process has faulted in
-        self._samples = (ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ferry-sample") if shared is None
-                         else shared[0])
+        self._samples = SamplePool(threads) if shared is None else shared[0]
         self._batches = ThreadPoolExecutor(max_workers=batch_workers, thread_name_prefix="ferry-batch")
         self._done = done
         self._waker = waker
@@ -121,7 +121,7 @@ class Batcher:
         through the user's collate_fn or else :func:`convert`, as DataLoader with ``batch_size=None``."""
         item = job.indices if job.unbatched == "list" else job.indices[0]
         try:
-            sample = self._samples.submit(load_item, self._dataset, item, job).result()
+            sample = self._samples.run_or_submit(load_item, self._dataset, item, job).result()
             tree = (self._collate_fn or convert)(sample)
         except Exception as exc:
             return self._fail(job, [error_record(job.indices[0], exc)])
@@ -139,7 +139,8 @@ class Batcher:
         fresh = pooled is None and self._fresh(job)
         if futures and layout is not None:
             futures[0] = written_first(futures[0], layout, dests, fresh)
-        futures += [self._samples.submit(load_row, self._dataset, i, job, layout, dests, row, fresh)
+        load = self._samples.run_or_submit if len(job.indices) == 1 else self._samples.submit  # see SamplePool
+        futures += [load(load_row, self._dataset, i, job, layout, dests, row, fresh)
                     for row, i in enumerate(job.indices) if row >= len(futures)]
         samples, indices, errors, fitted = [], [], [], 0
         for index, future in zip(job.indices, futures):
@@ -235,8 +236,8 @@ class Batcher:
         # ignores what the pool did not hand out, so a slot view needs no special case there
         buffer = room.view(dtype).reshape(batch_shape) if room is not None else self.pool.acquire(batch_shape, dtype)
         fresh = room is not None and self._fresh(job)
-        futures = [self._samples.submit(read_row, self._dataset, i, buffer[row], job, fresh)
-                   for row, i in enumerate(job.indices)]
+        load = self._samples.run_or_submit if len(job.indices) == 1 else self._samples.submit  # see SamplePool
+        futures = [load(read_row, self._dataset, i, buffer[row], job, fresh) for row, i in enumerate(job.indices)]
         labels, good, errors = [], [], []
         for row, (index, future) in enumerate(zip(job.indices, futures)):
             try:
@@ -268,7 +269,11 @@ class Batcher:
             if pooled is not None:
                 self.pool.release(pooled)
             raise
-        return Outcome(job, [header, *frames], buffer=pooled, buffer_frames=views)
+        tracker = None
+        if pooled is not None and views:  # made here, not on the main loop: it only sends them
+            frames, tracker = tracked([header, *frames], views)
+            frames = frames[1:]
+        return Outcome(job, [header, *frames], buffer=pooled, buffer_frames=views, tracker=tracker)
 
     def _compress(self, job: Job, spec: Any, frames: list[Any], pooled: Any, views: int) -> tuple[Any, list[Any], Any, int]:
         """Compress the batch's frames as the job says (common/compression.py). The first ``views``
@@ -299,13 +304,13 @@ class Batcher:
         return Outcome(job, [header], failed=True)
 
     @property
-    def shared(self) -> "tuple[ThreadPoolExecutor, BufferPool]":
+    def shared(self) -> "tuple[SamplePool, BufferPool]":
         """The sample pool and buffer pool, for another batcher to share (see ``__init__``)."""
         return self._samples, self.pool
 
     def close(self) -> None:
         self._batches.shutdown(wait=True, cancel_futures=True)
         if self._owns_shared:
-            self._samples.shutdown(wait=True, cancel_futures=True)
+            self._samples.shutdown()
         if self._shards is not None:
             self._shards.close()

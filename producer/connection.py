@@ -142,7 +142,7 @@ class Connection:
             return [Stale()]  # sent before the consumer saw our new HELLO (across a link that was down)
         self.last_heard = now
         if kind == protocol.TASK:
-            return [self._task(header, nframes)]
+            return self._tasks(header, nframes)
         if kind == protocol.BYE:
             return self._reset(Phase.GREETING, now, logging.INFO, f"consumer at {self.endpoint} said BYE",
                                "consumer_bye")
@@ -291,13 +291,18 @@ class Connection:
                                reason=header["reason"])
         return []
 
-    def _task(self, header: dict[str, Any], nframes: int) -> RunTask | FailTask:
+    def _tasks(self, header: dict[str, Any], nframes: int) -> list[Action]:
+        """A TASK: one action per task it carries (several when the consumer bundled them: HELLO ``tasks``)."""
         if nframes != 1:
             raise ProtocolError(f"TASK with {nframes} frames")
         if header["session"] != self.session:
             raise ProtocolError(f"TASK for session {header['session']:x}, serving {self.session:x}")
-        if self.pending >= MAX_PENDING_TASKS:
+        tasks = protocol.task_headers(header)
+        if self.pending + len(tasks) > MAX_PENDING_TASKS:
             raise ProtocolError(f"TASK beyond {MAX_PENDING_TASKS} pending tasks")
+        return [self._task(task) for task in tasks]
+
+    def _task(self, header: dict[str, Any]) -> RunTask | FailTask:
         bad = next((i for i in header["indices"] if i >= self.dataset_len), None)
         if bad is not None:
             return FailTask(header, bad, f"sample index {bad} is out of range for {self.dataset_len} samples")

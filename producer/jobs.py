@@ -44,3 +44,6 @@ class Outcome:
     failed: bool = False
     buffer: Any = None  # a pooled batch buffer to give back once ZeroMQ has sent it
     buffer_frames: int = 0  # how many frames after the header are views of `buffer`
+    # the zmq.MessageTracker of those frames, when the batch worker made them tracked frames already (off the
+    # main loop: producer/buffers.py tracked); None: the main loop tracks them as it sends
+    tracker: Any = None

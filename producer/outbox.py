@@ -12,13 +12,17 @@ from typing import Any
 import zmq
 
 from ferry.common import protocol
+from ferry.common.constants import MAX_SLOTS
 
 from ferry.producer.actions import FailTask
 from ferry.producer.batcher import Outcome
 from ferry.producer.buffers import BufferPool, tracked
 from ferry.producer.links import Link
 
-__all__ = ["Outbox"]
+__all__ = ["Outbox", "hello_fields", "TASKS_PER_MESSAGE"]
+
+#: The most tasks this producer takes in one TASK (HELLO ``tasks``): as many as it may ever hold for a consumer.
+TASKS_PER_MESSAGE = MAX_SLOTS
 
 
 class Outbox:
@@ -72,13 +76,14 @@ class Outbox:
             self._release(outcome, None)
             return
         link.conn.task_finished()
-        frames, tracker = outcome.frames, None
+        frames, tracker = outcome.frames, outcome.tracker
         count = outcome.buffer_frames if outcome.buffer is not None else 0
-        if count:  # the pooled buffer's views: it goes back to the pool once ZeroMQ has sent them
+        if count and tracker is None:  # the pooled buffer's views: it goes back to the pool once ZeroMQ has sent them
             frames, tracker = tracked(frames, count)
         sent = self.send(link, frames, now)
         del frames
-        self._release(outcome, tracker if sent else None)
+        # unsent, frames the batch worker tracked hold the buffer until the outcome goes: their tracker says when
+        self._release(outcome, tracker if sent or outcome.tracker is not None else None)
         if sent and not outcome.failed:
             self.batches_sent += 1
             self.bytes_sent += sum(len(f) for f in outcome.frames[1:])
@@ -95,5 +100,6 @@ def hello_fields(*, producer_id: str, slots: int, dataset: dict[str, Any], shm_t
                  worker: list[int] | None = None) -> dict[str, Any]:
     """The HELLO's fields but the nonce. ``worker``: an iterable dataset's producer's [worker id, worker count]."""
     return {"producer": producer_id, "host": pysocket.gethostname(), "pid": os.getpid(), "slots": slots,
-            "dataset": dataset, "pool": True, **({"shm": shm_token} if shm_token is not None else {}),
+            "dataset": dataset, "pool": True, "tasks": TASKS_PER_MESSAGE,
+            **({"shm": shm_token} if shm_token is not None else {}),
             **({"worker": worker} if worker is not None else {})}

@@ -14,12 +14,12 @@ __all__ = ["Send", "Deliver", "Log", "Action"]
 
 @dataclass(frozen=True)
 class Send:
-    """Send ``frames`` to ``peer``. For a TASK, ``task`` is its id: a send that fails is reported back with
-    :meth:`~ferry.consumer.core.consumer.ConsumerCore.unsent`."""
+    """Send ``frames`` to ``peer``. For a TASK, ``tasks`` are the ids of the tasks it carries: a send that fails is
+    reported back with :meth:`~ferry.consumer.core.consumer.ConsumerCore.unsent`."""
 
     peer: bytes
     frames: list[bytes]
-    task: int | None = None
+    tasks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -116,10 +116,12 @@ class ConsumerCore:
         self.peers.progressed(now)
         return self._finish(now)
 
-    def released(self, run: int, now: float) -> list[Action]:
-        """The training loop took a batch (or an error) of ``run``: a credit back, unless the run is over."""
+    def released(self, run: int, now: float, count: int = 1) -> list[Action]:
+        """The training loop took ``count`` batches (or errors) of ``run``: as many credits back, unless the run is
+        over. The training thread returns them in groups (consumer/io/thread.py), so one event may carry several."""
         if self.sequencer is not None and self.sequencer.run == run:
-            self.sequencer.release()
+            for _ in range(count):
+                self.sequencer.release()
         return self._finish(now)
 
     def received(self, frames: list[Any], now: float, keep: Any = None, address: str = "") -> list[Action]:
@@ -127,9 +129,21 @@ class ConsumerCore:
         data frames (buffers). ``keep`` travels with a decoded batch (the frames its views need); ``address``
         is the sender's as ZeroMQ reports it (``Peer-Address``: an IP over tcp), which tells a local link
         from a remote one. An invalid message is counted, logged once per peer, and dropped."""
+        self._receive_one(frames, now, keep, address)
+        return self._finish(now)
+
+    def received_burst(self, messages: Iterable[tuple[list[Any], Any, str]], now: float) -> list[Action]:
+        """Several messages that were waiting at once, each ``(frames, keep, address)`` as :meth:`received` takes
+        them, in the order they arrived: the same as one :meth:`received` each, but the tasks their credits allow
+        are issued once, after the last (so a producer's several tasks can travel in one TASK)."""
+        for frames, keep, address in messages:
+            self._receive_one(frames, now, keep, address)
+        return self._finish(now)
+
+    def _receive_one(self, frames: list[Any], now: float, keep: Any, address: str) -> None:
         if len(frames) < 2:
             self.counters.invalid_messages += 1
-            return self._finish(now)
+            return
         peer = bytes(frames[0])
         try:
             header = protocol.parse_header(frames[1])
@@ -140,7 +154,6 @@ class ConsumerCore:
                 self._send(peer, protocol.REJECT, reason=str(exc), permanent=True)
         except ProtocolError as exc:
             self._invalid(peer, str(exc), now)
-        return self._finish(now)
 
     def tick(self, now: float, exited: Iterable[int] = ()) -> list[Action]:
         """A heartbeat. ``exited``: which of :meth:`SlotLedger.holders`'s processes have exited."""
@@ -174,9 +187,10 @@ class ConsumerCore:
             self._lose(peer, "asked to stop: fewer producers needed", now, level=_INFO)
         return self._finish(now)
 
-    def unsent(self, peer: bytes, task_id: int, now: float) -> list[Action]:
-        """The TASK ``task_id`` never reached ``peer``: its slot is free, and the producer is lost."""
-        self.slots.give_back(task_id)
+    def unsent(self, peer: bytes, task_ids: Iterable[int], now: float) -> list[Action]:
+        """The TASK carrying ``task_ids`` never reached ``peer``: their slots are free, and the producer is lost."""
+        for task_id in task_ids:
+            self.slots.give_back(task_id)
         self._lose(peer, "unreachable", now, charge=True)
         return self._finish(now)
 

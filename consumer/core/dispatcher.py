@@ -53,6 +53,7 @@ class ProducerInfo:
     bytes: int = 0
     last_task: int = 0  # the id of the latest task it was given (ids only grow): ties go to the longest idle
     worker: tuple[int, int] | None = None  # an iterable dataset's producer: its [id, count] place (HELLO worker)
+    tasks_per_message: int = 1  # the most tasks it takes in one TASK (HELLO tasks)
 
     @property
     def identity(self) -> tuple[str, int]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ferry.common import protocol
+from ferry.common.constants import MAX_TASK_INDICES
 from ferry.common.errors import SampleIndexError
 
 from ferry.consumer.core.actions import Send
@@ -22,7 +23,7 @@ from ferry.consumer.core.dispatcher import Dispatcher
 from ferry.consumer.core.sequencers import Sequencer
 from ferry.consumer.core.slots import SlotLedger
 
-__all__ = ["TaskHeader", "issue"]
+__all__ = ["TaskHeader", "issue", "bundle"]
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,9 @@ class TaskHeader:
 
 def issue(dispatcher: Dispatcher, sequencer: Sequencer, slots: SlotLedger, codecs: TaskCodecs, common: TaskHeader,
           *, dataset_len: int | None, now: float) -> list[Send]:
-    """Issue as many tasks as credits and free slots allow; the TASKs to send."""
-    out = []
+    """Issue as many tasks as credits and free slots allow; the TASKs to send. A producer that takes several tasks
+    per TASK (HELLO ``tasks``) gets those issued together in one (:func:`bundle`)."""
+    issued: list[tuple[bytes, int, dict[str, Any]]] = []  # (peer, most per TASK, the task's own fields)
     bound = sequencer.index_range(dataset_len)  # an iterable run's indices name streams, not samples
     for task in dispatcher.assign(sequencer.held, now):
         indices = sequencer.indices(task.seq)
@@ -48,17 +50,38 @@ def issue(dispatcher: Dispatcher, sequencer: Sequencer, slots: SlotLedger, codec
             sequencer.put(Delivery(run=task.run, seq=task.seq, error=SampleIndexError(
                 index=bad, length=bound, epoch=common.epoch, seq=task.seq)))
             continue
-        extra: dict[str, Any] = {}
+        own: dict[str, Any] = {"task": task.task, "seq": task.seq, "indices": indices}
         info = dispatcher.producers[task.peer]
         if info.shared:
             slot = slots.lend(task.task, info.identity)
             if slot is not None:  # none free (the loop holds many batches): this one goes over the socket
-                extra["slot"] = list(slot)
+                own["slot"] = list(slot)
         codec = codecs.for_task(task.task, info.remote)
         if codec != "none":
-            extra["compression"] = codec
-        out.append(Send(task.peer, [protocol.pack(
-            protocol.TASK, session=common.session, task=task.task, epoch=common.epoch, seq=task.seq,
-            indices=indices, on_error=common.on_error, seed=common.seed, **extra, **sequencer.task_fields(task.seq),
-        )], task=task.task))
+            own["compression"] = codec
+        own.update(sequencer.task_fields(task.seq))
+        issued.append((task.peer, info.tasks_per_message, own))
+    return bundle(issued, common)
+
+
+def bundle(issued: list[tuple[bytes, int, dict[str, Any]]], common: TaskHeader) -> list[Send]:
+    """The TASK messages for ``issued`` (peer, most tasks per TASK, the task's own fields), in issue order: each
+    producer's tasks together, up to its most per TASK and MAX_TASK_INDICES indices in all (so a TASK stays
+    well under MAX_HEADER_BYTES)."""
+    groups: dict[bytes, list[list[dict[str, Any]]]] = {}
+    for peer, most, own in issued:
+        chunks = groups.setdefault(peer, [])
+        last = chunks[-1] if chunks else None
+        if (last is None or len(last) >= most
+                or sum(len(t["indices"]) for t in last) + len(own["indices"]) > MAX_TASK_INDICES):
+            chunks.append([own])
+        else:
+            last.append(own)
+    out = []
+    for peer, chunks in groups.items():
+        for first, *more in chunks:
+            fields = {**first, **({"more": more} if more else {})}
+            out.append(Send(peer, [protocol.pack(protocol.TASK, session=common.session, epoch=common.epoch,
+                                                 on_error=common.on_error, seed=common.seed, **fields)],
+                            tasks=(first["task"], *(t["task"] for t in more))))
     return out

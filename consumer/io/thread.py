@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import zmq
 
@@ -30,6 +30,7 @@ from ferry.common.waker import Waker
 
 from ferry.consumer.core import Action, ConsumerCore, CoreConfig, Deliver, Log, Send, Sequencer
 from ferry.consumer.figures.counters import Counters
+from ferry.consumer.io.credits import CreditReturns, coalesce
 from ferry.consumer.io.router import Router
 
 __all__ = ["IoThread", "IoHealth"]
@@ -75,8 +76,10 @@ class IoThread:
                                   counters=counters, slab=slab)
         self._dataset_known = threading.Event()
         self._failure: BaseException | None = None
-        self._commands: queue.SimpleQueue[Callable[[float], list[Action]] | None] = queue.SimpleQueue()
+        # events for the core, or a run whose batch the training loop took (an int: a credit back), or None: close
+        self._commands: queue.SimpleQueue[Callable[[float], list[Action]] | int | None] = queue.SimpleQueue()
         self._waker = Waker()
+        self._credits = CreditReturns(self._commands, self._waker.wake, config.capacity)  # the training thread's
         try:
             self._router = Router(endpoints, max_batch_bytes=config.max_batch_bytes, curve=curve)
         except BaseException:
@@ -97,8 +100,13 @@ class IoThread:
         self._command(lambda now: self._core.start_run(sequencer, epoch, now))
 
     def release(self, run: int) -> None:
-        """The training loop took one batch (or error) of ``run``: a credit back."""
-        self._command(lambda now: self._core.released(run, now))
+        """The training loop took one batch (or error) of ``run``: a credit back, the io thread woken for every
+        group of them (:mod:`ferry.consumer.io.credits`)."""
+        self._credits.release(run)
+
+    def flush_credits(self) -> None:
+        """The training loop is about to wait for a batch: the io thread is woken for the credits queued since."""
+        self._credits.flush()
 
     def producer_died(self, pid: int, why: str) -> None:
         """From any thread: the producer process ``pid`` on this host has died (a local producer)."""
@@ -212,24 +220,40 @@ class IoThread:
             self._router.close(self._core.dispatcher.producers)  # BYE to every producer
 
     def _run_commands(self) -> bool:
-        """Run what the training thread queued; False once told to close."""
+        """Run what the training thread queued, in order, the credits of a run given back together; False once
+        told to close."""
+        for command in coalesce(self._queued()):
+            if command is None:
+                return False
+            if isinstance(command, tuple):
+                run, count = command
+                self._event(lambda now: self._core.released(run, now, count))
+            else:
+                self._event(command)
+        return True
+
+    def _queued(self) -> Iterator[Any]:
+        """What the command queue holds now (None, the close, ends it)."""
         while True:
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
-                return True
+                return
+            yield command
             if command is None:
-                return False
-            self._event(command)
+                return
 
     def _receive(self) -> None:
+        """Every message waiting (at most RECEIVE_BURST), fed to the core as one event: one turn of the lock, and
+        the tasks their credits allow issued once, after the last."""
+        burst = []
         for _ in range(RECEIVE_BURST):
             frames = self._router.recv()
             if frames is None:
-                return
-            buffers = [frame.buffer for frame in frames]
-            address = peer_address(frames[-1])
-            self._event(lambda now: self._core.received(buffers, now, keep=frames, address=address))
+                break
+            burst.append(([frame.buffer for frame in frames], frames, peer_address(frames[-1])))
+        if burst:
+            self._event(lambda now: self._core.received_burst(burst, now))
 
     def _event(self, event: Callable[[float], list[Action]]) -> None:
         """Feed the core one event under the lock, then apply its actions outside it."""
@@ -244,10 +268,10 @@ class IoThread:
             if isinstance(action, Deliver):
                 self._handoff.put(action.item)
             elif isinstance(action, Send):
-                if not self._router.send(action.peer, action.frames) and action.task is not None:
-                    peer, task = action.peer, action.task
+                if not self._router.send(action.peer, action.frames) and action.tasks:
+                    peer, tasks = action.peer, action.tasks
                     with self._lock:
-                        more = self._core.unsent(peer, task, time.monotonic())
+                        more = self._core.unsent(peer, tasks, time.monotonic())
                     self._apply(more)
             elif isinstance(action, Log):
                 log.log(action.level, "%s", action.message)

@@ -1,0 +1,82 @@
+"""The producer's sample pool (producer/samplepool.py): a batch worker may load a one-sample batch on its own thread,
+but never more than ``--threads`` samples load at once, whoever runs them."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from ferry.producer.samplepool import SamplePool
+
+
+def test_a_free_permit_runs_the_load_on_the_calling_thread_and_an_error_comes_back_through_the_future():
+    pool = SamplePool(1)
+    try:
+        done = pool.run_or_submit(lambda: threading.get_ident())
+        assert done.done() and done.result() == threading.get_ident()
+        failed = pool.run_or_submit(lambda: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            failed.result(timeout=5)
+    finally:
+        pool.shutdown()
+
+
+def test_with_every_permit_taken_the_load_waits_for_the_pool_and_never_runs_beside_it():
+    pool = SamplePool(1)
+    running, most, lock = [0], [0], threading.Lock()
+    release, started = threading.Event(), threading.Event()
+
+    def load(block: bool) -> int:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        started.set()
+        if block:
+            assert release.wait(10)
+        with lock:
+            running[0] -= 1
+        return threading.get_ident()
+
+    try:
+        first = pool.submit(load, True)
+        assert started.wait(10)  # the pool's thread holds the only permit
+        second = pool.run_or_submit(load, False)
+        assert not second.done()  # not run here, beside the first: queued for the pool
+        release.set()
+        assert second.result(timeout=10) == first.result(timeout=10) != threading.get_ident()
+        assert most[0] == 1
+    finally:
+        release.set()
+        pool.shutdown()
+
+
+def test_many_batch_workers_and_the_pool_together_load_at_most_threads_samples_at_once():
+    threads = 2
+    pool = SamplePool(threads)
+    running, most, lock = [0], [0], threading.Lock()
+
+    def load() -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        threading.Event().wait(0.001)  # a sample that takes a moment (a bounded wait, not a sleep to sync on)
+        with lock:
+            running[0] -= 1
+
+    def worker() -> None:
+        for _ in range(20):
+            futures = [pool.submit(load) for _ in range(3)] + [pool.run_or_submit(load)]
+            for f in futures:
+                f.result(timeout=10)
+
+    workers = [threading.Thread(target=worker) for _ in range(4)]
+    try:
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(30)
+        assert not any(w.is_alive() for w in workers)
+        assert 1 <= most[0] <= threads
+    finally:
+        pool.shutdown()
