@@ -31,6 +31,7 @@ from ferry.common.streamplan import is_iterable, iterable_fields, iterable_len
 
 from ferry.producer.batcher import Batcher
 from ferry.producer.buffers import BufferPool
+from ferry.producer.samplepool import SamplePool
 
 __all__ = ["Served", "DatasetPool", "DatasetRefused", "announcement"]
 
@@ -94,7 +95,7 @@ class DatasetPool:
         # named datasets open one at a time off the main loop; key -> (spec, args, future of (dataset, announced))
         self._opener = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferry-open")
         self._opening: dict[str, tuple[str, dict[str, Any], Future]] = {}
-        self._samples = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ferry-sample")
+        self._samples = SamplePool(threads)  # --threads loads at once over every dataset (producer/samplepool.py)
         self.buffers = BufferPool(limit=buffers)
         self.own: Served | None = None
         self._named: dict[str, Served] = {}
@@ -188,4 +189,4 @@ class DatasetPool:
         self._opener.shutdown(wait=False, cancel_futures=True)
         for served in list(self):
             served.batcher.close()
-        self._samples.shutdown(wait=True, cancel_futures=True)
+        self._samples.shutdown()
