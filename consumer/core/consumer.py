@@ -13,8 +13,8 @@ No sockets, no threads, no clock: the io thread (:mod:`ferry.consumer.io.thread`
 * :meth:`~ConsumerCore.unsent`: a TASK could not be sent.
 
 Each event ends by issuing what credits allow and handing on what is ready, in order. The parts it drives
-hold the rules: admission and liveness (:mod:`.admission`), credits, tasks and attempts (:mod:`.dispatcher`),
-the run's order and reorder buffer (:mod:`.sequencers`, :mod:`.shards`, :mod:`.streams`), what a BATCH or FAIL
+hold the rules: what a HELLO or a stranger gets (:mod:`.greeting`), admission and liveness
+(:mod:`.admission`), credits, tasks and attempts (:mod:`.dispatcher`), the run's order and reorder buffer (:mod:`.sequencers`, :mod:`.shards`, :mod:`.streams`), what a BATCH or FAIL
 does (:mod:`.answers`, with the checks of :mod:`.results`), what a TASK says (:mod:`.issuing`), the codec each
 TASK names (:mod:`.compression`) and the shared-memory slots (:mod:`.slots`).
 """
@@ -22,21 +22,20 @@ TASK names (:mod:`.compression`) and the shared-memory slots (:mod:`.slots`).
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 from ferry.common import protocol
-from ferry.common.constants import DEAL_FIRST_TASKS_S, DEFAULT_FRAME_BYTES, MAX_TRACKED_PEERS
+from ferry.common.constants import DEAL_FIRST_TASKS_S
 from ferry.common.errors import PoisonTaskError, ProtocolError, VersionMismatch
-from ferry.common.pool import named_dataset
 
 from ferry.consumer.core.actions import Action, Deliver, Log, Send
-from ferry.consumer.core.admission import BadPeers, Loss, Peers, same_user_ipc
-from ferry.consumer.core.compression import TaskCodecs, is_local_address
+from ferry.consumer.core.admission import Loss, Peers, same_user_ipc
+from ferry.consumer.core.compression import TaskCodecs
 from ferry.consumer.core.delivery import Delivery
 from ferry.consumer.core.dispatcher import Attempt, Dispatcher, Poisoned, ProducerInfo, Task
 from ferry.consumer.core.answers import Answers, Unusable
+from ferry.consumer.core.greeting import Greeting
 from ferry.consumer.core.issuing import TaskHeader, issue
 from ferry.consumer.core.results import check_fail
 from ferry.consumer.core.sequencers import Sequencer
@@ -84,15 +83,15 @@ class ConsumerCore:
                            shm_token=slab.token if slab is not None else None, now=now,
                            dataset_spec=config.dataset_spec, dataset_args=config.dataset_args)
         self.slots = SlotLedger(slab)
-        self.sharded = False  # an admitted producer serves a sharded dataset (HELLO dataset.sharded)
-        self._bad_peers = BadPeers(self.peers.describe)
+        # HELLOs, strangers and invalid messages: who is welcomed, named our dataset, rejected (core/greeting.py)
+        self.greeting = Greeting(config, session=session, peers=self.peers, counters=counters,
+                                 describe=self.peers.describe)
         # the codec each TASK names; under "auto", decided from what arrives (core/compression.py)
         self.codecs = TaskCodecs(config.compression, config.codecs)
         self.answers = Answers(session=session, on_error=config.on_error, max_batch_bytes=config.max_batch_bytes,
                                dispatcher=self.dispatcher, slots=self.slots, codecs=self.codecs, counters=counters)
         self._epoch = 0
         self._out: list[Action] = []
-        self._leaving: OrderedDict[str, None] = OrderedDict()  # local producers asked to stop (host:pid)
         # what every PING tells the producers: the demand gauge's value ("needed") and the loop's recent stall,
         # which a pool producer exports per job (producer/sharing.py); set by the io thread's report_load
         self.load: dict[str, float] = {}
@@ -101,6 +100,11 @@ class ConsumerCore:
     @property
     def sequencer(self) -> Sequencer | None:
         return self.dispatcher.sequencer
+
+    @property
+    def sharded(self) -> bool:
+        """An admitted producer serves a sharded dataset (its HELLO said ``dataset.sharded``)."""
+        return self.greeting.sharded
 
     @property
     def held(self) -> int:
@@ -180,9 +184,7 @@ class ConsumerCore:
         said BYE (its tasks cost no attempt), before its socket closes: a TASK sent to it after that would find
         no one and cost its tasks an attempt ("unreachable") while its BYE still waited to be read."""
         self.dispatcher.end_dealing()
-        self._leaving[name] = None  # not admitted again: told "say HELLO", it would be, then lost unreachable
-        while len(self._leaving) > MAX_TRACKED_PEERS:
-            self._leaving.popitem(last=False)
+        self.greeting.leaving(name)  # never admitted again
         for peer in [p.peer for p in self.dispatcher.producers.values() if p.name == name]:
             self._lose(peer, "asked to stop: fewer producers needed", now, level=_INFO)
         return self._finish(now)
@@ -205,11 +207,13 @@ class ConsumerCore:
         if kind == protocol.HELLO:
             if data:
                 raise ProtocolError(f"HELLO with {len(data)} extra frames")
-            self._hello(peer, header, now, address)
+            actions, losses = self.greeting.hello(peer, header, now, address)
+            self._settle(losses)
+            self._out += actions
             return
         info = self.dispatcher.producers.get(peer)
         if info is None:
-            self._stranger(peer, header, now)
+            self._out += self.greeting.stranger(peer, header, now)
             return
         info.last_heard = now
         if kind == protocol.BATCH:
@@ -225,57 +229,7 @@ class ConsumerCore:
             raise ProtocolError(f"unexpected {kind} from a producer")
 
     def _invalid(self, peer: bytes, reason: str, now: float) -> None:
-        self.counters.invalid_messages += 1
-        for line in self._bad_peers.invalid(peer, reason, now):
-            self._out.append(Log(_WARNING, line))
-
-    def _stranger(self, peer: bytes, header: dict[str, Any], now: float) -> None:
-        """A message from a peer that is not (or no longer) registered."""
-        kind = header["type"]
-        if kind in (protocol.BATCH, protocol.FAIL):
-            if header["session"] == self.session:
-                self.counters.duplicates += 1  # the result of a task already re-issued
-            else:
-                self.counters.stale += 1
-        elif kind not in (protocol.PING, protocol.BYE):
-            raise ProtocolError(f"{kind} from an unregistered peer")
-        if kind != protocol.BYE and self._bad_peers.reject_due(peer, now, self.config.heartbeat):
-            self._send(peer, protocol.REJECT, reason="unknown producer: say HELLO", permanent=False)
-
-    def _hello(self, peer: bytes, header: dict[str, Any], now: float, address: str) -> None:
-        if f"{header['host']}:{header['pid']}" in self._leaving:  # asked to stop: it is on its way out
-            self._send(peer, protocol.REJECT, reason="asked to stop: fewer producers needed", permanent=True)
-            return
-        admission = self.peers.admit(peer, header, now)
-        c = self.config
-        if admission.reject is not None:
-            self._out.append(Log(_ERROR if admission.refused else _WARNING,
-                                 f"rejected producer {admission.name}: {admission.reject}"))
-            self._send(peer, protocol.REJECT, reason=admission.reject, permanent=True)
-            return
-        if admission.naming:  # a pool: it opens our dataset and says HELLO again announcing it (common/pool.py)
-            assert c.dataset_spec is not None
-            self._out.append(Log(_INFO, f"naming dataset {c.dataset_spec!r} to pool producer {admission.name}"))
-            self._send(peer, protocol.WELCOME, session=self.session, heartbeat=c.heartbeat, nonce=header["nonce"],
-                       codecs=list(c.codecs), frame_bytes=DEFAULT_FRAME_BYTES, max_batch_bytes=c.max_batch_bytes,
-                       dataset=named_dataset(c.dataset_spec, c.dataset_args))
-            return
-        if header["dataset"].get("sharded") is True:
-            self.sharded = True
-        if admission.adopted:
-            self._out.append(Log(_INFO, f"producer {admission.name} set the dataset: {admission.adopted}"))
-        self._settle(admission.losses)
-        if admission.joined is not None:
-            self._out.append(Log(_INFO, f"producer {admission.name} joined ({admission.joined.slots} slots); "
-                                        f"{admission.live} live"))
-        info = self.dispatcher.producers.get(peer)
-        if info is not None:  # admitted (perhaps reconnected from elsewhere): is its link local?
-            info.remote = not info.shared and not is_local_address(address)
-            info.pickle_ok = same_user_ipc(address)
-        self._send(peer, protocol.WELCOME, session=self.session, heartbeat=c.heartbeat, nonce=header["nonce"],
-                   codecs=list(c.codecs), frame_bytes=DEFAULT_FRAME_BYTES, max_batch_bytes=c.max_batch_bytes,
-                   **({"weight": c.weight} if c.weight != 1.0 else {}),
-                   **({"pickle": True} if info is not None and info.pickle_ok else {}))
+        self._out += self.greeting.invalid(peer, reason, now)
 
     def _batch(self, info: ProducerInfo, header: dict[str, Any], data: list[Any], now: float, keep: Any,
                address: str) -> None:
