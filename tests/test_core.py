@@ -470,3 +470,48 @@ def test_a_producer_announcing_a_sharded_dataset_makes_the_consumer_sharded():
                             dataset={"spec": "s", "len": 3, "fingerprint": "f", "sharded": True}))
     assert any(h["type"] == protocol.WELCOME for _, h, _ in loop.sent)
     assert loop.core.sharded is True and loop.core.peers.dataset_len == 3
+
+
+def test_a_late_result_counts_as_a_duplicate_each_time():
+    loop = Loop(capacity=2)
+    loop.hello(b"a", slots=2)
+    loop.start()
+    first, second = loop.tasks(b"a")
+    loop.receive(b"a", {"type": protocol.BYE})
+    loop.answer(b"a", first)
+    loop.answer(b"a", second)
+    assert (loop.counters.duplicates, loop.counters.stale) == (2, 0)
+
+
+def test_a_producer_over_tcp_from_another_host_is_remote_and_a_local_one_is_not():
+    """``remote`` decides what "auto" compression may try and whether a slot may be lent (core/compression.py)."""
+    loop = Loop()
+    for peer, address in [(b"far", "10.1.2.3"), (b"loop", "127.0.0.1"), (b"ipc", "/run/x.sock:0:0:1")]:
+        hello = dict(type=protocol.HELLO, producer=peer.decode(), nonce=1, host=peer.decode(), pid=1, slots=2,
+                     dataset={"spec": "s", "len": SAMPLES, "fingerprint": "f"}, v=protocol.PROTOCOL_VERSION)
+        loop.apply(loop.core.received([peer, msgpack.packb(hello)], loop.now, address=address))
+    remote = {p: info.remote for p, info in loop.core.dispatcher.producers.items()}
+    assert remote == {b"far": True, b"loop": False, b"ipc": False}
+
+
+def test_a_weight_other_than_one_is_told_in_the_welcome():
+    """A pool producer shares its time by each consumer's ``weight`` (producer/sharing.py); 1 goes unsaid."""
+    for weight, said in ((2.5, 2.5), (1.0, None)):
+        loop = Loop()
+        loop.core = ConsumerCore(CoreConfig(capacity=4, heartbeat=1.0, liveness=3, task_timeout=10.0,
+                                            on_error="raise", max_batch_bytes=1 << 20, max_attempts=3,
+                                            weight=weight), session=77, now=0.0, counters=loop.counters)
+        loop.hello(b"a")
+        (welcome,) = [h for _, h, _ in loop.sent if h["type"] == protocol.WELCOME]
+        assert welcome.get("weight") == said
+
+
+def test_the_figures_count_producers_seen_and_show_the_slab(slab):
+    loop = Loop(slab=slab)
+    loop.hello(b"a", pid=1)
+    loop.hello(b"b", pid=2)
+    loop.receive(b"a", {"type": protocol.BYE})
+    figures = loop.core.figures(loop.now)
+    assert figures["producers"] == 1 and figures["producers_seen"] == 2
+    assert figures["shared_memory"] == {"slots": slab.slots, "free": slab.free, "lost": 0}
+    assert Loop().core.figures(0.0)["shared_memory"] is None
