@@ -1,12 +1,15 @@
-"""The benchmark harness runs end to end on tiny sizes, so that it cannot rot."""
+"""The benchmark harness runs end to end on tiny sizes, so that it cannot rot (-m slow: .ci/run runs it)."""
 
 import json
 import subprocess
 import sys
 
+import pytest
+
 from .helpers import REPO, producer_env
 
 
+@pytest.mark.slow  # the whole benchmark harness, 23 s (.ci/run runs -m slow)
 def test_quick_harness_runs_on_tiny_sizes(tmp_path):
     out = subprocess.run([sys.executable, "-m", "benchmarks", "--tiny", "--out", str(tmp_path)], capture_output=True,
                          text=True, env=producer_env(), cwd=REPO, timeout=300)

@@ -29,12 +29,14 @@ def measured_shares(spawn, weights: list[float], batches: int) -> list[float]:
             job.close()
 
 
+@pytest.mark.slow  # a measurement of shares: 10 s each (.ci/run runs -m slow)
 def test_weights_1_1_2_get_a_quarter_a_quarter_and_a_half_of_the_pool_within_10_percent(spawn):
     shares = measured_shares(spawn, [1.0, 1.0, 2.0], batches=800)
     for share, expected in zip(shares, (0.25, 0.25, 0.5)):
         assert share == pytest.approx(expected, rel=0.10), shares
 
 
+@pytest.mark.slow  # a measurement of shares: 10 s each (.ci/run runs -m slow)
 def test_equal_weights_share_the_pool_fairly_jain_index_at_least_095(spawn):
     shares = measured_shares(spawn, [1.0, 1.0, 1.0], batches=600)
     jain = sum(shares) ** 2 / (len(shares) * sum(s * s for s in shares))

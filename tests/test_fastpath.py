@@ -86,7 +86,7 @@ def test_chunked_batches_land_in_reused_host_buffers_released_by_the_loop(monkey
     from ferry.common.constants import MIN_FRAME_BYTES
 
     # the loader announces the smallest bound a producer accepts, so that three frames are 8.5 MiB, not 48.5
-    monkeypatch.setattr("ferry.consumer.core.consumer.DEFAULT_FRAME_BYTES", MIN_FRAME_BYTES)
+    monkeypatch.setattr("ferry.consumer.core.greeting.DEFAULT_FRAME_BYTES", MIN_FRAME_BYTES)
     mib = 2 * MIN_FRAME_BYTES / (1 << 20) + 0.5  # three frames per batch
     with RemoteLoader(dataset="synthetic", dataset_args={"length": 12, "shape": [int(mib * (1 << 20))],
                                                          "dtype": "uint8"},

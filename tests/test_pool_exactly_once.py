@@ -60,6 +60,7 @@ class CheckedJob:
         assert self.epochs_done == len(self.expected)
 
 
+@pytest.mark.slow  # 22 s; the namespace test below keeps a SIGKILL and a resize in the default suite (.ci/run runs -m slow)
 def test_every_jobs_epochs_are_dataloaders_through_a_sigkill_a_join_a_leave_and_a_resize(spawn):
     synthetic = {"length": 160, "shape": [2], "dtype": "float32", "delay": 0.03}
     pairs = {"length": 120, "delay": 0.03}

@@ -22,6 +22,7 @@ def served_by_all(*jobs: Job) -> bool:
     return all(job.loader.stats()["producers"] == PRODUCERS and job.batches >= 10 for job in jobs)
 
 
+@pytest.mark.slow  # a measurement of rates: 12 s each (.ci/run runs -m slow)
 def test_a_paused_job_holds_at_most_its_credits_and_costs_the_others_under_10_percent(spawn):
     a, b, evaluation = Job(), Job(), Job(pause_after=3, buffer_batches=8)
     jobs = [a, b, evaluation]
@@ -50,6 +51,7 @@ def test_a_paused_job_holds_at_most_its_credits_and_costs_the_others_under_10_pe
             job.close()
 
 
+@pytest.mark.slow  # a measurement of rates: 12 s each (.ci/run runs -m slow)
 def test_a_job_joining_and_leaving_is_rebalanced_within_5_s(spawn):
     a, b, heavy = Job(), Job(), Job(weight=2.0)
     jobs = [a, b, heavy]

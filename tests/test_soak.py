@@ -79,6 +79,7 @@ def check_flat(result: dict) -> None:
     assert result["stats"]["reissued"] > 0
 
 
+@pytest.mark.slow  # 10 s of kills; -m soak runs the 10-minute one (.ci/run runs -m slow)
 def test_soak_short(endpoint, spawn):
     check_flat(soak(endpoint, spawn, float(os.environ.get("FERRY_SOAK_SHORT_SECONDS", 9)), kill_every=(0.5, 1.5)))
 
