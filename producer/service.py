@@ -53,7 +53,8 @@ from ferry.producer.links import Link, announced_frame_bytes
 from ferry.producer.linkset import LinkSet
 from ferry.producer.logs import fields
 from ferry.producer.outbox import Outbox, hello_fields
-from ferry.producer.status import PROBES, SERVING, STARTING, STOPPING, StatusFile, judge
+from ferry.producer.health import Health
+from ferry.producer.status import PROBES, SERVING, STARTING, STOPPING
 
 log = logging.getLogger("ferry.producer")
 
@@ -77,7 +78,7 @@ class Producer:
         self._ctx = zmq.Context()
         self._poller = zmq.Poller()
         self._metrics = None
-        self._status = StatusFile(config.status_file, config.stuck_after)
+        self._health = Health(config.status_file, config.stuck_after, self.figures)  # status file and probes
         # the consumer connections, as the endpoints and what their names resolve to call for (producer/linkset.py);
         # each checks TASK indices against the dataset it is bound to (its own, until a consumer names another)
         self._links = LinkSet(config, ctx=self._ctx, poller=self._poller, waker=self._waker,
@@ -106,9 +107,8 @@ class Producer:
         self.invalid_messages = 0
         self.stale_messages = 0
         self._invalid_log = RateLimitedLog(log, suppressed="%d more invalid messages were dropped without a log line")
-        self.last_turn = time.monotonic()  # when the main loop last turned (the live probe's question)
         try:
-            self._status.write(STARTING, time.monotonic())  # a path that cannot be written fails here, at start
+            self._health.file.write(STARTING, time.monotonic())  # a path that cannot be written fails here, at start
             self._links.start()
             if config.metrics_port:
                 from ferry.common.metrics import MetricsServer
@@ -154,13 +154,13 @@ class Producer:
                               extra=fields(event="rejected_everywhere", exit_code=rejected))
                     code = rejected
                     break
-                now = self.last_turn = time.monotonic()  # ticks before the poll: the first HELLO goes out at once
+                now = self._health.last_turn = time.monotonic()  # ticks before the poll: the first HELLO goes at once
                 self._links.tick(now)
                 for link in self._links:
                     self._apply(link, link.conn.tick(now))
                     link.watch_writable()
-                if self._status.due(now, SERVING):
-                    self._write_status(SERVING, now)
+                if self._health.file.due(now, SERVING):
+                    self._health.write(SERVING, now)
                 events = dict(poller.poll(timeout=self._poll_timeout_ms(now)))
                 if self._waker.fileno() in events:
                     self._waker.drain()
@@ -179,7 +179,7 @@ class Producer:
                     self._outbox.deliver(outcome, self._links.get(outcome.job.conn_key), time.monotonic())
                 self._sharing.start(self._links.get, time.monotonic())
                 self._links.answers()
-            self._write_status(STOPPING, time.monotonic())
+            self._health.write(STOPPING, time.monotonic())
             for link in self._links:
                 self._apply(link, link.conn.stop())
         finally:
@@ -271,29 +271,15 @@ class Producer:
             **self._sharing.figures(self._links),
         }
 
-    def _status_figures(self) -> dict[str, Any]:
-        figures = self.figures()
-        return {name: figures[name] for name in ("consumers", "links", "batches_sent")}
-
-    def _write_status(self, state: str, now: float) -> None:
-        failed = self._status.failed
-        self._status.write(state, now, **self._status_figures())
-        if self._status.failed and not failed:  # once per run of failures: the live probe will say no
-            log.warning("cannot write the status file %s: %s", self._status.path, self._status.failed,
-                        extra=fields(event="status_file_failed", path=self._status.path))
-
     def answer(self, probe: str) -> tuple[bool, str]:
-        """The answer to ``probe`` (producer/status.py) from the last turn of the main loop, as the status file would
-        give it now. Any thread may ask: the metrics server's /livez, /readyz and /servingz do."""
-        state = STOPPING if self._stop_requested else SERVING
-        status = {"state": state, "monotonic": self.last_turn, "stuck_after": self.config.stuck_after,
-                  "pid": os.getpid(), **self._status_figures()}
-        return judge(probe, status, time.monotonic())
+        """The answer to ``probe`` (producer/status.py) from the last turn of the main loop. Any thread may ask: the
+        metrics server's /livez, /readyz and /servingz do."""
+        return self._health.answer(probe, stopping=self._stop_requested)
 
     def _poll_timeout_ms(self, now: float) -> int:
         beat = min((link.conn.heartbeat for link in self._links), default=HEARTBEAT_S)
         wait = min(beat * POLL_HEARTBEAT_FRACTION, self._links.discovery.wait_s(now),
-                   self._status.interval if self._status.path else float("inf"))
+                   self._health.wait_s())
         return max(POLL_MIN_MS, int(wait * 1000))
 
     # --- shutdown -------------------------------------------------------------------------------------
@@ -308,7 +294,7 @@ class Producer:
         self._compressor.close()
         self._ctx.term()
         self._waker.close()
-        self._status.remove()
+        self._health.file.remove()
 
     def _drain(self) -> None:
         """Stop the batcher: queued work is cancelled, running samples get ``drain_timeout`` seconds. Their tasks
