@@ -442,14 +442,19 @@ def receive_pair(receiver: list[str], sender: list[str], receiver_env: dict[str,
             raise RuntimeError(f"{what} exited {recv.returncode}")
         return json.loads(out.decode().strip().splitlines()[-1])
     finally:
-        for proc in (*sends, recv):
-            if proc.poll() is None:
-                proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_processes((*sends, recv))
+
+
+def stop_processes(procs: tuple[subprocess.Popen, ...]) -> None:
+    """Stop each of ``procs`` that still runs: SIGTERM, 30 s to exit, then SIGKILL; each is waited for."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 #: Batches a Ferry producer works on at once in the ingest rows; with the loader's buffer_batches (8, the

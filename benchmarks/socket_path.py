@@ -18,7 +18,7 @@ import sys
 from collections import defaultdict
 
 from .ingest_peers import thread_cpu
-from .scenarios import INGEST_SLOTS, REPO, env, ferry_sender, free_endpoint
+from .scenarios import INGEST_SLOTS, REPO, env, ferry_sender, free_endpoint, stop_processes
 
 PEERS = [sys.executable, "-m", "benchmarks.ingest_peers"]
 
@@ -48,14 +48,7 @@ def run_pair(system: str, mib: float, count: int, endpoint: str, timeout: float 
             raise RuntimeError(f"{system} receiver exited {recv.returncode} without a result")
         return result
     finally:
-        for proc in (send, recv):
-            if proc.poll() is None:
-                proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_processes((send, recv))
 
 
 def per_batch_us(threads: dict[str, float], batches: int) -> dict[str, float]:

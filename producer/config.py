@@ -29,13 +29,10 @@ __all__ = ["ProducerConfig", "expand_endpoints", "COMMAND_LINE", "PRODUCER_ENV",
 
 
 # --- the kinds only a producer takes -----------------------------------------------------------------
-class _Endpoints(s.Kind):
-    """Consumer endpoints: one a ``--connect`` (repeated), or a comma-separated variable."""
+class _CommaList(s.Kind):
+    """A repeated flag, or a comma-separated variable; the flags replace the variable."""
 
-    expected, repeated = "comma-separated endpoints", True
-
-    def check(self, name: str, value: Any) -> tuple[str, ...]:
-        return expand_endpoints(list(value))
+    repeated = True
 
     def parse(self, text: str) -> list[str]:
         return [e.strip() for e in text.split(",") if e.strip()]
@@ -48,11 +45,20 @@ class _Endpoints(s.Kind):
         return list(value)
 
 
-class _AllowedSpecs(s.Kind):
+class _Endpoints(_CommaList):
+    """Consumer endpoints: one a ``--connect`` (repeated), or a comma-separated variable."""
+
+    expected = "comma-separated endpoints"
+
+    def check(self, name: str, value: Any) -> tuple[str, ...]:
+        return expand_endpoints(list(value))
+
+
+class _AllowedSpecs(_CommaList):
     """Dataset specs a consumer may name (``package.module:callable``): one a ``--allow-dataset`` (repeated), or a
     comma-separated variable."""
 
-    expected, repeated = "comma-separated package.module:callable specs", True
+    expected = "comma-separated package.module:callable specs"
 
     def check(self, name: str, value: Any) -> tuple[str, ...]:
         specs = tuple(value)
@@ -62,16 +68,6 @@ class _AllowedSpecs(s.Kind):
                 raise ConfigError(f"{name}: {spec!r} is not a package.module:callable dataset spec (built-in datasets "
                                   "are always allowed)")
         return specs
-
-    def parse(self, text: str) -> list[str]:
-        return [e.strip() for e in text.split(",") if e.strip()]
-
-    def combine(self, variable: Any, flags: list[str]) -> list[str] | None:
-        """The flags replace the variable."""
-        return flags or variable
-
-    def items(self, value: Any) -> list[str]:
-        return list(value)
 
 
 class _TokenPath(s.Kind):
