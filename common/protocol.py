@@ -174,6 +174,8 @@ OPTIONAL: dict[str, dict[str, Check]] = {
     HELLO: {"shm": _str,
             # takes TASKs that carry up to this many tasks (``more``); absent: one task per TASK
             "tasks": lambda v: _uint(v) and 1 <= v <= MAX_SLOTS,
+            # takes this many tasks beyond its slots, queued until a slot is free; absent: its slots only
+            "ahead": lambda v: _uint(v) and v <= MAX_SLOTS,
             # an iterable dataset's producer: its [worker id, worker count] (a local producer's place in its loader)
             "worker": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[0] < v[1],
             # a pool producer (common/pool.py): it loads the dataset a WELCOME names; or it cannot load the one

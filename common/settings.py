@@ -38,7 +38,7 @@ from ferry.common.kinds import Bool, Choice, Compression, Hook, Int, KeywordArgs
 __all__ = [
     "Kind", "Int", "Real", "Bool", "Choice", "Text", "Path", "Hook", "KeywordArgs", "Compression", "Setting",
     "REQUIRED", "option", "setting_of", "check_fields", "documented", "shared_values",
-    "THREADS", "SLOTS", "HEARTBEAT", "LIVENESS", "TRANSFORM", "TRANSFORM_ARGS", "COLLATE", "COLLATE_ARGS", "INIT",
+    "THREADS", "SLOTS", "AHEAD", "HEARTBEAT", "LIVENESS", "TRANSFORM", "TRANSFORM_ARGS", "COLLATE", "COLLATE_ARGS", "INIT",
     "METRICS_PORT",
 ]
 
@@ -158,6 +158,11 @@ THREADS = Setting(Int(1, MAX_THREADS), "loader threads in each producer: the sam
                   DEFAULT_THREADS, flag="--threads")
 SLOTS = Setting(Int(1, MAX_SLOTS), "batches each producer takes at once from each consumer (its credit).",
                 DEFAULT_SLOTS, flag="--slots")
+AHEAD = Setting(Int(0, MAX_SLOTS), "tasks each producer takes from each consumer beyond its slots, queued until a "
+                "slot is free: a slot that finishes starts its next batch at once, instead of waiting for the "
+                "consumer's credit to come back (none: as many as the slots, a window of twice the slots; 0: the "
+                "slots only). The consumer's buffer_batches still bounds the batches buffered and in flight.",
+                None, optional=True, flag="--ahead")
 HEARTBEAT = Setting(Real(MIN_HEARTBEAT_S, MAX_HEARTBEAT_S),
                     "seconds between heartbeats (PINGs), on both sides; a consumer's WELCOME sets its own on the "
                     "producers.", HEARTBEAT_S, unit="second", flag="--heartbeat")

@@ -195,6 +195,12 @@ class ProducerConfig:
         s.Bool(), "move every object this process inherited into the garbage collector's permanent generation "
         "(gc.freeze()) as the very first thing serve does, so that no collection walks (and so copies) the "
         "parent's pages: set by local mode for a producer forked from the trainer.", False))
+    ahead: int | None = option(s.AHEAD)
+
+    @property
+    def tasks_ahead(self) -> int:
+        """The tasks it takes from each consumer beyond its slots (``ahead``; None: as many as the slots)."""
+        return self.slots if self.ahead is None else self.ahead
 
     def __post_init__(self) -> None:
         s.check_fields(self)

@@ -96,10 +96,11 @@ class Outbox:
             self._pool.release(outcome.buffer, tracker)
 
 
-def hello_fields(*, producer_id: str, slots: int, dataset: dict[str, Any], shm_token: str | None,
+def hello_fields(*, producer_id: str, slots: int, ahead: int, dataset: dict[str, Any], shm_token: str | None,
                  worker: list[int] | None = None) -> dict[str, Any]:
-    """The HELLO's fields but the nonce. ``worker``: an iterable dataset's producer's [worker id, worker count]."""
+    """The HELLO's fields but the nonce. ``ahead``: the tasks it takes beyond its ``slots``, queued until a slot is
+    free. ``worker``: an iterable dataset's producer's [worker id, worker count]."""
     return {"producer": producer_id, "host": pysocket.gethostname(), "pid": os.getpid(), "slots": slots,
-            "dataset": dataset, "pool": True, "tasks": TASKS_PER_MESSAGE,
+            "ahead": ahead, "dataset": dataset, "pool": True, "tasks": TASKS_PER_MESSAGE,
             **({"shm": shm_token} if shm_token is not None else {}),
             **({"worker": worker} if worker is not None else {})}

@@ -87,18 +87,19 @@ class Producer:
         self._slab = self._map_slab(config.shared_memory)
         # compresses frames for links that use a codec, on its own threads (common/compression.py)
         self._compressor = FrameCompressor(workers=min(config.threads, os.cpu_count() or 1))
-        # one batch worker per slot of every connection there may be (threads start only when work needs them)
+        # one batch worker per slot of every connection there may be (threads start only when work needs them);
+        # a batch buffer for every task a consumer may have given (a sent batch's buffer is back once libzmq is done)
         workers = config.slots * max(1, self._links.capacity)
         datasets = DatasetPool(
             dataset, label=config.dataset_label, allowed=config.allow_dataset, threads=config.threads,
-            buffers=workers + 2, own_collate=config.collate, wake=self._waker.wake,
+            buffers=(config.slots + config.tasks_ahead) * max(1, self._links.capacity) + 2, own_collate=config.collate, wake=self._waker.wake,
             make_batcher=lambda ds, collate, shared: Batcher(
                 ds, collate_fn=collate, threads=config.threads, batch_workers=workers, done=self._done,
                 waker=self._waker, compressor=self._compressor, shared=shared))
         own = datasets.own
         # the datasets its consumers name, and a TASK's turn among theirs: at most --slots run at once (sharing.py)
         self._sharing = Sharing(datasets, limit=config.slots)
-        self._outbox = Outbox(hello_fields(producer_id=self.producer_id, slots=config.slots,
+        self._outbox = Outbox(hello_fields(producer_id=self.producer_id, slots=config.slots, ahead=config.tasks_ahead,
                                            dataset=own.announce if own is not None else dict(NO_DATASET),
                                            shm_token=config.shared_memory[1] if self._slab is not None else None,
                                            worker=[config.worker_id, config.num_workers]

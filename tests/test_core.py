@@ -78,11 +78,13 @@ class Loop:
 
     # --- the producers' side ------------------------------------------------------------------------------
     def hello(self, peer: bytes, producer: str = "", *, nonce: int = 1, slots: int = 2, pid: int = 100,
-              shm_token: str | None = None) -> None:
+              shm_token: str | None = None, ahead: int | None = None) -> None:
         message = dict(type=protocol.HELLO, producer=producer or peer.decode(), nonce=nonce, host="h", pid=pid,
                        slots=slots, dataset={"spec": "s", "len": self.length, "fingerprint": "f"})
         if shm_token is not None:
             message["shm"] = shm_token
+        if ahead is not None:
+            message["ahead"] = ahead
         self.receive(peer, message)
 
     def tasks(self, peer: bytes | None = None) -> list[dict]:
@@ -154,6 +156,18 @@ def test_buffered_plus_in_flight_never_exceeds_the_capacity_and_each_release_iss
                 break
             taken += 1
     assert taken == SAMPLES and len(loop.tasks()) == SAMPLES
+
+
+def test_a_producer_that_takes_tasks_ahead_is_given_them_and_its_answers_release_each_in_turn():
+    loop = Loop(capacity=8)
+    loop.hello(b"a", slots=2, ahead=3)
+    assert any("joined (2 slots, 3 ahead); 1 live" in log.message for log in loop.logs)
+    loop.start()
+    assert len(loop.tasks(b"a")) == 5  # its window: 2 slots + 3 ahead, within the capacity of 8
+    loop.answer(b"a", loop.tasks(b"a")[0])
+    assert len(loop.tasks(b"a")) == 6, "an answer frees a place in its window: the next task goes out at once"
+    loop.hello(b"b", slots=2)  # a producer that says nothing of ahead gets its slots only
+    assert len(loop.tasks(b"b")) == 2
 
 
 def test_batches_are_handed_on_in_plan_order_whatever_order_they_arrive_in():

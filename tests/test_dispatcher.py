@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from ferry.common.constants import DEFAULT_MAX_ATTEMPTS
+from ferry.common.constants import DEFAULT_MAX_ATTEMPTS, MAX_SLOTS
 from ferry.common.plan import EpochPlan
 from ferry.consumer.core.dispatcher import Attempt, Dispatcher, ProducerInfo
 from ferry.consumer.core.sequencers import MapSequencer
@@ -18,9 +18,9 @@ def seqs(run: int, order) -> MapSequencer:
                         in_order=True)
 
 
-def producer(peer: bytes, slots: int = 2, nonce: int = 1) -> ProducerInfo:
+def producer(peer: bytes, slots: int = 2, nonce: int = 1, ahead: int = 0) -> ProducerInfo:
     return ProducerInfo(peer=peer, producer_id=peer.decode(), nonce=nonce, name=peer.decode(), slots=slots,
-                        last_heard=0.0, joined=0.0)
+                        last_heard=0.0, joined=0.0, ahead=ahead)
 
 
 def test_credits_bound_in_flight_plus_held():
@@ -157,7 +157,7 @@ def test_a_new_producer_is_remote_and_has_delivered_nothing():
     info = producer(b"a")
     # a remote producer is never handed a shared-memory slot, and the stats start from zero
     assert info.shared is False and info.pid == 0 and info.batches == 0 and info.bytes == 0
-    assert info.identity == ("a", 1) and info.free_slots == 2
+    assert info.identity == ("a", 1) and info.room == 2
 
 
 def test_tasks_cannot_be_changed_once_issued():
@@ -266,7 +266,7 @@ def test_drop_removes_a_task_without_reissue_and_frees_its_slot():
     first, _ = d.assign(held=0, now=0.0)
     assert d.drop(first.task) == first
     assert d.drop(first.task) is None  # gone: a second drop finds nothing
-    assert d.in_flight == 1 and d.producers[b"a"].free_slots == 1
+    assert d.in_flight == 1 and d.producers[b"a"].room == 1
     assert d.queued == 1 and d.reissued == 0  # not queued again: its seq ends in an error instead
     assert [t.seq for t in d.assign(held=0, now=0.0)] == [2]
 
@@ -351,3 +351,59 @@ def test_busy_time_counts_full_producers_since_the_last_event_and_nothing_before
     d.complete(next(iter(d.tasks)), b"a")
     d.occupancy(12.5)  # half its slots from here on
     assert d.busy_s == pytest.approx(2.5) and d.busy_until(14.5) == pytest.approx(3.5)
+
+
+def test_a_producer_holds_its_slots_and_the_tasks_it_takes_ahead_within_the_capacity():
+    d = Dispatcher(capacity=100, max_attempts=DEFAULT_MAX_ATTEMPTS)
+    d.add(producer(b"a", slots=2, ahead=3))  # said HELLO ahead=3: a window of 5
+    d.add(producer(b"b", slots=2))  # said nothing: its slots only
+    d.start_run(seqs(1, range(20)))
+    tasks = d.assign(held=0, now=0.0)
+    assert [t.peer for t in tasks].count(b"a") == 5 and [t.peer for t in tasks].count(b"b") == 2
+    assert d.assign(held=0, now=0.0) == []
+    d.complete(next(t.task for t in tasks if t.peer == b"a"), b"a")
+    assert [t.peer for t in d.assign(held=0, now=0.0)] == [b"a"]  # its one freed place, no more
+
+
+def test_the_capacity_bounds_a_window_and_a_window_is_at_most_max_slots():
+    d = Dispatcher(capacity=6, max_attempts=DEFAULT_MAX_ATTEMPTS)
+    d.add(producer(b"a", slots=4, ahead=4))
+    d.start_run(seqs(1, range(20)))
+    assert len(d.assign(held=2, now=0.0)) == 4  # 4 + 2 held = the capacity, though its window is 8
+    assert producer(b"x", slots=MAX_SLOTS, ahead=MAX_SLOTS).window == MAX_SLOTS
+
+
+def test_occupancy_counts_slots_in_use_not_the_tasks_queued_ahead():
+    d = Dispatcher(capacity=100, max_attempts=DEFAULT_MAX_ATTEMPTS)
+    d.add(producer(b"a", slots=2, ahead=2))
+    d.start_run(seqs(1, range(10)))
+    assert len(d.assign(held=0, now=0.0)) == 4
+    d.occupancy(0.0)
+    assert d.busy_until(1.0) == pytest.approx(1.0), "a full producer counts once, its queue on top adds nothing"
+
+
+def test_a_lost_producer_s_tasks_queued_ahead_cost_no_attempt_only_those_it_may_have_started():
+    d = Dispatcher(capacity=100, max_attempts=2)
+    d.add(producer(b"a", slots=2, ahead=2))
+    d.start_run(seqs(1, range(10)))
+    tasks = d.assign(held=0, now=0.0)
+    assert [t.seq for t in tasks] == [0, 1, 2, 3]
+    d.lose(b"a", "died")  # it runs seqs 0 and 1; 2 and 3 waited in its queue
+    d.add(producer(b"b", slots=2, ahead=2, nonce=2))
+    again = d.assign(held=0, now=0.0)
+    assert [t.seq for t in again] == [0, 1, 2, 3]
+    d.lose(b"b", "died")  # a second attempt of 0 and 1: poisoned; 2 and 3 still have both of theirs
+    assert sorted(p.seq for p in d.take_poisoned()) == [0, 1]
+    d.add(producer(b"c", slots=4, nonce=3))
+    assert [t.seq for t in d.assign(held=0, now=0.0)] == [2, 3, 4, 5]
+
+
+def test_an_overdue_task_queued_ahead_costs_nothing_when_its_producer_is_lost():
+    d = Dispatcher(capacity=100, max_attempts=1)
+    d.add(producer(b"a", slots=1, ahead=1))
+    d.start_run(seqs(1, range(4)))
+    d.assign(held=0, now=0.0)  # seq 0 runs, seq 1 waits behind it
+    overdue = d.overdue_tasks(1.0)[b"a"]
+    assert len(overdue) == 2
+    d.lose(b"a", "held a task too long", charged=overdue)
+    assert [p.seq for p in d.take_poisoned()] == [0], "only the task it was running is charged"

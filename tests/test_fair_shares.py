@@ -41,3 +41,13 @@ def test_equal_weights_share_the_pool_fairly_jain_index_at_least_095(spawn):
     shares = measured_shares(spawn, [1.0, 1.0, 1.0], batches=600)
     jain = sum(shares) ** 2 / (len(shares) * sum(s * s for s in shares))
     assert jain >= 0.95, shares
+
+
+@pytest.mark.slow  # a measurement of shares: 10 s (.ci/run runs -m slow)
+def test_a_weight_asking_for_more_than_half_of_each_producer_gets_it_from_the_tasks_it_holds_ahead(spawn):
+    # 3:1 on 2-slot producers: the heavy job needs a worker again the moment one of its batches ends. With its
+    # slots only, each of its completions left a credit's round trip during which the worker went to the other
+    # job (measured 55.7 : 44.3 with FERRY_AHEAD=0); the tasks it holds ahead are waiting in its queue instead.
+    shares = measured_shares(spawn, [3.0, 1.0], batches=800)
+    for share, expected in zip(shares, (0.75, 0.25)):
+        assert share == pytest.approx(expected, rel=0.10), shares

@@ -3,6 +3,8 @@ a hand-made producer; and a failing io thread surfacing in the loop as FerryThre
 
 import queue
 
+import numpy as np
+
 import pytest
 import zmq
 
@@ -58,3 +60,67 @@ def test_the_loop_raises_the_io_threads_failure(endpoint):
         with pytest.raises(FerryThreadError, match="io thread failed") as info:
             iter(loader)  # waits for the dataset's length, checking the threads' health
         assert isinstance(info.value.__cause__, AttributeError)
+
+
+# --- a TASK that finds its producer gone ------------------------------------------------------------------------
+def _drive_until_a_task_finds_the_producer_gone(endpoint: str, says_bye: bool) -> IoThread:
+    """An io thread driven step by step from this thread (its own loop never started), with a hand-made producer
+    (1 slot, nothing ahead) that answers its one task and then leaves: with a BYE (``says_bye``) or without. The
+    answer is fed alone, so its freed credit sends the next TASK to a producer whose connection is gone while its
+    BYE still waits unread, the order a real io thread meets when a BYE and a closed pipe race its send."""
+    from ferry.common import protocol
+    from ferry.common.codec import encode_tree
+    from ferry.common.plan import EpochPlan
+    from ferry.consumer.core import sequencer_for
+
+    config = CoreConfig(capacity=4, heartbeat=0.2, liveness=50, on_error="raise", max_batch_bytes=1 << 20,
+                        task_timeout=60.0, max_attempts=1)
+    io = IoThread(config, endpoints=(endpoint,), handoff=queue.Queue(), counters=Counters())
+    ctx = zmq.Context()
+    try:
+        peer = dealer(ctx, endpoint)
+        peer.send(hello("p", slots=1, length=40, fingerprint="f"))
+        wait_for(lambda: io._receive() or io._core.dispatcher.producers, 10, "the producer to be admitted")
+        plan = EpochPlan.from_indices(0, np.arange(40), 4, False)
+        io._event(lambda now: io._core.start_run(sequencer_for(1, plan, 0, (0, 0), in_order=True), 0, now))
+        task = wait_for(lambda: peer.poll(100) and protocol.parse_header(peer.recv_multipart()[0]), 10, "a message")
+        while task["type"] != protocol.TASK:  # bounded: the WELCOME is the only message before the TASK
+            task = protocol.parse_header(peer.recv_multipart()[0])
+        spec, frames = encode_tree([np.asarray(task["indices"], dtype=np.int64)])
+        peer.send_multipart([protocol.pack(protocol.BATCH, session=task["session"], task=task["task"],
+                                           epoch=task["epoch"], seq=task["seq"], tree=spec, errors=[]), *frames])
+        if says_bye:
+            peer.send(protocol.pack(protocol.BYE))
+        peer.setsockopt(zmq.LINGER, 5000)
+        peer.close()  # its messages leave, then its connection closes
+        batch = wait_for(io._router.recv, 10, "the BATCH")
+        ping = [protocol.pack(protocol.PING, load={})]
+        wait_for(lambda: not io._router.send(batch[0].bytes, ping), 10, "the ROUTER to see the connection gone")
+        io._event(lambda now: io._core.received_burst([([f.buffer for f in batch], batch, "")], now))
+    finally:
+        ctx.term()
+    return io
+
+
+def test_a_bye_that_waits_unread_when_a_task_finds_its_producer_gone_costs_no_attempt(endpoint, caplog):
+    caplog.set_level("INFO", logger="ferry.consumer")
+    io = _drive_until_a_task_finds_the_producer_gone(endpoint, says_bye=True)
+    try:
+        losses = [r.getMessage() for r in caplog.records if " lost (" in r.getMessage()]
+        assert len(losses) == 1 and "said BYE" in losses[0], losses
+        assert not [r for r in caplog.records if "not issued again" in r.getMessage()], \
+            "max_attempts=1: a charged loss would have poisoned batch 1"
+        assert io._core.dispatcher.reissued == 1 and not io._unsent
+    finally:
+        io.close(10)
+
+
+def test_a_task_that_finds_its_producer_gone_without_a_bye_charges_what_it_held(endpoint, caplog):
+    io = _drive_until_a_task_finds_the_producer_gone(endpoint, says_bye=False)
+    try:
+        losses = [r.getMessage() for r in caplog.records if " lost (" in r.getMessage()]
+        assert len(losses) == 1 and "unreachable" in losses[0], losses
+        poisoned = [r.getMessage() for r in caplog.records if "not issued again" in r.getMessage()]
+        assert len(poisoned) == 1 and poisoned[0].startswith("batch 1 of epoch 0"), "it may have crashed on it"
+    finally:
+        io.close(10)

@@ -64,6 +64,10 @@ def test_pack_and_parse_agree_for_every_type():
                 dataset={"spec": "s", "len": 1, "fingerprint": "f"}), "slots"),
         (packed(v=PROTOCOL_VERSION, type="HELLO", producer="p", nonce=1, host="h", pid=1, slots=1,
                 dataset={"spec": "s", "len": -1, "fingerprint": "f"}), "dataset"),
+        (packed(v=PROTOCOL_VERSION, type="HELLO", producer="p", nonce=1, host="h", pid=1, slots=1, ahead=MAX_SLOTS + 1,
+                dataset={"spec": "s", "len": 1, "fingerprint": "f"}), "ahead"),
+        (packed(v=PROTOCOL_VERSION, type="HELLO", producer="p", nonce=1, host="h", pid=1, slots=1, ahead=-1,
+                dataset={"spec": "s", "len": 1, "fingerprint": "f"}), "ahead"),
     ],
 )
 def test_invalid_headers_raise_protocol_error_with_reason(frame, reason):
@@ -94,6 +98,7 @@ def hello(**overrides):
     hello(dataset={"spec": "s", "len": MAX_DATASET_LEN, "fingerprint": "f"}),
     hello(producer="x" * MAX_TEXT),
     hello(shm="token"),
+    hello(ahead=0), hello(ahead=MAX_SLOTS),  # none ahead, and the most
     packed(v=PROTOCOL_VERSION, type="PING", load={str(i): i for i in range(32)}),
     packed(v=PROTOCOL_VERSION, type="WELCOME", session=1, heartbeat=1, nonce=2,  # an int heartbeat is a number
            frame_bytes=1, max_batch_bytes=1, codecs=["lz4"] * 8),

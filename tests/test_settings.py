@@ -39,20 +39,21 @@ def test_every_loader_keyword_is_declared_once_and_documented():
 
 def test_the_options_both_sides_take_are_one_declaration():
     producer, local, transport = declarations(ProducerConfig), declarations(LocalOptions), declarations(TransportOptions)
-    for name in ("threads", "slots", "transform", "collate", "init", "collate_args", "transform_args"):
+    for name in ("threads", "slots", "ahead", "transform", "collate", "init", "collate_args", "transform_args"):
         assert local[name] is producer[name], name
     for name in ("heartbeat", "liveness"):
         assert transport[name] is producer[name], name
     assert KEYWORDS["metrics_port"] is producer["metrics_port"]
     # so a producer that local mode configures gets exactly those, from the loader's groups
-    values = shared_values(ProducerConfig, LocalOptions(count=2, threads=3, transform="m:f"),
+    values = shared_values(ProducerConfig, LocalOptions(count=2, threads=3, transform="m:f", ahead=1),
                            TransportOptions(heartbeat=0.5))
     assert values == {"threads": 3, "slots": 2, "heartbeat": 0.5, "liveness": 5, "transform": "m:f", "init": None,
-                      "collate": None, "collate_args": {}, "transform_args": {}}
+                      "collate": None, "collate_args": {}, "transform_args": {}, "ahead": 1}
 
 
 @pytest.mark.parametrize("name, value, group", [
     ("threads", 0, LocalOptions), ("threads", 2.0, LocalOptions), ("slots", 65, LocalOptions),
+    ("ahead", -1, LocalOptions), ("ahead", 65, LocalOptions),
     ("heartbeat", 0, TransportOptions), ("heartbeat", "1", TransportOptions), ("liveness", 1, TransportOptions),
     ("transform", "no_colon", LocalOptions), ("init", 3, LocalOptions), ("compression", "gzip", TransportOptions),
 ])
@@ -84,6 +85,7 @@ VARIABLES = {
     "FERRY_DATASET_ARGS": ('{"length": 4}', {"length": 4}, "[1, 2]"),
     "FERRY_THREADS": ("8", 8, "eight"),
     "FERRY_SLOTS": ("3", 3, "2.5"),
+    "FERRY_AHEAD": ("0", 0, "1.5"),
     "FERRY_HEARTBEAT": ("0.25", 0.25, "fast"),
     "FERRY_LIVENESS": ("7", 7, "7.5"),
     "FERRY_UNREACHABLE_WARNING_S": ("0.5", 0.5, "soon"),

@@ -164,7 +164,7 @@ class Peers:
                 peer=peer, producer_id=hello["producer"], nonce=hello["nonce"], name=name, slots=hello["slots"],
                 last_heard=now, joined=now, shared=self._shm_token is not None and hello.get("shm") == self._shm_token,
                 pid=hello["pid"], worker=tuple(hello["worker"]) if "worker" in hello else None,
-                tasks_per_message=hello.get("tasks", 1),
+                tasks_per_message=hello.get("tasks", 1), ahead=hello.get("ahead", 0),
             )
             self.dispatcher.add(joined)
             self.seen += 1

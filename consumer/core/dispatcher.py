@@ -10,15 +10,18 @@
   producer go back to the *front* of a re-issue queue, which goes first, to a producer the sequencer lets take
   them (an iterable run's stream may be bound to its own producer: :mod:`.streams`).
 * Credits: :meth:`assign` never lets ``in flight + held`` exceed the capacity, and never gives a producer
-  more than its ``slots``. A new task goes to the live producer with the most free slots; between equals, to
-  the one given a task longest ago (in turn, as DataLoader hands tasks to its workers).
+  more than its *window*: its ``slots`` (batches it builds at once) and the tasks it said it takes ``ahead``
+  (HELLO), which it queues until a slot is free, so that a slot that finishes starts the next batch without
+  waiting for a credit's round trip. A new task goes to the live producer with the most room; between equals,
+  to the one given a task longest ago (in turn, as DataLoader hands tasks to its workers).
 * Dealing: a loader that started N local producers deals its first tasks one to each producer, and the rest
   wait until N producers are live (or one of them died, or a deadline passed), as DataLoader hands its first
   tasks to every worker in turn: the first producer to start does not take every task before the others have
   started, so each of them serves (and its seed is seen, ``tests/test_producer_seeds.py``). It costs the
   producers that started first at most the others' start-up, once per loader.
 * Attempts: each loss of a seq's task that may be the task's fault (its producer died or fell silent, it
-  timed out, its answer was unusable) is an :class:`Attempt`, kept per seq for the run, across re-issues.
+  timed out, its answer was unusable) is an :class:`Attempt`, kept per seq for the run, across re-issues. A
+  lost producer's tasks beyond its ``slots`` oldest were queued, not started, and cost nothing.
   A seq lost ``max_attempts`` times is *poisoned*: not queued again, but returned by :meth:`take_poisoned`
   to be raised in its place. An orderly leave (BYE) or a restart costs no attempt.
 """
@@ -30,6 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from ferry.common.constants import MAX_SLOTS
 from ferry.consumer.core.sequencers import Sequencer
 
 __all__ = ["ProducerInfo", "Attempt", "Poisoned", "Task", "Dispatcher"]
@@ -54,14 +58,21 @@ class ProducerInfo:
     last_task: int = 0  # the id of the latest task it was given (ids only grow): ties go to the longest idle
     worker: tuple[int, int] | None = None  # an iterable dataset's producer: its [id, count] place (HELLO worker)
     tasks_per_message: int = 1  # the most tasks it takes in one TASK (HELLO tasks)
+    ahead: int = 0  # the tasks it takes beyond its slots, queued until a slot is free (HELLO ahead)
 
     @property
     def identity(self) -> tuple[str, int]:
         return (self.producer_id, self.nonce)
 
     @property
-    def free_slots(self) -> int:
-        return self.slots - len(self.in_flight)
+    def window(self) -> int:
+        """The most tasks it holds at once: its slots, and those it takes ahead (together at most MAX_SLOTS)."""
+        return min(MAX_SLOTS, self.slots + self.ahead)
+
+    @property
+    def room(self) -> int:
+        """The tasks it may take now: its window less those it holds."""
+        return self.window - len(self.in_flight)
 
 
 @dataclass(frozen=True)
@@ -162,14 +173,17 @@ class Dispatcher:
     def lose(self, peer: bytes, cause: str | None = None, charged: Iterable[int] | None = None) -> ProducerInfo | None:
         """Remove a producer; its in-flight seqs go to the front of the re-issue queue, in seq order.
 
-        With a ``cause``, each task it held (or only those in ``charged``, by task id) costs its seq an
-        attempt; a seq out of attempts is poisoned instead of queued again."""
+        With a ``cause``, each task it may have started (or only those of them in ``charged``, by task id) costs
+        its seq an attempt; a seq out of attempts is poisoned instead of queued again. A producer starts a
+        consumer's tasks in the order given, at most ``slots`` at once: the tasks it held beyond its ``slots``
+        oldest were still queued (taken ahead), could not be at fault, and go back free."""
         info = self.producers.pop(peer, None)
         if info is None:
             return None
         if self.sequencer is not None:
             self.sequencer.peer_lost(peer)
-        charge = set(info.in_flight if charged is None else charged) if cause is not None else set()
+        started = set(sorted(info.in_flight)[:info.slots])  # task ids only grow: the oldest were given first
+        charge = (started if charged is None else started & set(charged)) if cause is not None else set()
         seqs = []
         for task_id in info.in_flight:
             task = self.tasks.pop(task_id)
@@ -226,7 +240,7 @@ class Dispatcher:
         return out
 
     def assign(self, held: int, now: float) -> list[Task]:
-        """Issue as many tasks as credits and free slots allow: ``in flight + held`` stays within capacity."""
+        """Issue as many tasks as credits and producers' room allow: ``in flight + held`` stays within capacity."""
         sequencer = self.sequencer
         out: list[Task] = []
         if sequencer is None:
@@ -293,7 +307,7 @@ class Dispatcher:
 
 
 def _room(producer: ProducerInfo, dealing: bool) -> int:
-    """Tasks ``producer`` may take now: its free slots; while dealing, one if it has never had a task, else none."""
+    """Tasks ``producer`` may take now: its room; while dealing, one if it has never had a task, else none."""
     if dealing:
         return 1 if producer.last_task == 0 else 0
-    return producer.free_slots
+    return producer.room

@@ -69,7 +69,9 @@ class Greeting:
         if admission.adopted:
             out.append(Log(_INFO, f"producer {admission.name} set the dataset: {admission.adopted}"))
         if admission.joined is not None:
-            out.append(Log(_INFO, f"producer {admission.name} joined ({admission.joined.slots} slots); "
+            joined = admission.joined
+            ahead = f", {joined.ahead} ahead" if joined.ahead else ""
+            out.append(Log(_INFO, f"producer {admission.name} joined ({joined.slots} slots{ahead}); "
                                   f"{admission.live} live"))
         info = self.peers.dispatcher.producers.get(peer)
         if info is not None:  # admitted (perhaps reconnected from elsewhere): is its link local?

@@ -88,6 +88,8 @@ class IoThread:
         # guards the core against readers on other threads; the io thread changes the core only under it,
         # and never sends or logs while holding it
         self._lock = threading.Lock()
+        self._unsent: list[tuple[bytes, tuple[int, ...]]] = []  # TASKs that found no one, told after what waits
+        self._settling = False  # in _settle_unsent, whose rounds take the unsent that its own events make
         self._thread = threading.Thread(target=self._main, name="ferry-io", daemon=True)
         self._note_dataset()
 
@@ -262,6 +264,8 @@ class IoThread:
         self._apply(actions)
         if not self._dataset_known.is_set():
             self._note_dataset()
+        if self._unsent and not self._settling:
+            self._settle_unsent()
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:
@@ -269,12 +273,26 @@ class IoThread:
                 self._handoff.put(action.item)
             elif isinstance(action, Send):
                 if not self._router.send(action.peer, action.frames) and action.tasks:
-                    peer, tasks = action.peer, action.tasks
-                    with self._lock:
-                        more = self._core.unsent(peer, tasks, time.monotonic())
-                    self._apply(more)
+                    self._unsent.append((action.peer, action.tasks))
             elif isinstance(action, Log):
                 log.log(action.level, "%s", action.message)
+
+    def _settle_unsent(self) -> None:
+        """TASKs found their producer gone (its connection closed). What it sent before it went is read first: a
+        BYE among it is the orderly leave it was, its tasks free of any attempt; only then is a producer still
+        registered lost as unreachable (charged: it may have crashed). Each round loses every producer named, so
+        a round's own TASKs can fail only for producers still registered: at most one round more than those."""
+        self._settling = True
+        try:
+            for _ in range(len(self._core.dispatcher.producers) + 1):
+                unsent, self._unsent = self._unsent, []
+                self._receive()  # may lose some of them (a BYE): their unsent then changes nothing
+                for peer, tasks in unsent:
+                    self._event(lambda now, peer=peer, tasks=tasks: self._core.unsent(peer, tasks, now))
+                if not self._unsent:
+                    return
+        finally:
+            self._settling = False
 
     def _note_dataset(self) -> None:
         with self._lock:

@@ -138,6 +138,7 @@ class LocalOptions(_Group):
     # last, so that the fields above keep their positions
     min: int | None = option(MIN_COUNT, flat="local_producers_min")
     max: int | None = option(MAX_COUNT, flat="local_producers_max")
+    ahead: int | None = option(s.AHEAD, flat="producer_ahead")
 
     def __post_init__(self) -> None:
         super().__post_init__()
