@@ -184,7 +184,8 @@ _GROUPS = {"local": LocalOptions, "transport": TransportOptions, "curve": CurveO
 DATALOADER_ONLY = {
     "num_workers": "producers do the loading: local_producers=N on this machine, or python -m ferry.producer "
                    "processes anywhere",
-    "prefetch_factor": "buffer_batches bounds the batches buffered and in flight, over all producers",
+    "prefetch_factor": "buffer_batches bounds the batches buffered and in flight, over all producers (each "
+                       "producer also takes tasks ahead of its slots: producer_ahead=, --ahead)",
     "persistent_workers": "producers are always persistent: they live as long as the loader (or longer)",
     "worker_init_fn": "producer_init= (local producers) or --init package.module:fn (producers by hand)",
     "multiprocessing_context": "mp_context=",
