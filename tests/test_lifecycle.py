@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import weakref
 
 import pytest
 import torch.multiprocessing
@@ -161,6 +162,21 @@ def test_break_then_dropping_the_loader_frees_its_producers(no_gc):
     assert not any(_gone(pid) for pid in pids)  # the loader still holds them: a next epoch may come
     del loader
     _assert_exit(pids)
+
+
+@pytest.mark.parametrize("how", ["close", "del"])
+def test_a_loader_let_go_lets_go_of_the_dataset_without_the_garbage_collector(no_gc, how):
+    # DataLoader's workers keep the dataset only while they live; a closed or dropped loader must not keep it (a
+    # tensor dataset's shared memory, a file handle) until some later collection: a reference cycle between the
+    # local producers and their watch thread did, holding the launcher and the dataset with it
+    dataset = PairDataset(length=64)
+    alive = weakref.ref(dataset)
+    loader = RemoteLoader(dataset=dataset, local_producers=2, batch_size=4, timeout=30)
+    assert [y.tolist() for _, y in loader][:2] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    if how == "close":
+        loader.close()
+    del dataset, loader
+    assert alive() is None, "the dataset outlived its loader: kept by a reference cycle"
 
 
 # --- never outliving the trainer -------------------------------------------------------------------------

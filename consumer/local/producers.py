@@ -155,6 +155,10 @@ class LocalProducers:
             self._members.replacements.clear()
         if self._watch is not None:
             self._watch.stop(JOIN_TIMEOUT_S)
+            if not self._watch.thread.is_alive():
+                # the watch refers back to this object (its hooks): let go of it, so that the pair, and the
+                # launcher with the user's dataset, are freed when the loader is, not at the next gc
+                self._watch = None
         with self._lock:
             children = self._members.every()
         for child in children:
