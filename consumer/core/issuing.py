@@ -38,7 +38,7 @@ class TaskHeader:
 
 def issue(dispatcher: Dispatcher, sequencer: Sequencer, slots: SlotLedger, codecs: TaskCodecs, common: TaskHeader,
           *, dataset_len: int | None, now: float) -> list[Send]:
-    """Issue as many tasks as credits and free slots allow; the TASKs to send. A producer that takes several tasks
+    """Issue as many tasks as credits and producers' room allow; the TASKs to send. A producer that takes several tasks
     per TASK (HELLO ``tasks``) gets those issued together in one (:func:`bundle`)."""
     issued: list[tuple[bytes, int, dict[str, Any]]] = []  # (peer, most per TASK, the task's own fields)
     bound = sequencer.index_range(dataset_len)  # an iterable run's indices name streams, not samples
