@@ -71,7 +71,7 @@ LOCAL_PRODUCER_LOG_LEVEL = "WARNING"
 # --- flow control -----------------------------------------------------------------------------------
 #: Capacity C of the consumer: batches buffered + tasks in flight <= C, always.
 DEFAULT_BUFFER_BATCHES = 8
-#: Batches a producer takes at once (its credit with one consumer).
+#: Batches a producer works on at once (its credit with one consumer is these and the tasks it takes ahead).
 DEFAULT_SLOTS = 2
 #: Upper bound on the slots a producer may claim, so that one peer cannot hoard the window.
 MAX_SLOTS = 64

@@ -156,7 +156,8 @@ def shared_values(target: type, *sources: Any) -> dict[str, Any]:
 # --- the options both sides take ----------------------------------------------------------------------
 THREADS = Setting(Int(1, MAX_THREADS), "loader threads in each producer: the samples of a batch load concurrently.",
                   DEFAULT_THREADS, flag="--threads")
-SLOTS = Setting(Int(1, MAX_SLOTS), "batches each producer takes at once from each consumer (its credit).",
+SLOTS = Setting(Int(1, MAX_SLOTS), "batches each producer works on at once (with --ahead: its credit with each "
+                "consumer).",
                 DEFAULT_SLOTS, flag="--slots")
 AHEAD = Setting(Int(0, MAX_SLOTS), "tasks each producer takes from each consumer beyond its slots, queued until a "
                 "slot is free: a slot that finishes starts its next batch at once, instead of waiting for the "

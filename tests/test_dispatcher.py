@@ -398,12 +398,28 @@ def test_a_lost_producer_s_tasks_queued_ahead_cost_no_attempt_only_those_it_may_
     assert [t.seq for t in d.assign(held=0, now=0.0)] == [2, 3, 4, 5]
 
 
-def test_an_overdue_task_queued_ahead_costs_nothing_when_its_producer_is_lost():
+def test_a_task_queued_ahead_is_never_overdue_and_its_clock_starts_when_a_slot_is_its():
     d = Dispatcher(capacity=100, max_attempts=1)
     d.add(producer(b"a", slots=1, ahead=1))
     d.start_run(seqs(1, range(4)))
-    d.assign(held=0, now=0.0)  # seq 0 runs, seq 1 waits behind it
-    overdue = d.overdue_tasks(1.0)[b"a"]
-    assert len(overdue) == 2
-    d.lose(b"a", "held a task too long", charged=overdue)
-    assert [p.seq for p in d.take_poisoned()] == [0], "only the task it was running is charged"
+    first, second = d.assign(held=0, now=0.0)  # seq 0 runs, seq 1 waits behind it
+    d.occupancy(0.0)
+    assert d.overdue_tasks(1.0) == {b"a": {first.task}}, "the queued task has not started: it cannot be late"
+    d.complete(first.task, b"a")
+    d.occupancy(70.0)  # seq 0 took 70 s; seq 1 may start only now
+    timeout = 50.0
+    assert d.overdue_tasks(110.0 - timeout) == {}, "at 110 s seq 1 has run 40 s, not the 110 since its issue"
+    assert d.overdue_tasks(121.0 - timeout) == {b"a": {second.task}}
+    d.lose(b"a", "held a task too long", charged=d.overdue_tasks(121.0 - timeout)[b"a"])
+    assert [p.seq for p in d.take_poisoned()] == [1]
+
+
+def test_a_task_goes_to_a_free_slot_before_another_producer_s_queue():
+    d = Dispatcher(capacity=8, max_attempts=DEFAULT_MAX_ATTEMPTS)
+    d.add(producer(b"a", slots=2, ahead=6))  # much room, but only 2 slots
+    d.add(producer(b"b", slots=2))
+    d.add(producer(b"c", slots=2))
+    d.start_run(seqs(1, range(20)))
+    held = [t.peer for t in d.assign(held=0, now=0.0)]
+    assert (held.count(b"a"), held.count(b"b"), held.count(b"c")) == (4, 2, 2), \
+        "every slot busy before any task waits in a queue"

@@ -190,10 +190,14 @@ class ConsumerCore:
         return self._finish(now)
 
     def unsent(self, peer: bytes, task_ids: Iterable[int], now: float) -> list[Action]:
-        """The TASK carrying ``task_ids`` never reached ``peer``: their slots are free, and the producer is lost."""
-        for task_id in task_ids:
+        """The TASK carrying ``task_ids`` never reached ``peer``: their slots are free, and the producer is lost; the
+        tasks it did get may have been at fault (it may have crashed), those ``task_ids`` cannot have been."""
+        unsent = set(task_ids)
+        for task_id in unsent:
             self.slots.give_back(task_id)
-        self._lose(peer, "unreachable", now, charge=True)
+        info = self.dispatcher.producers.get(peer)
+        if info is not None:
+            self._lose(peer, "unreachable", now, charge=True, charged=info.in_flight - unsent)
         return self._finish(now)
 
     def stop(self) -> None:
@@ -266,8 +270,9 @@ class ConsumerCore:
         return task
 
     # --- losses -------------------------------------------------------------------------------------------
-    def _lose(self, peer: bytes, why: str, now: float, *, charge: bool = False, level: int = _WARNING) -> None:
-        loss = self.peers.lose(peer, why, now, charge=charge)
+    def _lose(self, peer: bytes, why: str, now: float, *, charge: bool = False, charged: Iterable[int] | None = None,
+              level: int = _WARNING) -> None:
+        loss = self.peers.lose(peer, why, now, charge=charge, charged=charged)
         self._settle([loss] if loss is not None else [], level)
 
     def _settle(self, losses: Iterable[Loss], level: int = _WARNING) -> None:

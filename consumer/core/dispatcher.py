@@ -12,8 +12,9 @@
 * Credits: :meth:`assign` never lets ``in flight + held`` exceed the capacity, and never gives a producer
   more than its *window*: its ``slots`` (batches it builds at once) and the tasks it said it takes ``ahead``
   (HELLO), which it queues until a slot is free, so that a slot that finishes starts the next batch without
-  waiting for a credit's round trip. A new task goes to the live producer with the most room; between equals,
-  to the one given a task longest ago (in turn, as DataLoader hands tasks to its workers).
+  waiting for a credit's round trip. A new task goes to a live producer with a free slot first (so that no task
+  waits in one producer's queue while another's slot idles), then to the one with the most room; between
+  equals, to the one given a task longest ago (in turn, as DataLoader hands tasks to its workers).
 * Dealing: a loader that started N local producers deals its first tasks one to each producer, and the rest
   wait until N producers are live (or one of them died, or a deadline passed), as DataLoader hands its first
   tasks to every worker in turn: the first producer to start does not take every task before the others have
@@ -117,6 +118,8 @@ class Dispatcher:
         self._requeued: deque[int] = deque()  # seqs to issue again, first
         self._attempts: dict[int, list[Attempt]] = {}  # seq -> its lost attempts in this run
         self._poisoned: list[Poisoned] = []  # not yet taken
+        # task id -> when it reached its producer's first ``slots`` (the earliest it could start): its hold's clock
+        self._turns: dict[int, float] = {}
         # producer time in use, for the demand gauge: how many producers had every slot holding a task, over time
         self.busy_s = 0.0  # full-producer seconds
         self._busy_now = 0.0  # full producers in use since the last change
@@ -225,6 +228,17 @@ class Dispatcher:
         self.busy_s = self.busy_until(now)
         self._busy_at = now
         self._busy_now = sum(min(len(p.in_flight), p.slots) / p.slots for p in self.producers.values())
+        self._stamp_turns(now)
+
+    def _stamp_turns(self, now: float) -> None:
+        """Keep the clock of each producer's ``slots`` oldest tasks, those it may be running; a task that moved up
+        to them during this event (one before it was answered or dropped) starts its clock ``now``."""
+        turns, before = {}, self._turns
+        for p in self.producers.values():
+            front = p.in_flight if len(p.in_flight) <= p.slots else sorted(p.in_flight)[:p.slots]
+            for task_id in front:
+                turns[task_id] = before.get(task_id, now)
+        self._turns = turns
 
     def busy_until(self, now: float) -> float:
         """``busy_s`` with the time since the last event counted in."""
@@ -232,11 +246,14 @@ class Dispatcher:
 
     # --- tasks ----------------------------------------------------------------------------------------
     def overdue_tasks(self, deadline: float) -> dict[bytes, set[int]]:
-        """By peer, the ids of its tasks issued before ``deadline``."""
+        """By peer, the ids of its tasks held since before ``deadline``: counted from the moment each reached its
+        producer's ``slots`` oldest (its issue, for most), since a task queued ahead waits for a slot first and a
+        slow batch before it is not its delay. A task still queued is never overdue: those before it are first."""
         out: dict[bytes, set[int]] = {}
-        for t in self.tasks.values():
-            if t.issued < deadline:
-                out.setdefault(t.peer, set()).add(t.task)
+        for task_id, since in self._turns.items():
+            task = self.tasks.get(task_id)
+            if task is not None and since < deadline:
+                out.setdefault(task.peer, set()).add(task_id)
         return out
 
     def assign(self, held: int, now: float) -> list[Task]:
@@ -248,7 +265,7 @@ class Dispatcher:
         dealing = self._dealing(now)
         while self.in_flight + held < self.capacity:
             speculate = self.in_flight + held < self.capacity - 1
-            for producer in sorted(self.producers.values(), key=lambda p: (-_room(p, dealing), p.last_task)):
+            for producer in sorted(self.producers.values(), key=lambda p: _preference(p, dealing)):
                 if _room(producer, dealing) <= 0:
                     return out
                 seq = self._next_for(producer.peer, speculate)
@@ -259,6 +276,8 @@ class Dispatcher:
             task = Task(next(self._ids), sequencer.run, seq, producer.identity, producer.peer, now)
             self.tasks[task.task] = task
             producer.in_flight.add(task.task)
+            if len(producer.in_flight) <= producer.slots:
+                self._turns[task.task] = now  # a slot is free for it: it may start at once
             producer.last_task = task.task
             sequencer.issued(producer.peer, seq)
             out.append(task)
@@ -304,6 +323,13 @@ class Dispatcher:
             return
         self._requeued.appendleft(task.seq)
         self.reissued += 1
+
+
+def _preference(producer: ProducerInfo, dealing: bool) -> tuple[int, int, int]:
+    """The order producers are offered a task in: a free slot first (a task queued ahead while another
+    producer's slot idles would wait for nothing), then the most room, then the one given a task longest ago."""
+    room = _room(producer, dealing)
+    return -min(room, max(0, producer.slots - len(producer.in_flight))), -room, producer.last_task
 
 
 def _room(producer: ProducerInfo, dealing: bool) -> int:

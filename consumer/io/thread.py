@@ -203,10 +203,10 @@ class IoThread:
                 events = dict(poller.poll(timeout=min(timeout_ms, 100)))
                 if self._waker.fileno() in events:
                     self._waker.drain()
+                if self._router.sock in events:  # first: a producer's last BATCHes before the news of its death
+                    self._receive()
                 if not self._run_commands():
                     break
-                if self._router.sock in events:
-                    self._receive()
                 now = time.monotonic()
                 if now >= next_beat:
                     with self._lock:
