@@ -40,7 +40,7 @@ PRODUCER_FIGURES: tuple[Figure, ...] = (
     Figure("shared_batches", COUNTER, "batches written into a consumer's shared memory"),
     Figure("invalid_messages", COUNTER, "malformed messages from consumers (dropped)"),
     Figure("stale_messages", COUNTER, "messages of an old session (dropped)"),
-    Figure("pending", GAUGE, "batches being loaded or waiting to be sent"),
+    Figure("pending", GAUGE, "tasks held: batches being loaded, waiting to be sent, or queued ahead of a free slot"),
     Figure("consumers", GAUGE, "consumers being served now"),
     Figure("links", GAUGE, "consumer connections: one per endpoint, and per address an endpoint's name resolves to"),
     Figure("pool_demand", GAUGE, "producers the jobs this producer serves need in all: the sum of their loops' "
