@@ -231,7 +231,8 @@ def test_per_producer_figures_name_each_producer_and_what_stats_reads():
     p.dispatcher.start_run(seqs(1, 10))
     p.dispatcher.assign(held=0, now=1.0)
     p.dispatcher.producers[b"a"].batches, p.dispatcher.producers[b"a"].bytes = 4, 4096
-    assert p.figures(now=3.5) == {"h:7": {"batches": 4, "bytes": 4096, "in_flight": 3, "slots": 3, "joined_s": 2.5}}
+    assert p.figures(now=3.5) == {"h:7": {"batches": 4, "bytes": 4096, "in_flight": 3, "slots": 3, "ahead": 0,
+                                          "joined_s": 2.5}}
 
 
 def test_the_first_producer_of_an_iterable_dataset_says_so_and_whether_it_has_a_length():

@@ -170,6 +170,19 @@ def test_a_producer_that_takes_tasks_ahead_is_given_them_and_its_answers_release
     assert len(loop.tasks(b"b")) == 2
 
 
+def test_a_task_that_never_reached_a_producer_back_on_a_new_connection_is_issued_again_free():
+    loop = Loop(capacity=8, max_attempts=1)
+    loop.hello(b"a", slots=2)
+    loop.start()
+    first, second = loop.tasks(b"a")
+    loop.hello(b"a2", producer="a")  # the same producer (same nonce) on a new connection: it keeps its tasks
+    loop.apply(loop.core.unsent(b"a", [second["task"]], loop.now))  # the TASK sent on the old one found no one
+    again = [t for t in loop.tasks(b"a2") if t["seq"] == second["seq"]]
+    assert len(again) == 1 and again[0]["task"] != second["task"], "issued again, to the producer it was meant for"
+    assert not [log for log in loop.logs if "lost" in log.message or "not issued again" in log.message]
+    assert set(loop.core.dispatcher.producers[b"a2"].in_flight) == {first["task"], again[0]["task"]}
+
+
 def test_batches_are_handed_on_in_plan_order_whatever_order_they_arrive_in():
     loop = Loop(capacity=8)
     loop.hello(b"a", slots=4)

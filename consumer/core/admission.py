@@ -229,9 +229,10 @@ class Peers:
         return [loss for loss in losses if loss is not None], ping
 
     def figures(self, now: float) -> dict[str, dict[str, Any]]:
-        """Per producer (by name): batches and bytes received, tasks in flight, slots, seconds since it joined."""
+        """Per producer (by name): batches and bytes received, tasks in flight, slots, tasks it takes ahead of them,
+        seconds since it joined."""
         return {p.name: {"batches": p.batches, "bytes": p.bytes, "in_flight": len(p.in_flight), "slots": p.slots,
-                         "joined_s": now - p.joined}
+                         "ahead": p.ahead, "joined_s": now - p.joined}
                 for p in self.dispatcher.producers.values()}
 
     def describe(self, peer: bytes) -> str:

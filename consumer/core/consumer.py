@@ -198,6 +198,7 @@ class ConsumerCore:
         info = self.dispatcher.producers.get(peer)
         if info is not None:
             self._lose(peer, "unreachable", now, charge=True, charged=info.in_flight - unsent)
+        self.dispatcher.take_back(unsent)  # those its new connection holds, if it came back on one since
         return self._finish(now)
 
     def stop(self) -> None:

@@ -198,6 +198,23 @@ class Dispatcher:
         info.in_flight.clear()
         return info
 
+    def take_back(self, task_ids: Iterable[int]) -> None:
+        """Tasks whose TASK never reached their producer (it went, or came back on a new connection, before it was
+        sent): their seqs go to the front of the re-issue queue, free of any attempt. Ids no longer in flight are
+        ignored."""
+        seqs = []
+        for task_id in task_ids:
+            task = self.tasks.pop(task_id, None)
+            if task is None:
+                continue
+            producer = self.producers.get(task.peer)
+            if producer is not None:
+                producer.in_flight.discard(task_id)
+            seqs.append(task.seq)
+        seqs.sort()
+        self._requeued.extendleft(reversed(seqs))
+        self.reissued += len(seqs)
+
     def _charge(self, seq: int, attempt: Attempt) -> bool:
         """Count a lost attempt of ``seq``; True if that was its last (it is poisoned, not to be queued)."""
         attempts = self._attempts.setdefault(seq, [])
