@@ -44,6 +44,57 @@ def dealer(ctx: Any, endpoint: str) -> Any:
     return sock
 
 
+class HandMadeConsumer:
+    """A raw ROUTER speaking the protocol on a free loopback port, and the real producer ``start`` connects to it
+    (``python -m ferry.producer``, a :class:`ProducerProcess`). ``close`` stops both."""
+
+    def __init__(self) -> None:
+        import zmq
+
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(self.endpoint)
+        self.peer = b""
+        self.producer: ProducerProcess | None = None
+
+    def start(self, dataset: str, args: dict[str, Any], **kwargs: Any) -> "ProducerProcess":
+        self.producer = ProducerProcess(self.endpoint, dataset, args, **kwargs)
+        return self.producer
+
+    def next_message(self, kind: str, timeout: float = 30.0) -> tuple[dict, list[bytes]]:
+        """The next message of type ``kind`` from the producer (others skipped): its header and data frames."""
+        from ferry.common import protocol
+
+        found: list = []
+
+        def arrived() -> bool:
+            while self.sock.poll(0):
+                frames = self.sock.recv_multipart()
+                header = protocol.parse_header(frames[1])
+                if header["type"] == kind:
+                    self.peer = frames[0]
+                    found.append((header, frames[2:]))
+                    return True
+            return False
+
+        log = self.producer.output()[-2000:] if self.producer is not None else ""
+        wait_for(arrived, timeout, f"a {kind} from the producer (its log: {log})")
+        return found[0]
+
+    def send(self, kind: str, **fields: Any) -> None:
+        from ferry.common import protocol
+
+        self.sock.send_multipart([self.peer, protocol.pack(kind, **fields)])
+
+    def close(self) -> None:
+        if self.producer is not None:
+            self.producer.close()
+        self.sock.close(0)
+        self.ctx.term()
+
+
 def welcome_fields(**given: Any) -> dict[str, Any]:
     """What a hand-made consumer's WELCOME must say besides session, heartbeat and nonce (common/protocol.py's
     SCHEMAS): a loader's defaults, overridden by ``given``."""

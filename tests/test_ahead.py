@@ -11,57 +11,12 @@ from __future__ import annotations
 import time
 
 import pytest
-import zmq
 
 from ferry.common import protocol
 
-from .helpers import ProducerProcess, free_port, wait_for, welcome_fields
+from .helpers import HandMadeConsumer, welcome_fields
 
 SESSION = 7
-
-
-class HandMadeConsumer:
-    """A ROUTER on a free loopback port, and the real producer ``start`` connects to it."""
-
-    def __init__(self) -> None:
-        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(self.endpoint)
-        self.peer = b""
-        self.producer: ProducerProcess | None = None
-
-    def start(self, args: dict, **kwargs) -> ProducerProcess:
-        self.producer = ProducerProcess(self.endpoint, "synthetic", args, **kwargs)
-        return self.producer
-
-    def next_message(self, kind: str, timeout: float = 30.0) -> dict:
-        """The next message of type ``kind`` from the producer (others skipped): its header."""
-        found: list = []
-
-        def arrived() -> bool:
-            while self.sock.poll(0):
-                frames = self.sock.recv_multipart()
-                header = protocol.parse_header(frames[1])
-                if header["type"] == kind:
-                    self.peer = frames[0]
-                    found.append(header)
-                    return True
-            return False
-
-        log = self.producer.output()[-2000:] if self.producer else ""
-        wait_for(arrived, timeout, f"a {kind} from the producer (its log: {log})")
-        return found[0]
-
-    def send(self, kind: str, **fields) -> None:
-        self.sock.send_multipart([self.peer, protocol.pack(kind, **fields)])
-
-    def close(self) -> None:
-        if self.producer is not None:
-            self.producer.close()
-        self.sock.close(0)
-        self.ctx.term()
 
 
 @pytest.fixture
@@ -77,21 +32,21 @@ def consumer():
     ((), {"FERRY_AHEAD": "0"}, 0),  # none: its slots only, as before
 ])
 def test_the_hello_says_how_many_tasks_the_producer_takes_ahead(consumer, flags, env, said):
-    consumer.start({"length": 8, "shape": [2]}, threads=1, slots=3, extra=flags, env=env)
-    hello = consumer.next_message(protocol.HELLO)
+    consumer.start("synthetic", {"length": 8, "shape": [2]}, threads=1, slots=3, extra=flags, env=env)
+    hello, _ = consumer.next_message(protocol.HELLO)
     assert hello["slots"] == 3 and hello["ahead"] == said
 
 
 def test_tasks_beyond_its_slots_wait_their_turn_in_order_and_no_more_than_its_slots_run(consumer):
     delay = 0.2  # each one-sample batch sleeps this long: four at once would take one delay, one at a time four
-    consumer.start({"length": 8, "shape": [2], "delay": delay}, threads=4, slots=1, extra=("--ahead", "3"))
-    hello = consumer.next_message(protocol.HELLO)
+    consumer.start("synthetic", {"length": 8, "shape": [2], "delay": delay}, threads=4, slots=1, extra=("--ahead", "3"))
+    hello, _ = consumer.next_message(protocol.HELLO)
     assert hello["ahead"] == 3
     consumer.send(protocol.WELCOME, session=SESSION, heartbeat=0.2, nonce=hello["nonce"], **welcome_fields())
     start = time.monotonic()
     for task in range(1, 5):  # its whole window at once: 1 slot + 3 ahead
         consumer.send(protocol.TASK, session=SESSION, task=task, epoch=0, seq=task, indices=[task], on_error="raise")
-    answered = [consumer.next_message(protocol.BATCH)["task"] for _ in range(4)]
+    answered = [consumer.next_message(protocol.BATCH)[0]["task"] for _ in range(4)]
     took = time.monotonic() - start
     assert answered == [1, 2, 3, 4], "queued tasks start in the order given"
     assert took >= 4 * delay, f"4 batches of {delay} s in {took:.2f} s: more than its 1 slot ran at once"

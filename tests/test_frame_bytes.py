@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import zmq
 
 from ferry import RemoteLoader
 from ferry.common import protocol
@@ -17,49 +16,24 @@ from ferry.common.codec import Chunked, decode_tree
 from ferry.common.constants import DEFAULT_FRAME_BYTES, MAX_FRAME_BYTES, MIN_FRAME_BYTES
 from ferry.common.datasets import SyntheticDataset
 
-from .helpers import ProducerProcess, free_port, wait_for, welcome_fields
+from .helpers import HandMadeConsumer, ProducerProcess, free_port, welcome_fields
 
 ARGS = {"length": 4, "shape": [5, 1024, 1024], "dtype": "float32"}  # 20 MiB a sample
 LEAF = 5 * 1024 * 1024 * 4
 SESSION = 7
 
 
-class HandMadeConsumer:
-    """A ROUTER on a free loopback port and a real producer connected to it."""
+class FrameConsumer(HandMadeConsumer):
+    """A hand-made consumer (tests/helpers.py) and a real producer of ARGS' 20 MiB samples, 1 slot."""
 
     def __init__(self) -> None:
-        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(self.endpoint)
-        self.producer = ProducerProcess(self.endpoint, "synthetic", ARGS, threads=1, slots=1)
-        self.peer = b""
+        super().__init__()
+        self.start("synthetic", ARGS, threads=1, slots=1)
         self.tasks = 0
-
-    def next_message(self, kind: str, timeout: float = 30.0) -> tuple[dict, list[bytes]]:
-        """The next message of type ``kind`` from the producer (others skipped): its header and data frames."""
-        found: list = []
-
-        def arrived() -> bool:
-            while self.sock.poll(0):
-                frames = self.sock.recv_multipart()
-                header = protocol.parse_header(frames[1])
-                if header["type"] == kind:
-                    self.peer = frames[0]
-                    found.append((header, frames[2:]))
-                    return True
-            return False
-
-        wait_for(arrived, timeout, f"a {kind} from the producer (its log: {self.producer.output()[-2000:]})")
-        return found[0]
 
     def welcome(self, **extra) -> None:
         hello, _ = self.next_message(protocol.HELLO)
         self.send(protocol.WELCOME, session=SESSION, heartbeat=0.2, nonce=hello["nonce"], **welcome_fields(**extra))
-
-    def send(self, kind: str, **fields) -> None:
-        self.sock.send_multipart([self.peer, protocol.pack(kind, **fields)])
 
     def batch(self, index: int = 0) -> tuple[list[bytes], np.ndarray]:
         """Ask for sample ``index`` as a batch of one; return the frames on the wire and the decoded leaf."""
@@ -73,15 +47,10 @@ class HandMadeConsumer:
             leaf = leaf.assemble_into(np.empty(leaf.nbytes, np.uint8))
         return frames, leaf
 
-    def close(self) -> None:
-        self.producer.close()
-        self.sock.close(0)
-        self.ctx.term()
-
 
 @pytest.fixture
 def consumer():
-    made = HandMadeConsumer()
+    made = FrameConsumer()
     yield made
     made.close()
 
