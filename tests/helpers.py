@@ -226,17 +226,21 @@ def reference_batches(dataset: Any, *, batch_size: int, drop_last: bool, world_s
     return list(DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, sampler=sampler))
 
 
-def assert_epoch_matches(loader: Any, dataset: Any, *, epoch: int, batch_size: int, seed: int) -> int:
+def assert_epoch_matches(loader: Any, dataset: Any, *, epoch: int, batch_size: int, seed: int,
+                         each: Callable[[int], Any] | None = None) -> int:
     """Run one epoch of ``loader`` holding one batch at a time, as training does, and check each batch against
-    DataLoader's for the same shuffled ``epoch``. Returns the batch count. No batch outlives the call, so a
-    caller can check afterwards that every shared-memory slot came back."""
+    DataLoader's for the same shuffled ``epoch``; ``each(seq)`` is called after every batch checked. Returns the
+    batch count. No batch outlives the call, so a caller can check afterwards that every shared-memory slot came
+    back."""
     expected = reference_batches(dataset, batch_size=batch_size, drop_last=False, world_size=1, rank=0,
                                  shuffle=True, seed=seed, epoch=epoch)
     count = 0
     for seq, batch in enumerate(loader):
         assert_tree_equal(batch, expected[seq], f"epoch {epoch} batch {seq}")
         count += 1
-    assert count == len(expected)
+        if each is not None:
+            each(seq)
+    assert count == len(expected), f"epoch {epoch}: {count} batches, DataLoader has {len(expected)}"
     return count
 
 

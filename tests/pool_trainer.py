@@ -11,7 +11,7 @@ import sys
 
 from ferry import RemoteLoader
 from ferry.common.datasets import resolve_dataset
-from tests.helpers import assert_tree_equal, reference_batches
+from tests.helpers import assert_epoch_matches
 
 
 def main() -> None:
@@ -22,14 +22,10 @@ def main() -> None:
                       seed=seed, weight=weight, heartbeat=0.2, timeout=60, log_every=None) as loader:
         for epoch in range(epochs):
             loader.set_epoch(epoch)
-            expected = reference_batches(dataset, batch_size=batch_size, drop_last=False, world_size=1, rank=0,
-                                         shuffle=True, seed=seed, epoch=epoch)
-            count = 0
-            for seq, batch in enumerate(loader):
-                assert_tree_equal(batch, expected[seq], f"epoch {epoch} batch {seq}")
-                count += 1
-                print(json.dumps({"epoch": epoch, "batch": seq, "producers": loader.stats()["producers"]}), flush=True)
-            assert count == len(expected), f"epoch {epoch}: {count} batches, DataLoader has {len(expected)}"
+            assert_epoch_matches(loader, dataset, epoch=epoch, batch_size=batch_size, seed=seed,
+                                 each=lambda seq, epoch=epoch: print(json.dumps(
+                                     {"epoch": epoch, "batch": seq, "producers": loader.stats()["producers"]}),
+                                     flush=True))
             print(json.dumps({"end": epoch, "reissued": loader.stats()["reissued"]}), flush=True)
 
 
