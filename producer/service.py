@@ -89,10 +89,12 @@ class Producer:
         self._compressor = FrameCompressor(workers=min(config.threads, os.cpu_count() or 1))
         # one batch worker per slot of every connection there may be (threads start only when work needs them);
         # a batch buffer for every task a consumer may have given (a sent batch's buffer is back once libzmq is done)
-        workers = config.slots * max(1, self._links.capacity)
+        connections = max(1, self._links.capacity)
+        workers = config.slots * connections
         datasets = DatasetPool(
             dataset, label=config.dataset_label, allowed=config.allow_dataset, threads=config.threads,
-            buffers=(config.slots + config.tasks_ahead) * max(1, self._links.capacity) + 2, own_collate=config.collate, wake=self._waker.wake,
+            buffers=(config.slots + config.tasks_ahead) * connections + 2, own_collate=config.collate,
+            wake=self._waker.wake,
             make_batcher=lambda ds, collate, shared: Batcher(
                 ds, collate_fn=collate, threads=config.threads, batch_workers=workers, done=self._done,
                 waker=self._waker, compressor=self._compressor, shared=shared))

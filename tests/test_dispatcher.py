@@ -409,6 +409,7 @@ def test_a_task_queued_ahead_is_never_overdue_and_its_clock_starts_when_a_slot_i
     d.occupancy(70.0)  # seq 0 took 70 s; seq 1 may start only now
     timeout = 50.0
     assert d.overdue_tasks(110.0 - timeout) == {}, "at 110 s seq 1 has run 40 s, not the 110 since its issue"
+    assert set(d._turns) == {second.task}, "the answered task's clock is let go (no clock outlives its task)"
     assert d.overdue_tasks(121.0 - timeout) == {b"a": {second.task}}
     d.lose(b"a", "held a task too long", charged=d.overdue_tasks(121.0 - timeout)[b"a"])
     assert [p.seq for p in d.take_poisoned()] == [1]

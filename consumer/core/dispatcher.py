@@ -75,6 +75,12 @@ class ProducerInfo:
         """The tasks it may take now: its window less those it holds."""
         return self.window - len(self.in_flight)
 
+    @property
+    def may_run(self) -> set[int]:
+        """The tasks it may have started: its ``slots`` oldest. It starts a consumer's tasks in the order given, at
+        most ``slots`` at once, so the later ones wait in its queue (task ids only grow: the oldest came first)."""
+        return self.in_flight if len(self.in_flight) <= self.slots else set(sorted(self.in_flight)[:self.slots])
+
 
 @dataclass(frozen=True)
 class Attempt:
@@ -185,16 +191,14 @@ class Dispatcher:
             return None
         if self.sequencer is not None:
             self.sequencer.peer_lost(peer)
-        started = set(sorted(info.in_flight)[:info.slots])  # task ids only grow: the oldest were given first
+        started = info.may_run
         charge = (started if charged is None else started & set(charged)) if cause is not None else set()
         seqs = []
         for task_id in info.in_flight:
             task = self.tasks.pop(task_id)
             if task_id not in charge or not self._charge(task.seq, Attempt(info.name, cause or "")):
                 seqs.append(task.seq)
-        seqs.sort()
-        self._requeued.extendleft(reversed(seqs))
-        self.reissued += len(seqs)
+        self._reissue_first(seqs)
         info.in_flight.clear()
         return info
 
@@ -211,6 +215,10 @@ class Dispatcher:
             if producer is not None:
                 producer.in_flight.discard(task_id)
             seqs.append(task.seq)
+        self._reissue_first(seqs)
+
+    def _reissue_first(self, seqs: list[int]) -> None:
+        """``seqs`` go to the front of the re-issue queue, in seq order."""
         seqs.sort()
         self._requeued.extendleft(reversed(seqs))
         self.reissued += len(seqs)
@@ -248,14 +256,14 @@ class Dispatcher:
         self._stamp_turns(now)
 
     def _stamp_turns(self, now: float) -> None:
-        """Keep the clock of each producer's ``slots`` oldest tasks, those it may be running; a task that moved up
-        to them during this event (one before it was answered or dropped) starts its clock ``now``."""
-        turns, before = {}, self._turns
+        """Start the clock of each task that moved up to its producer's ``slots`` oldest during this event (one
+        before it was answered or dropped): from now it may be running. Clocks of tasks no longer in flight are
+        let go by :meth:`overdue_tasks`, every heartbeat, not here on every event."""
+        turns = self._turns
         for p in self.producers.values():
-            front = p.in_flight if len(p.in_flight) <= p.slots else sorted(p.in_flight)[:p.slots]
-            for task_id in front:
-                turns[task_id] = before.get(task_id, now)
-        self._turns = turns
+            for task_id in p.may_run:
+                if task_id not in turns:
+                    turns[task_id] = now
 
     def busy_until(self, now: float) -> float:
         """``busy_s`` with the time since the last event counted in."""
@@ -266,11 +274,11 @@ class Dispatcher:
         """By peer, the ids of its tasks held since before ``deadline``: counted from the moment each reached its
         producer's ``slots`` oldest (its issue, for most), since a task queued ahead waits for a slot first and a
         slow batch before it is not its delay. A task still queued is never overdue: those before it are first."""
+        self._turns = {task_id: since for task_id, since in self._turns.items() if task_id in self.tasks}
         out: dict[bytes, set[int]] = {}
         for task_id, since in self._turns.items():
-            task = self.tasks.get(task_id)
-            if task is not None and since < deadline:
-                out.setdefault(task.peer, set()).add(task_id)
+            if since < deadline:
+                out.setdefault(self.tasks[task_id].peer, set()).add(task_id)
         return out
 
     def assign(self, held: int, now: float) -> list[Task]:
