@@ -18,6 +18,7 @@ import weakref
 
 import pytest
 import torch.multiprocessing
+from torch.utils.data import DataLoader
 
 from ferry import RemoteLoader
 from ferry.consumer.local import folder as local_folder
@@ -165,18 +166,30 @@ def test_break_then_dropping_the_loader_frees_its_producers(no_gc):
 
 
 @pytest.mark.parametrize("how", ["close", "del"])
-def test_a_loader_let_go_lets_go_of_the_dataset_without_the_garbage_collector(no_gc, how):
+@pytest.mark.parametrize("mp_context", ["fork", "spawn"])
+def test_a_loader_let_go_lets_go_of_the_dataset_without_the_garbage_collector(no_gc, how, mp_context):
     # DataLoader's workers keep the dataset only while they live; a closed or dropped loader must not keep it (a
     # tensor dataset's shared memory, a file handle) until some later collection: a reference cycle between the
     # local producers and their watch thread did, holding the launcher and the dataset with it
     dataset = PairDataset(length=64)
     alive = weakref.ref(dataset)
-    loader = RemoteLoader(dataset=dataset, local_producers=2, batch_size=4, timeout=30)
+    loader = RemoteLoader(dataset=dataset, local_producers=2, batch_size=4, timeout=30, mp_context=mp_context)
     assert [y.tolist() for _, y in loader][:2] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     if how == "close":
         loader.close()
     del dataset, loader
     assert alive() is None, "the dataset outlived its loader: kept by a reference cycle"
+
+
+@pytest.mark.parametrize("mp_context", ["fork", "spawn"])
+def test_dataloader_itself_lets_go_of_the_dataset_without_the_garbage_collector(no_gc, mp_context):
+    # the reference for the test above: torch's DataLoader, on the same dataset, under the same start method
+    dataset = PairDataset(length=64)
+    alive = weakref.ref(dataset)
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context=mp_context)
+    assert [y.tolist() for _, y in loader][:2] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    del dataset, loader
+    assert alive() is None
 
 
 # --- never outliving the trainer -------------------------------------------------------------------------
