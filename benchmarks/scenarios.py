@@ -163,9 +163,11 @@ def load_only_rate(dataset: NpyFolderDataset, n: int) -> float:
 
 # --- 1. seed workload -------------------------------------------------------------------------------
 def user_loader(dataset: UserNpyFolder, p: int, shared: bool = True) -> RemoteLoader:
-    """Ferry over a user-written Dataset object: local producers fork with it, as DataLoader's workers do."""
-    return RemoteLoader(dataset=dataset, local_producers=p, batch_size=32, shuffle=True, no_producer_timeout=120,
-                        shared_memory=shared)
+    """Ferry over a user-written Dataset object: local producers fork with it, as DataLoader's workers do. Its
+    ``__getitem__`` (``np.load`` of its own path) is thread-safe, so it says so, as docs/porting.md tells a user
+    to: ``producer_threads`` (a dataset class of one's own loads one sample at a time without it)."""
+    return RemoteLoader(dataset=dataset, local_producers=p, producer_threads=DEFAULT_THREADS, batch_size=32,
+                        shuffle=True, no_producer_timeout=120, shared_memory=shared)
 
 
 def user_dataloader(dataset: UserNpyFolder, p: int) -> DataLoader:

@@ -154,8 +154,11 @@ def shared_values(target: type, *sources: Any) -> dict[str, Any]:
 
 
 # --- the options both sides take ----------------------------------------------------------------------
-THREADS = Setting(Int(1, MAX_THREADS), "loader threads in each producer: the samples of a batch load concurrently.",
-                  DEFAULT_THREADS, flag="--threads")
+THREADS = Setting(Int(1, MAX_THREADS), "loading threads in each producer: the samples of a batch load concurrently. "
+                  f"By default {DEFAULT_THREADS} for a built-in dataset, while a dataset class of your own is called "
+                  "one sample at a time, as a DataLoader worker calls it, because its __getitem__ may not be "
+                  "thread-safe (one open file it seeks in, a library that is not): give a number when it is.",
+                  None, optional=True, flag="--threads")
 SLOTS = Setting(Int(1, MAX_SLOTS), "batches each producer works on at once (with --ahead: its credit with each "
                 "consumer).",
                 DEFAULT_SLOTS, flag="--slots")

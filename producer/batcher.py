@@ -63,19 +63,20 @@ class Batcher:
 
     def __init__(self, dataset: Any, *, threads: int, batch_workers: int, done: "queue.SimpleQueue[Outcome]",
                  waker: Waker, collate_fn: Any = None, compressor: Any = None,
-                 shared: "tuple[SamplePool, BufferPool] | None" = None) -> None:
+                 shared: "tuple[SamplePool | None, BufferPool] | None" = None) -> None:
         """``shared``: the sample pool and the buffer pool of another batcher, to use instead of its own (a
-        producer pool's datasets share them: producer/pool.py); ``close()`` then leaves them to their owner."""
+        producer pool's datasets share them: producer/pool.py); ``close()`` then leaves them to their owner. A
+        sample pool of None there: this batcher's own, of one thread (a dataset whose loads must not overlap)."""
         self._dataset = dataset
         self._collate_fn = collate_fn  # the user's own: then samples reach it as they are, no row layout
         layout = dataset.array_layout() if callable(getattr(dataset, "array_layout", None)) else None
         # the fast path makes default_collate's [array, labels] itself: not with the user's own collate_fn
         self._layout = layout if callable(getattr(dataset, "read_into", None)) and collate_fn is None else None
-        self._owns_shared = shared is None
         self.pool = BufferPool(limit=batch_workers + 2) if shared is None else shared[1]
         self._rows: RowLayout | None = None  # the general path's sample layout, learned from a batch
         self._populated: set[tuple[int, int]] = set()  # slot regions this process has faulted in
-        self._samples = SamplePool(threads) if shared is None else shared[0]
+        self._owns_samples = shared is None or shared[0] is None
+        self._samples = SamplePool(threads if shared is None else 1) if self._owns_samples else shared[0]
         self._batches = ThreadPoolExecutor(max_workers=batch_workers, thread_name_prefix="ferry-batch")
         self._done = done
         self._waker = waker
@@ -310,7 +311,7 @@ class Batcher:
 
     def close(self) -> None:
         self._batches.shutdown(wait=True, cancel_futures=True)
-        if self._owns_shared:
+        if self._owns_samples:
             self._samples.shutdown()
         if self._shards is not None:
             self._shards.close()

@@ -39,9 +39,10 @@ examples:
   # serve all 4 ranks of a torchrun job on one host (ports 5555..5558), 8 loader threads
   python -m ferry.producer --connect tcp://trainer:5555-5558 --dataset npy-folder --dataset-arg root=/data --threads 8
 
-  # your own dataset: a class or factory, with keyword arguments (JSON values)
+  # your own dataset: a class or factory, with keyword arguments (JSON values); it loads one sample at a
+  # time, as in a DataLoader worker, unless --threads says its __getitem__ is thread-safe
   python -m ferry.producer --connect tcp://127.0.0.1:5555 --dataset mypkg.data:TileDataset \\
-      --dataset-arg root=/data --dataset-arg 'bands=[1,2,3]'
+      --dataset-arg root=/data --dataset-arg 'bands=[1,2,3]' --threads 4
 
   # a synthetic dataset with 5 ms of latency per sample
   python -m ferry.producer --connect tcp://127.0.0.1:5555 --dataset synthetic \\

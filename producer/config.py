@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from ferry.common import settings as s
 from ferry.common.constants import (
     DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, DEFAULT_RESOLVE_INTERVAL_S, DEFAULT_STUCK_AFTER_S,
-    DEFAULT_UNREACHABLE_WARNING_S, LOG_FORMATS, LOG_LEVELS,
+    DEFAULT_THREADS, DEFAULT_UNREACHABLE_WARNING_S, LOG_FORMATS, LOG_LEVELS,
 )
 from ferry.common.endpoints import expand_endpoints
 from ferry.common.errors import ConfigError
@@ -133,7 +133,7 @@ class ProducerConfig:
         s.KeywordArgs("dataset argument"), "keyword arguments of the dataset spec: KEY=VALUE, VALUE parsed as JSON when it parses, "
         "else taken as a string; repeatable (the variable: a JSON object).", {}, flag="--dataset-arg",
         env="FERRY_DATASET_ARGS", metavar="KEY=VALUE"))
-    threads: int = option(s.THREADS)
+    threads: int | None = option(s.THREADS)
     slots: int = option(s.SLOTS)
     heartbeat: float = option(s.HEARTBEAT)
     liveness: int = option(s.LIVENESS)
@@ -196,6 +196,12 @@ class ProducerConfig:
         "(gc.freeze()) as the very first thing serve does, so that no collection walks (and so copies) the "
         "parent's pages: set by local mode for a producer forked from the trainer.", False))
     ahead: int | None = option(s.AHEAD)
+
+    @property
+    def pool_threads(self) -> int:
+        """The sample pool's threads (``threads``; None: DEFAULT_THREADS). Whether a dataset's loads may use more
+        than one at a time: :func:`ferry.producer.loading.loads_concurrently`."""
+        return DEFAULT_THREADS if self.threads is None else self.threads
 
     @property
     def tasks_ahead(self) -> int:

@@ -13,13 +13,14 @@ from typing import Any
 import numpy as np
 
 from ferry.common.constants import REMOTE_MESSAGE_CHARS, REMOTE_TRACEBACK_CHARS
+from ferry.common.datasets import Transformed
 from ferry.common.remote_errors import exception_classes
 from ferry.common.sampleinfo import loading
 from ferry.common.shm import populate
 from ferry.producer.collate import RowLayout
 
 __all__ = ["load_sample", "load_item", "load_row", "read_row", "written_first", "BatchFailed", "sample_file",
-           "error_record"]
+           "error_record", "loads_concurrently"]
 
 # a Job (ferry.producer.batcher) is passed in as ``job``: these functions read its ``seed`` and ``epoch``
 
@@ -37,6 +38,20 @@ def _retry_ast_race(fn: Any, *args: Any) -> Any:
         if _AST_RACE not in str(exc):
             raise
         return fn(*args)
+
+
+def loads_concurrently(dataset: Any, threads: int | None) -> bool:
+    """Whether the loading threads may call ``dataset[i]`` (or ``read_into``) several at a time. ``threads``, the
+    producer's ``--threads``, says yes when given. By default (None) only Ferry's built-in datasets do: a
+    user's dataset class is called one sample at a time, as a DataLoader worker calls it, because nothing says
+    its ``__getitem__`` is thread-safe (a file handle it seeks in, a library that is not), and a race there
+    would not raise: it would load the wrong bytes. A transform around a built-in runs on the loading threads
+    either way (docs/datasets.md)."""
+    if threads is not None:
+        return True
+    while isinstance(dataset, Transformed):
+        dataset = dataset.dataset
+    return type(dataset).__module__.split(".")[0] == "ferry"
 
 
 def load_sample(dataset: Any, index: int, job: Any) -> Any:

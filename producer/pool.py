@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ferry.common.constants import MAX_DATASET_LEN, MAX_NAMED_DATASETS
+from ferry.common.constants import DEFAULT_THREADS, MAX_DATASET_LEN, MAX_NAMED_DATASETS
 from ferry.common.datasets import BUILTINS, dataset_fingerprint, resolve_dataset
 from ferry.common.pool import dataset_key
 from ferry.common.shardplan import announced_shard_lengths, is_sharded, shard_names
@@ -31,6 +31,7 @@ from ferry.common.streamplan import is_iterable, iterable_fields, iterable_len
 
 from ferry.producer.batcher import Batcher
 from ferry.producer.buffers import BufferPool
+from ferry.producer.loading import loads_concurrently
 from ferry.producer.samplepool import SamplePool
 
 __all__ = ["Served", "DatasetPool", "DatasetRefused", "announcement"]
@@ -81,13 +82,15 @@ class DatasetPool:
         own: the producer's own dataset, opened by ``serve``; None for a producer that serves only named ones.
         label: the spec its HELLO announces.
         allowed: the specs beyond the built-ins a consumer may name (``--allow-dataset``).
-        threads: the sample pool's threads, shared by every dataset's batcher.
+        threads: ``--threads``: the sample pool's threads, shared by every dataset's batcher (None: DEFAULT_THREADS).
+            A dataset whose loads must not overlap (a user's class without ``--threads``:
+            :func:`~ferry.producer.loading.loads_concurrently`) gets a pool of one thread of its own instead.
         buffers: the buffer pool's bound.
         make_batcher: builds a batcher for a dataset with its collate function, sharing ``(samples, buffers)``.
         wake: wakes the main loop (the service's waker), called when a named dataset's opening ends.
     """
 
-    def __init__(self, own: Any, *, label: str, allowed: tuple[str, ...], threads: int, buffers: int,
+    def __init__(self, own: Any, *, label: str, allowed: tuple[str, ...], threads: int | None, buffers: int,
                  make_batcher: Callable[..., Batcher], wake: Callable[[], None], own_collate: Any = None) -> None:
         self.allowed = allowed
         self._make = make_batcher
@@ -95,7 +98,9 @@ class DatasetPool:
         # named datasets open one at a time off the main loop; key -> (spec, args, future of (dataset, announced))
         self._opener = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferry-open")
         self._opening: dict[str, tuple[str, dict[str, Any], Future]] = {}
-        self._samples = SamplePool(threads)  # --threads loads at once over every dataset (producer/samplepool.py)
+        self._threads = threads
+        # --threads loads at once over every dataset that may load concurrently (producer/samplepool.py)
+        self._samples = SamplePool(DEFAULT_THREADS if threads is None else threads)
         self.buffers = BufferPool(limit=buffers)
         self.own: Served | None = None
         self._named: dict[str, Served] = {}
@@ -166,7 +171,8 @@ class DatasetPool:
 
     def _served(self, key: str, dataset: Any, label: str, args: dict[str, Any] | None, collate: Any) -> Served:
         announce, bound, iterable = announcement(dataset, label, args)
-        batcher = self._make(dataset, collate, (self._samples, self.buffers))
+        samples = self._samples if loads_concurrently(dataset, self._threads) else None  # None: its own, of one thread
+        batcher = self._make(dataset, collate, (samples, self.buffers))
         return Served(key, dataset, batcher, announce, bound, iterable)
 
     @property

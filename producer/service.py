@@ -51,6 +51,7 @@ from ferry.producer.connection import (
 )
 from ferry.producer.links import Link, announced_frame_bytes
 from ferry.producer.linkset import LinkSet
+from ferry.producer.loading import loads_concurrently
 from ferry.producer.logs import fields
 from ferry.producer.outbox import Outbox, hello_fields
 from ferry.producer.health import Health
@@ -86,7 +87,7 @@ class Producer:
                               bind=lambda link, opened: self._sharing.bind_link(link, opened))
         self._slab = self._map_slab(config.shared_memory)
         # compresses frames for links that use a codec, on its own threads (common/compression.py)
-        self._compressor = FrameCompressor(workers=min(config.threads, os.cpu_count() or 1))
+        self._compressor = FrameCompressor(workers=min(config.pool_threads, os.cpu_count() or 1))
         # one batch worker per slot of every connection there may be (threads start only when work needs them);
         # a batch buffer for every task a consumer may have given (a sent batch's buffer is back once libzmq is done)
         connections = max(1, self._links.capacity)
@@ -96,7 +97,7 @@ class Producer:
             buffers=(config.slots + config.tasks_ahead) * connections + 2, own_collate=config.collate,
             wake=self._waker.wake,
             make_batcher=lambda ds, collate, shared: Batcher(
-                ds, collate_fn=collate, threads=config.threads, batch_workers=workers, done=self._done,
+                ds, collate_fn=collate, threads=config.pool_threads, batch_workers=workers, done=self._done,
                 waker=self._waker, compressor=self._compressor, shared=shared))
         own = datasets.own
         # the datasets its consumers name, and a TASK's turn among theirs: at most --slots run at once (sharing.py)
@@ -138,13 +139,17 @@ class Producer:
         cfg = self.config
         own = self._sharing.datasets.own.announce if self._sharing.datasets.own is not None else NO_DATASET
         allowed = ", ".join(cfg.allow_dataset) or "none"
-        log.info("ferry producer %s (id %s) serving %s: %d samples, fingerprint %s, %d threads, %d slots -> %s; "
-                 "datasets consumers may name: the built-ins and %s",
+        served = self._sharing.datasets.own
+        threads = cfg.pool_threads if served is None or loads_concurrently(served.dataset, cfg.threads) else 1
+        serial = " (a dataset class of your own loads one sample at a time: --threads N if it is thread-safe)" \
+            if threads == 1 and cfg.threads is None else ""
+        log.info("ferry producer %s (id %s) serving %s: %d samples, fingerprint %s, loading threads %d%s, %d slots "
+                 "-> %s; datasets consumers may name: the built-ins and %s",
                  self.name, self.producer_id, cfg.dataset_label or "no dataset of its own", own["len"],
-                 own["fingerprint"] or "-", cfg.threads, cfg.slots, ", ".join(cfg.endpoints), allowed,
+                 own["fingerprint"] or "-", threads, serial, cfg.slots, ", ".join(cfg.endpoints), allowed,
                  extra=fields(event="start", producer=self.name, producer_id=self.producer_id,
                               dataset=cfg.dataset_label, samples=own["len"], fingerprint=own["fingerprint"],
-                              threads=cfg.threads, slots=cfg.slots, endpoints=list(cfg.endpoints),
+                              threads=threads, slots=cfg.slots, endpoints=list(cfg.endpoints),
                               allow_dataset=list(cfg.allow_dataset)))
         poller = self._poller
         poller.register(self._waker.fileno(), zmq.POLLIN)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -105,3 +106,38 @@ class UserFolder:
     def __getitem__(self, index: int):
         path, label = self.samples[index]
         return np.load(path), label
+
+
+#: OverlapProbe's state, one per producer process: loads running now, the most seen at once, and an event set
+#: when a load starts while another runs.
+_PROBE = {"active": 0, "peak": 0}
+_PROBE_LOCK = threading.Lock()
+_PROBE_OVERLAP = threading.Event()
+
+
+class OverlapProbe:
+    """Sample i is ``[i, peak]``: ``peak``, the most ``__getitem__`` calls this process has seen running at
+    once so far. Sample ``waiter`` waits (up to ``wait`` seconds) for another call to start while it runs, so
+    that loads that may overlap do overlap (a batch's first sample of a first batch loads alone: it teaches
+    the row layout), and loads that may not leave it waiting out its time."""
+
+    def __init__(self, length: int = 16, waiter: int = 1, wait: float = 1.0) -> None:
+        self.length, self.waiter, self.wait = int(length), int(waiter), float(wait)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        with _PROBE_LOCK:
+            _PROBE["active"] += 1
+            _PROBE["peak"] = max(_PROBE["peak"], _PROBE["active"])
+            if _PROBE["active"] > 1:
+                _PROBE_OVERLAP.set()
+        try:
+            if index == self.waiter:
+                _PROBE_OVERLAP.wait(self.wait)
+            with _PROBE_LOCK:
+                return np.array([index, _PROBE["peak"]], np.int64)
+        finally:
+            with _PROBE_LOCK:
+                _PROBE["active"] -= 1

@@ -145,11 +145,13 @@ class ProducerProcess:
     """``python -m ferry.producer`` as a real child process; stderr is kept for assertions."""
 
     def __init__(self, endpoints: str | Iterable[str], dataset: str, args: dict[str, Any] | None = None, *,
-                 threads: int = 2, slots: int = 2, heartbeat: float = 0.2, extra: Iterable[str] = (),
+                 threads: int | None = 2, slots: int = 2, heartbeat: float = 0.2, extra: Iterable[str] = (),
                  netns: str | None = None, prefix: Iterable[str] = (), env: dict[str, str] | None = None) -> None:
-        """``prefix``: a command that runs the producer's (its arguments follow it); ``env``: more variables."""
+        """``prefix``: a command that runs the producer's (its arguments follow it); ``env``: more variables;
+        ``threads`` None: no ``--threads`` (the producer's default)."""
         endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
-        command = [sys.executable, "-m", "ferry.producer", "--dataset", dataset, "--threads", str(threads),
+        command = [sys.executable, "-m", "ferry.producer", "--dataset", dataset,
+                   *(["--threads", str(threads)] if threads is not None else []),
                    "--slots", str(slots), "--heartbeat", str(heartbeat), *extra]
         for endpoint in endpoints:
             command += ["--connect", endpoint]

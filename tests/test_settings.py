@@ -73,7 +73,8 @@ def test_every_flag_and_variable_is_in_the_help_with_its_default():
         assert setting.variable in text, setting.variable
         if setting.flag:
             assert f"{setting.flag} " in text and f"[env {setting.variable}]" in text, setting.flag
-    assert "--threads THREADS loader threads in each producer" in text and "(default 4) [env FERRY_THREADS]" in text
+    assert "--threads THREADS loading threads in each producer" in text and "By default 4 for a built-in dataset" in text
+    assert "a dataset class of your own is called one sample at a time" in text
     assert "FERRY_UNREACHABLE_WARNING_S: first warn" in text
 
 

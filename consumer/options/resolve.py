@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ferry.common.constants import DEFAULT_ENDPOINT
+from ferry.common.constants import DEFAULT_ENDPOINT, DEFAULT_THREADS
 from ferry.common.errors import ConfigError
 from ferry.common.endpoints import shift_port
 
@@ -279,5 +279,6 @@ def warn_excessive_producers(local: LocalOptions | None, stacklevel: int) -> Non
                                                                                    "local_producers")
     warnings.warn(f"This RemoteLoader {start} local producer processes, and {usable}. Please be "
                   f"aware that excessive producer creation might make loading slow or even freeze it; lower "
-                  f"{knob} if necessary (each producer also runs producer_threads={local.threads} "
-                  f"loading threads).", UserWarning, stacklevel=stacklevel + 1)
+                  f"{knob} if necessary (each producer also runs "
+                  f"{'up to ' + str(DEFAULT_THREADS) if local.threads is None else local.threads} loading threads).",
+                  UserWarning, stacklevel=stacklevel + 1)
