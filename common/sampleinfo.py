@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-__all__ = ["SampleInfo", "sample_info", "sample_seed", "seed_process", "producer_seed"]
+__all__ = ["SampleInfo", "sample_info", "sample_seed", "seed_process", "producer_seed", "numpy_seed"]
 
 _SEED_MASK = (1 << 63) - 1
 
@@ -95,7 +95,7 @@ def seed_process(seed: int | None, *, worker_id: int = 0, num_workers: int = 1, 
     if "numpy" in sys.modules:
         import numpy as np
 
-        np.random.seed(seed % (1 << 32))  # the legacy global generator takes 32 bits
+        np.random.seed(numpy_seed((seed - worker_id) & _SEED_MASK, worker_id))
     if "torch" in sys.modules:
         import torch
         from torch.utils.data._utils import worker as torch_worker
@@ -104,3 +104,41 @@ def seed_process(seed: int | None, *, worker_id: int = 0, num_workers: int = 1, 
         torch_worker._worker_info = torch_worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed,
                                                             dataset=dataset)
     return seed
+
+
+_MASK32 = 0xFFFFFFFF
+
+
+def numpy_seed(base_seed: int, worker_id: int) -> list[int]:
+    """The seed DataLoader gives numpy's global generator in worker ``worker_id`` of base seed ``base_seed``: four
+    32-bit words hashed from both, as ``torch.utils.data._utils.worker._generate_state`` computes them (numpy's
+    SeedSequence hashing; written out here because torch keeps it private). A producer's process seed is
+    ``base_seed + worker_id``, so the base is that less its id."""
+    init_a, mult_a, init_b, mult_b, mix_l, mix_r, shift = (0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED,
+                                                           0xCA01F9DD, 0x4973F715, 16)
+    entropy = [worker_id, base_seed & _MASK32, base_seed >> 32, 0]
+    const_a = init_a
+
+    def hashed(value: int) -> int:
+        nonlocal const_a
+        value = (value ^ const_a) & _MASK32
+        const_a = (const_a * mult_a) & _MASK32
+        value = (value * const_a) & _MASK32
+        return (value ^ (value >> shift)) & _MASK32
+
+    def mixed(x: int, y: int) -> int:
+        result = (((mix_l * x) & _MASK32) - ((mix_r * y) & _MASK32)) & _MASK32
+        return (result ^ (result >> shift)) & _MASK32
+
+    pool = [hashed(value) for value in entropy]
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                pool[dst] = mixed(pool[dst], hashed(pool[src]))
+    state, const_b = [], init_b
+    for value in pool:
+        value = (value ^ const_b) & _MASK32
+        const_b = (const_b * mult_b) & _MASK32
+        value = (value * const_b) & _MASK32
+        state.append((value ^ (value >> shift)) & _MASK32)
+    return state

@@ -38,7 +38,7 @@ such a WELCOME leaves the machine GREETING and asks the loop to :class:`OpenData
 from __future__ import annotations
 
 import logging
-import random
+import secrets
 from typing import Any, Callable, Iterable
 
 from ferry.common import protocol
@@ -79,12 +79,13 @@ class Connection:
         unreachable_warning_s: first warn when no consumer answered for this long, then with back-off.
             [Unit: second]
         dataset_len: samples in the dataset; a TASK index beyond it is a protocol error.
-        new_nonce: draws a fresh nonce (the loop's randomness, injected).
+        new_nonce: draws a fresh nonce (the loop's randomness, injected). By default from the OS: never from the
+            process's global ``random``, whose stream is the dataset's, seeded as a DataLoader worker's.
     """
 
     def __init__(self, endpoint: str, *, now: float, heartbeat: float, liveness: int,
                  unreachable_warning_s: float, dataset_len: int,
-                 new_nonce: Callable[[], int] = lambda: random.getrandbits(62)) -> None:
+                 new_nonce: Callable[[], int] = lambda: secrets.randbits(62)) -> None:
         self.endpoint = endpoint
         self.heartbeat = heartbeat
         self.liveness = liveness

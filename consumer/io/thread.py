@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import queue
-import random
+import secrets
 import socket
 import threading
 import time
@@ -72,7 +72,7 @@ class IoThread:
                  counters: Counters, curve: Any = None, slab: Any = None) -> None:
         self.config = config
         self._handoff = handoff
-        self._core = ConsumerCore(config, session=random.getrandbits(62) | 1, now=time.monotonic(),
+        self._core = ConsumerCore(config, session=secrets.randbits(62) | 1, now=time.monotonic(),
                                   counters=counters, slab=slab)
         self._dataset_known = threading.Event()
         self._failure: BaseException | None = None
