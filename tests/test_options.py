@@ -290,6 +290,18 @@ def test_the_endpoint_comes_from_ferry_endpoint_when_not_given(monkeypatch):
         RemoteLoader(batch_size=2, dataset_len=4)
 
 
+def test_a_port_above_65535_is_refused_naming_it(monkeypatch):
+    """libzmq would bind tcp://127.0.0.1:112000 on port 46464 (112000 - 65536) and say nothing, while producers
+    refuse that endpoint: the trainer waited for producers that could never connect."""
+    with pytest.raises(ConfigError, match=r"endpoint 'tcp://127.0.0.1:112000': port 112000 is out of range"):
+        RemoteLoader(endpoint="tcp://127.0.0.1:112000", batch_size=2, dataset_len=4)
+    with pytest.raises(ConfigError, match=r"'tcp://\*:70000': port 70000"):
+        RemoteLoader(endpoint=[f"tcp://127.0.0.1:{free_port()}", "tcp://*:70000"], batch_size=2, dataset_len=4)
+    monkeypatch.setenv("FERRY_ENDPOINT", "tcp://127.0.0.1:65536")
+    with pytest.raises(ConfigError, match="port 65536"):
+        RemoteLoader(batch_size=2, dataset_len=4)
+
+
 def test_curve_comes_from_the_environment_when_the_script_gives_none(tmp_path, monkeypatch, endpoint):
     """Engine files turn CURVE on (deploy/slurm, deploy/kubernetes) without editing the training script."""
     out = subprocess.run([sys.executable, "-m", "ferry", "keys", str(tmp_path / "keys"), "--producer", "p"],

@@ -10,6 +10,7 @@ never imports torch.
 from __future__ import annotations
 
 import inspect
+import re
 import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -29,7 +30,15 @@ class _Endpoints(s.Kind):
         given = [value] if isinstance(value, str) else value
         if not isinstance(given, (list, tuple)) or not all(isinstance(e, str) and e for e in given):
             raise ConfigTypeError(f"{name} must be a string like tcp://*:5555, a list of them, or None; got {value!r}")
+        for endpoint in given:  # libzmq would bind a port above 65535 modulo 65536, and say nothing
+            port = _TCP_PORT.match(endpoint)
+            if port is not None and int(port["port"]) > 65535:
+                raise ConfigError(f"{name} {endpoint!r}: port {port['port']} is out of range (1-65535)")
         return tuple(given)
+
+
+#: A tcp endpoint's numeric port (other shapes, ``tcp://*:*`` or ``ipc://``, are left to libzmq).
+_TCP_PORT = re.compile(r"^tcp://.*:(?P<port>\d+)$")
 
 
 class _Indices(s.Kind):
