@@ -14,6 +14,8 @@ dropped): the loader is closed once its pipeline's ``stop`` event is set.
 
 from __future__ import annotations
 
+import json
+import shlex
 import time
 from typing import Any, Callable
 
@@ -24,13 +26,16 @@ class LoaderHealth:
     """The health checks of one loader's io thread, staging thread and local producers."""
 
     def __init__(self, io: Any, local: Any, staging_failure: list[BaseException], endpoints: tuple[str, ...],
-                 timeout: float, stop: Any) -> None:
+                 timeout: float, stop: Any, start_hint: str = "") -> None:
+        """``start_hint``: the command that starts a producer for this loader, as far as it knows
+        (:func:`start_hint`)."""
         self._stop = stop  # a threading.Event, set when the loader closes
         self._io = io  # IoThread
         self._local = local  # LocalProducers, or None
         self._staging_failure = staging_failure  # the staging thread appends what ended it
         self._endpoints = endpoints
         self._timeout = timeout  # no_producer_timeout; math.inf: wait forever
+        self._start_hint = start_hint or start_hint_for(endpoints, None, None)
 
     def check(self) -> None:
         """Raise if the loader is closed, a part failed, or no producer has served for longer than the
@@ -73,8 +78,31 @@ class LoaderHealth:
         health = self._io.health()
         refused = (f" A producer refused the dataset this loader names: {health.refused} (start the pool with "
                    f"--allow-dataset <spec>)." if health.refused else "")
+        rejected = (f" It rejected {health.rejected} producer HELLO(s), the latest: {health.last_rejection}."
+                    if health.rejected and not health.refused else "")
         return NoProducersError(
             f"no producer alive for {waited:.1f} s (no_producer_timeout={self._timeout:g} s); the consumer is bound to "
-            f"{', '.join(self._endpoints)} and has seen {health.producers_seen} producer(s) in all.{refused} Start "
-            f"one with: python -m ferry.producer --connect tcp://<this-host>:<port> --dataset <spec>"
+            f"{', '.join(self._endpoints)} and has seen {health.producers_seen} producer(s) in all.{rejected}"
+            f"{refused} Start one with: {self._start_hint}"
         )
+
+
+def start_hint_for(endpoints: tuple[str, ...], dataset: Any, dataset_args: dict[str, Any] | None) -> str:
+    """The command that starts a producer for a loader bound to ``endpoints`` and serving ``dataset`` (a spec with
+    ``dataset_args``, or an object), with placeholders where the loader cannot know: the host a wildcard bind
+    stands for, the importable name of a class defined in the script, the arguments of an object."""
+    tcp = [e for e in endpoints if e.startswith("tcp://")]
+    if tcp:
+        host, _, port = tcp[0][len("tcp://"):].rpartition(":")
+        connect = f"tcp://{'<this-host>' if host in ('*', '0.0.0.0', '[::]') else host}:{port}"
+    else:
+        connect = "tcp://<this-host>:<port>"
+    if isinstance(dataset, str) and dataset:
+        spec = dataset
+        args = "".join(f" --dataset-arg {shlex.quote(f'{key}={value if isinstance(value, str) else json.dumps(value)}')}"
+                       for key, value in (dataset_args or {}).items())
+    elif dataset is not None and type(dataset).__module__ not in ("__main__", "builtins"):
+        spec, args = f"{type(dataset).__module__}:{type(dataset).__qualname__}", " [--dataset-arg KEY=VALUE ...]"
+    else:
+        spec, args = "<package.module:YourDataset>", ""
+    return f"python -m ferry.producer --connect {connect} --dataset {spec}{args}"

@@ -38,7 +38,7 @@ from ferry.common.errors import ConfigError, LoaderClosedError
 
 from ferry.consumer.core import sequencer_for
 from ferry.consumer.epoch import EpochIterator, EpochParts, RunCounter
-from ferry.consumer.health import LoaderHealth
+from ferry.consumer.health import LoaderHealth, start_hint_for
 from ferry.consumer.figures.observer import EpochObserver
 from ferry.consumer.planning import EpochPlanner
 from ferry.consumer.resume import RESUME_OPTIONS, ResumePoint, capture_state, restore_state
@@ -140,7 +140,8 @@ class RemoteLoader:
         self._staging_stager = pipeline.stager
         self._planner = EpochPlanner(opts, self._io)
         self._health = LoaderHealth(self._io, self._local, pipeline.staging_failure, self.endpoints,
-                                    self.no_producer_timeout, pipeline.stop)
+                                    self.no_producer_timeout, pipeline.stop,
+                                    start_hint_for(self.endpoints, opts.dataset, opts.dataset_args))
         self._observer = EpochObserver(self._counters, self._io.snapshot,
                                        capacity=self.buffer_batches, log_every=self.log_every,
                                        threads=(self._io.thread, self._staging), on_demand=pipeline.autoscale,

@@ -24,6 +24,35 @@ def test_no_producers_names_the_endpoint_and_the_count_seen(endpoint):
     assert endpoint in message and "seen 0 producer(s)" in message and "no_producer_timeout=0.5" in message
 
 
+def test_no_producers_names_the_rejected_producer_and_why(endpoint, spawn):
+    """The only producer that came was rejected (another dataset length): the error says so, instead of "seen 0
+    producer(s)" alone, and its start command names the loader's own endpoint."""
+    producer = spawn(endpoint, "synthetic", {"length": 30})
+    with RemoteLoader(endpoint=endpoint, dataset_len=31, batch_size=2, heartbeat=0.2,
+                      no_producer_timeout=1.0) as loader:
+        assert producer.proc.wait(20) == 3  # rejected for good: it exits
+        with pytest.raises(NoProducersError) as info:
+            next(iter(loader))
+    message = str(info.value)
+    assert "seen 0 producer(s)" in message and "rejected 1 producer HELLO(s)" in message, message
+    assert "dataset length 30" in message and "differs from this consumer's 31" in message, message
+    assert f"python -m ferry.producer --connect {endpoint} --dataset" in message, message
+
+
+def test_the_start_hint_fills_in_what_the_loader_knows():
+    from ferry.consumer.health import start_hint_for
+    from tests.datasets import PairDataset
+
+    assert start_hint_for(("tcp://*:5555",), "npy-folder", {"root": "/data x", "bands": [1, 2]}) == (
+        "python -m ferry.producer --connect tcp://<this-host>:5555 --dataset npy-folder "
+        "--dataset-arg 'root=/data x' --dataset-arg 'bands=[1, 2]'")
+    assert start_hint_for(("ipc:///tmp/l", "tcp://10.0.0.1:6000"), PairDataset(), None) == (
+        "python -m ferry.producer --connect tcp://10.0.0.1:6000 --dataset tests.datasets:PairDataset "
+        "[--dataset-arg KEY=VALUE ...]")
+    assert start_hint_for(("ipc:///tmp/l",), None, None) == (
+        "python -m ferry.producer --connect tcp://<this-host>:<port> --dataset <package.module:YourDataset>")
+
+
 def test_no_producers_after_the_last_one_left(endpoint, spawn):
     producer = spawn(endpoint, "synthetic", {"length": 400, "shape": [2], "delay": 0.01}, threads=1, slots=1)
     with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, no_producer_timeout=1.0) as loader:

@@ -105,6 +105,8 @@ class Peers:
         self.dataset_spec = dataset_spec  # admit only producers announcing this spec (pools: named to them)
         self.dataset_args = dict(dataset_args or {})  # named with the spec to pool producers
         self.refused = ""  # the latest producer's refusal to load the dataset we named, in words
+        self.rejected = 0  # HELLOs rejected, in all
+        self.last_rejection = ""  # the latest, in words: which producer, and why
         self.dataset_len = dataset_len
         self.fingerprint = fingerprint
         self.shard_lengths: list[int] | None = None  # each shard's samples, as the first producer announced them
@@ -134,12 +136,12 @@ class Peers:
         if verdict == REJECT:
             if "refused" in hello:
                 self.refused = f"producer {name}: {hello['refused']}"
-            return Admission(name, reject=why, refused="refused" in hello)
+            return self._reject(name, why, refused="refused" in hello)
         if verdict == NAME:
             return Admission(name, naming=True)
         reason = self._check_dataset(hello["dataset"], name)
         if reason is not None:
-            return Admission(name, reject=reason)
+            return self._reject(name, reason)
         dataset = hello["dataset"]
         adopted = "" if known else (f"{dataset['len']} samples, fingerprint {dataset['fingerprint']!r}, "
                                     f"spec {dataset['spec']!r}")
@@ -170,6 +172,11 @@ class Peers:
             self.seen += 1
         return Admission(name, joined=joined, losses=tuple(loss for loss in losses if loss is not None),
                          live=len(self.dispatcher.producers), adopted=adopted)
+
+    def _reject(self, name: str, why: str, refused: bool = False) -> Admission:
+        self.rejected += 1
+        self.last_rejection = f"producer {name}: {why}"
+        return Admission(name, reject=why, refused=refused)
 
     def _check_dataset(self, dataset: dict[str, Any], name: str) -> str | None:
         """Why ``dataset`` is not the one served here, or None (the first one known becomes the one)."""

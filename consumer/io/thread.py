@@ -54,6 +54,8 @@ class IoHealth:
     churn: int  # producers lost since progress_at
     last_loss: str  # the latest of those losses, in words
     refused: str = ""  # the latest pool producer's refusal to load the dataset this consumer named, in words
+    rejected: int = 0  # producers' HELLOs rejected, in all
+    last_rejection: str = ""  # the latest: which producer, and why
 
 
 class IoThread:
@@ -158,7 +160,7 @@ class IoThread:
             return IoHealth(alive=alive, failure=self._failure, live_producers=len(self._core.dispatcher.producers),
                             producers_seen=peers.seen, no_producer_since=peers.none_since,
                             progress_at=peers.progress_at, churn=peers.churn, last_loss=peers.last_loss,
-                            refused=peers.refused)
+                            refused=peers.refused, rejected=peers.rejected, last_rejection=peers.last_rejection)
 
     def wait_dataset(self, timeout: float) -> tuple[int, bool] | None:
         """``(length, sharded)`` of the dataset once known (given, or from the first producer admitted); None if
