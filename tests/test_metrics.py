@@ -85,3 +85,10 @@ def test_the_export_uses_the_declared_types():
     assert isinstance(families["x_moves"], GaugeMetricFamily)
     assert isinstance(families["x_other"], GaugeMetricFamily)  # undeclared numbers are gauges
     assert "x_tree" not in families and "x_flag" not in families
+
+
+def test_the_progress_line_shows_a_slow_rate_instead_of_rounding_it_to_zero():
+    from ferry.consumer.figures.observer import rate_text
+
+    assert [rate_text(x) for x in (0.0, 0.004, 0.1, 0.126, 2.5, 9.94, 12.4, 1234.5)] == [
+        "0", "0.004", "0.1", "0.13", "2.5", "9.9", "12", "1234"]

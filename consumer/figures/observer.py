@@ -102,10 +102,15 @@ class EpochObserver:
             return
         self._last_log = now
         s = stats_figures(self._counters, self._snapshot(), capacity=self._capacity, epoch=epoch)
-        log.info("ferry: epoch %d batch %d/%d | %.0f MB/s | stall %.1f %% | producers %d | buffered %d + in flight "
-                 "%d of %d | re-issued %d, duplicates %d, invalid %d", epoch, done, total, s["mb_per_s"],
+        log.info("ferry: epoch %d batch %d/%d | %s MB/s | stall %.1f %% | producers %d | buffered %d + in flight "
+                 "%d of %d | re-issued %d, duplicates %d, invalid %d", epoch, done, total, rate_text(s["mb_per_s"]),
                  100 * s["epoch_stall_fraction"], s["producers"], s["buffered"], s["in_flight"], self._capacity,
                  s["reissued"], s["duplicates"], s["invalid_messages"])
+
+
+def rate_text(mb_per_s: float) -> str:
+    """A rate for the progress line: whole MB/s from 10 up, two significant digits below (0.12, not 0)."""
+    return f"{mb_per_s:.0f}" if mb_per_s >= 10 else f"{mb_per_s:.2g}"
 
 
 class WaitTally:
