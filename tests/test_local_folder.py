@@ -35,8 +35,10 @@ TRAINER = textwrap.dedent("""
 """)
 
 
-def _start_trainer(mode="plain"):
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, mode], env=producer_env(), cwd=REPO,
+def _start_trainer(mode="plain", tmpdir=None):
+    """``tmpdir``: the trainer's TMPDIR (its folder's parent); by default the system's."""
+    env = {**producer_env(), **({"TMPDIR": str(tmpdir)} if tmpdir is not None else {})}
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, mode], env=env, cwd=REPO,
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = trainer.stdout.readline()  # bounded: the trainer's own timeout=60 ends it if nothing starts
     assert line.startswith("READY"), line + trainer.stderr.read()
@@ -91,8 +93,12 @@ def test_no_folder_remains_after_a_signal_the_trainer_leaves_through_python_on(s
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-def test_the_folder_of_a_trainer_killed_outright_is_swept_at_the_next_start(signum):
-    trainer, folder, pids = _start_trainer()
+def test_the_folder_of_a_trainer_killed_outright_is_swept_at_the_next_start(signum, tmp_path, monkeypatch):
+    # a temp root of its own: a loader that another test starts meanwhile (pytest -n 2) would sweep the dead
+    # trainer's folder from the shared one before this test looked at it
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    trainer, folder, pids = _start_trainer(tmpdir=tmp_path)
+    assert os.path.dirname(folder) == str(tmp_path)
     rc, stderr = _stop(trainer, signum)
     assert rc == -signum, stderr  # SIGTERM's default action: the trainer dies of it, as without Ferry
     assert os.path.isdir(folder)  # nothing of the trainer ran
