@@ -33,6 +33,7 @@ its :class:`~ferry.common.waker.Waker`. Only the main loop touches sockets.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,7 +53,7 @@ from ferry.producer.convert import convert
 from ferry.producer.culprits import collate_or_blame, whole_batch
 from ferry.producer.jobs import Job, Outcome
 from ferry.producer.loading import BatchFailed, error_record, load_item, load_row, read_row, written_first
-from ferry.producer.samplepool import SamplePool
+from ferry.producer.samplepool import SamplePool, Turns
 from ferry.producer.shards import runner_for
 
 __all__ = ["Batcher", "Job", "Outcome"]
@@ -77,6 +78,8 @@ class Batcher:
         self._populated: set[tuple[int, int]] = set()  # slot regions this process has faulted in
         self._owns_samples = shared is None or shared[0] is None
         self._samples = SamplePool(threads if shared is None else 1) if self._owns_samples else shared[0]
+        # one loading thread: batches submit their samples in the order they were started (samplepool.Turns)
+        self._turns = Turns() if self._samples.threads == 1 else None
         self._batches = ThreadPoolExecutor(max_workers=batch_workers, thread_name_prefix="ferry-batch")
         self._done = done
         self._waker = waker
@@ -100,7 +103,13 @@ class Batcher:
                 return
             self._shards.submit(job)
             return
-        self._batches.submit(self._run, job)
+        if self._turns is None:
+            self._batches.submit(self._run, job, None)
+            return
+        ticket = self._turns.ticket()
+        turns = self._turns
+        self._batches.submit(self._run, job, ticket).add_done_callback(
+            lambda future: turns.passed(ticket) if future.cancelled() else None)
 
     def _finish(self, job: Job, outcome: Outcome) -> None:
         with self._lock:
@@ -108,41 +117,52 @@ class Batcher:
         self._done.put(outcome)
         self._waker.wake()
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job, ticket: int | None) -> None:
+        """``ticket``: the job's turn at a one-thread sample pool (None: no turns)."""
         try:
-            outcome = self._assemble_one(job) if job.unbatched else self._assemble(job)
+            outcome = self._assemble_one(job, ticket) if job.unbatched else self._assemble(job, ticket)
         except (BatchTooLarge, BatchTypeError) as exc:  # one record, whatever on_error: raised, never skipped
             outcome = self._fail(job, [error_record(job.indices[0], exc)])
         except BaseException as exc:  # never lose a job: a bug here becomes a FAIL the consumer sees
             outcome = self._fail(job, whole_batch(job, job.indices, exc))
+        finally:
+            if ticket is not None:
+                self._turns.passed(ticket)  # if its turn never came (it failed first): the next job's comes
         self._finish(job, outcome)
 
-    def _assemble_one(self, job: Job) -> Outcome:
+    def _turn(self, ticket: int | None) -> Any:
+        """While held, this job alone submits samples (every job started before it has submitted its own)."""
+        return self._turns.turn(ticket) if ticket is not None else contextlib.nullcontext()
+
+    def _assemble_one(self, job: Job, ticket: int | None) -> Outcome:
         """An unbatched loader's task: one sample, ``dataset[i]`` (``dataset[indices]`` for a sampler's list),
         through the user's collate_fn or else :func:`convert`, as DataLoader with ``batch_size=None``."""
         item = job.indices if job.unbatched == "list" else job.indices[0]
         try:
-            sample = self._samples.run_or_submit(load_item, self._dataset, item, job).result()
+            with self._turn(ticket):
+                loading = self._samples.run_or_submit(load_item, self._dataset, item, job)
+            sample = loading.result()
             tree = (self._collate_fn or convert)(sample)
         except Exception as exc:
             return self._fail(job, [error_record(job.indices[0], exc)])
         return self._message(job, tree, [], None, untracked=0, batch_first=False)
 
-    def _assemble(self, job: Job) -> Outcome:
+    def _assemble(self, job: Job, ticket: int | None) -> Outcome:
         if self._layout is not None:
-            return self._assemble_fast(job)
-        layout = self._rows  # learned from an earlier batch; None until then (or when samples defeat it)
-        futures: list[Future] = []
-        if layout is None and self._collate_fn is None:  # learn it from this batch's first sample, so that even the first batch takes rows
-            futures.append(self._samples.submit(load_row, self._dataset, job.indices[0], job, None, [], 0))
-            layout = self._learn_first(futures[0])
-        dests, pooled = self._destinations(layout, job) if layout is not None else ([], None)
-        fresh = pooled is None and self._fresh(job)
-        if futures and layout is not None:
-            futures[0] = written_first(futures[0], layout, dests, fresh)
-        load = self._samples.run_or_submit if len(job.indices) == 1 else self._samples.submit  # see SamplePool
-        futures += [load(load_row, self._dataset, i, job, layout, dests, row, fresh)
-                    for row, i in enumerate(job.indices) if row >= len(futures)]
+            return self._assemble_fast(job, ticket)
+        with self._turn(ticket):
+            layout = self._rows  # learned from an earlier batch; None until then (or when samples defeat it)
+            futures: list[Future] = []
+            if layout is None and self._collate_fn is None:  # learn it from this batch's first sample, so that even the first batch takes rows
+                futures.append(self._samples.submit(load_row, self._dataset, job.indices[0], job, None, [], 0))
+                layout = self._learn_first(futures[0])
+            dests, pooled = self._destinations(layout, job) if layout is not None else ([], None)
+            fresh = pooled is None and self._fresh(job)
+            if futures and layout is not None:
+                futures[0] = written_first(futures[0], layout, dests, fresh)
+            load = self._samples.run_or_submit if len(job.indices) == 1 else self._samples.submit  # see SamplePool
+            futures += [load(load_row, self._dataset, i, job, layout, dests, row, fresh)
+                        for row, i in enumerate(job.indices) if row >= len(futures)]
         samples, indices, errors, fitted = [], [], [], 0
         for index, future in zip(job.indices, futures):
             try:
@@ -229,16 +249,18 @@ class Batcher:
         self._populated.add(key)
         return True
 
-    def _assemble_fast(self, job: Job) -> Outcome:
+    def _assemble_fast(self, job: Job, ticket: int | None) -> Outcome:
         shape, dtype = self._layout
         batch_shape = (len(job.indices), *shape)
-        room = job.slot.reserve(int(np.prod(batch_shape)) * np.dtype(dtype).itemsize) if job.slot else None
-        # straight into the consumer's shared memory if there is a slot, else a pooled buffer. release() below
-        # ignores what the pool did not hand out, so a slot view needs no special case there
-        buffer = room.view(dtype).reshape(batch_shape) if room is not None else self.pool.acquire(batch_shape, dtype)
-        fresh = room is not None and self._fresh(job)
-        load = self._samples.run_or_submit if len(job.indices) == 1 else self._samples.submit  # see SamplePool
-        futures = [load(read_row, self._dataset, i, buffer[row], job, fresh) for row, i in enumerate(job.indices)]
+        with self._turn(ticket):
+            room = job.slot.reserve(int(np.prod(batch_shape)) * np.dtype(dtype).itemsize) if job.slot else None
+            # straight into the consumer's shared memory if there is a slot, else a pooled buffer. release() below
+            # ignores what the pool did not hand out, so a slot view needs no special case there
+            buffer = room.view(dtype).reshape(batch_shape) if room is not None else self.pool.acquire(batch_shape,
+                                                                                                     dtype)
+            fresh = room is not None and self._fresh(job)
+            load = self._samples.run_or_submit if len(job.indices) == 1 else self._samples.submit  # see SamplePool
+            futures = [load(read_row, self._dataset, i, buffer[row], job, fresh) for row, i in enumerate(job.indices)]
         labels, good, errors = [], [], []
         for row, (index, future) in enumerate(zip(job.indices, futures)):
             try:
@@ -310,6 +332,8 @@ class Batcher:
         return self._samples, self.pool
 
     def close(self) -> None:
+        if self._turns is not None:
+            self._turns.close()  # a job waiting for its turn fails instead (its consumer is gone or re-issues)
         self._batches.shutdown(wait=True, cancel_futures=True)
         if self._owns_samples:
             self._samples.shutdown()

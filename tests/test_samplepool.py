@@ -1,5 +1,6 @@
 """The producer's sample pool (producer/samplepool.py): a batch worker may load a one-sample batch on its own thread,
-but never more than ``--threads`` samples load at once, whoever runs them."""
+but never more than ``--threads`` samples load at once, whoever runs them; and the turns that keep a one-thread
+pool's loads in the order of their batches."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 
 import pytest
 
-from ferry.producer.samplepool import SamplePool
+from ferry.producer.samplepool import SamplePool, Turns, TurnsClosed
 
 
 def test_a_free_permit_runs_the_load_on_the_calling_thread_and_an_error_comes_back_through_the_future():
@@ -80,3 +81,47 @@ def test_many_batch_workers_and_the_pool_together_load_at_most_threads_samples_a
         assert 1 <= most[0] <= threads
     finally:
         pool.shutdown()
+
+
+# --- turns: a one-thread pool's batches submit in the order they were started --------------------------------
+def test_turns_come_in_ticket_order_whatever_order_the_threads_arrive_in():
+    turns = Turns()
+    tickets = [turns.ticket() for _ in range(5)]
+    order, threads = [], []
+    for ticket in reversed(tickets):  # the last started asks first
+        def take(ticket=ticket):
+            with turns.turn(ticket):
+                order.append(ticket)
+        threads.append(threading.Thread(target=take))
+        threads[-1].start()
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert order == tickets
+
+
+def test_a_ticket_passed_without_its_turn_lets_the_next_go_and_close_ends_every_wait():
+    turns = Turns()
+    first, second, third = turns.ticket(), turns.ticket(), turns.ticket()
+    turns.passed(first)  # its job failed before its turn: no one waits for it
+    with turns.turn(second):
+        pass
+    turns.passed(second)  # passing again changes nothing
+    later = turns.ticket()
+    failed = []
+
+    def wait_for_later():
+        try:
+            with turns.turn(later):  # third is never passed: only close() ends this wait
+                pass
+        except TurnsClosed as exc:
+            failed.append(exc)
+
+    waiter = threading.Thread(target=wait_for_later)
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # still waiting for third
+    turns.close()
+    waiter.join(10)
+    assert not waiter.is_alive() and len(failed) == 1
+    assert third == later - 1

@@ -59,18 +59,20 @@ def test_producer_seeds_follow_torch_manual_seed_like_dataloader_workers():
 def test_one_producer_draws_what_one_dataloader_worker_draws():
     """torch, numpy and Python's random in a producer give a dataset the numbers a DataLoader worker's do, draw for
     draw: the same base seed (from torch's RNG), torch and random seeded with base + id, numpy with DataLoader's
-    hash of both, and nothing of Ferry's drawing from them (the HELLO nonce comes from the OS). One producer, one
-    slot and the user dataset's one loading thread load the samples in order, as the worker does."""
+    hash of both, and nothing of Ferry's drawing from them (the HELLO nonce comes from the OS). One producer loads
+    a user's dataset class one sample at a time, in the order of its batches whatever its slots (samplepool.Turns),
+    as the worker does."""
     def draws(loader) -> list[tuple]:
         return [row for batch in loader for row in zip(*(column.tolist() for column in batch))]
 
     torch.manual_seed(1234)
-    expected = draws(torch.utils.data.DataLoader(Draws(24), batch_size=4, num_workers=1))
-    torch.manual_seed(1234)
-    with RemoteLoader(dataset=Draws(24), local_producers=1, producer_slots=1, batch_size=4, timeout=60,
-                      log_every=None) as loader:
-        got = draws(loader)
-    assert got == expected
+    expected = draws(torch.utils.data.DataLoader(Draws(48), batch_size=4, num_workers=1))
+    for slots in (1, 4):
+        torch.manual_seed(1234)
+        with RemoteLoader(dataset=Draws(48), local_producers=1, producer_slots=slots, batch_size=4, timeout=60,
+                          log_every=None) as loader:
+            got = draws(loader)
+        assert got == expected, f"producer_slots={slots}"
 
 
 def test_numpy_seed_is_dataloaders_hash_of_base_seed_and_worker_id():
