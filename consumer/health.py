@@ -99,10 +99,21 @@ def start_hint_for(endpoints: tuple[str, ...], dataset: Any, dataset_args: dict[
         connect = "tcp://<this-host>:<port>"
     if isinstance(dataset, str) and dataset:
         spec = dataset
-        args = "".join(f" --dataset-arg {shlex.quote(f'{key}={value if isinstance(value, str) else json.dumps(value)}')}"
+        args = "".join(f" --dataset-arg {shlex.quote(f'{key}={_arg_text(value)}')}"
                        for key, value in (dataset_args or {}).items())
     elif dataset is not None and type(dataset).__module__ not in ("__main__", "builtins"):
         spec, args = f"{type(dataset).__module__}:{type(dataset).__qualname__}", " [--dataset-arg KEY=VALUE ...]"
     else:
         spec, args = "<package.module:YourDataset>", ""
     return f"python -m ferry.producer --connect {connect} --dataset {spec}{args}"
+
+
+def _arg_text(value: Any) -> str:
+    """A dataset argument as ``--dataset-arg`` reads it: a string as it is, else JSON, else (a Path, a numpy
+    scalar) its str."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)

@@ -80,6 +80,10 @@ class Batcher:
         self._samples = SamplePool(threads if shared is None else 1) if self._owns_samples else shared[0]
         # one loading thread: batches submit their samples in the order they were started (samplepool.Turns)
         self._turns = Turns() if self._samples.threads == 1 else None
+        # a dataset that may not load concurrently loads on its one loading thread only, as in a DataLoader worker
+        # (a connection it opened there may be bound to that thread); others may load a one-sample batch inline
+        serial = shared is not None and shared[0] is None
+        self._load_one = self._samples.submit if serial else self._samples.run_or_submit
         self._batches = ThreadPoolExecutor(max_workers=batch_workers, thread_name_prefix="ferry-batch")
         self._done = done
         self._waker = waker
@@ -140,7 +144,7 @@ class Batcher:
         item = job.indices if job.unbatched == "list" else job.indices[0]
         try:
             with self._turn(ticket):
-                loading = self._samples.run_or_submit(load_item, self._dataset, item, job)
+                loading = self._load_one(load_item, self._dataset, item, job)
             sample = loading.result()
             tree = (self._collate_fn or convert)(sample)
         except Exception as exc:
@@ -160,7 +164,7 @@ class Batcher:
             fresh = pooled is None and self._fresh(job)
             if futures and layout is not None:
                 futures[0] = written_first(futures[0], layout, dests, fresh)
-            load = self._samples.run_or_submit if len(job.indices) == 1 else self._samples.submit  # see SamplePool
+            load = self._load_one if len(job.indices) == 1 else self._samples.submit  # see SamplePool
             futures += [load(load_row, self._dataset, i, job, layout, dests, row, fresh)
                         for row, i in enumerate(job.indices) if row >= len(futures)]
         samples, indices, errors, fitted = [], [], [], 0
@@ -259,7 +263,7 @@ class Batcher:
             buffer = room.view(dtype).reshape(batch_shape) if room is not None else self.pool.acquire(batch_shape,
                                                                                                      dtype)
             fresh = room is not None and self._fresh(job)
-            load = self._samples.run_or_submit if len(job.indices) == 1 else self._samples.submit  # see SamplePool
+            load = self._load_one if len(job.indices) == 1 else self._samples.submit  # see SamplePool
             futures = [load(read_row, self._dataset, i, buffer[row], job, fresh) for row, i in enumerate(job.indices)]
         labels, good, errors = [], [], []
         for row, (index, future) in enumerate(zip(job.indices, futures)):

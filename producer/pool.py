@@ -153,7 +153,7 @@ class DatasetPool:
             del self._opening[key]
             try:
                 dataset, announced = future.result()
-                served = Served(key, dataset, self._make(dataset, None, (self._samples, self.buffers)), *announced)
+                served = Served(key, dataset, self._make(dataset, None, self._pools(dataset)), *announced)
             except Exception as exc:  # the consumer's mistake or the data's: refused, never the producer's end
                 done.append((key, DatasetRefused(f"dataset {spec!r} with {args!r} failed to open: "
                                                  f"{type(exc).__name__}: {exc}")))
@@ -161,6 +161,11 @@ class DatasetPool:
             self._named[key] = served
             done.append((key, served))
         return done
+
+    def _pools(self, dataset: Any) -> tuple[SamplePool | None, BufferPool]:
+        """The sample pool and buffer pool a dataset's batcher uses: the shared ones, but a dataset whose loads must
+        not overlap (:func:`~ferry.producer.loading.loads_concurrently`) gets None, a pool of one thread of its own."""
+        return (self._samples if loads_concurrently(dataset, self._threads) else None), self.buffers
 
     def bind(self, old: Served | None, new: Served | None) -> None:
         """A connection moves from ``old`` to ``new`` (either None: none)."""
@@ -171,8 +176,7 @@ class DatasetPool:
 
     def _served(self, key: str, dataset: Any, label: str, args: dict[str, Any] | None, collate: Any) -> Served:
         announce, bound, iterable = announcement(dataset, label, args)
-        samples = self._samples if loads_concurrently(dataset, self._threads) else None  # None: its own, of one thread
-        batcher = self._make(dataset, collate, (samples, self.buffers))
+        batcher = self._make(dataset, collate, self._pools(dataset))
         return Served(key, dataset, batcher, announce, bound, iterable)
 
     @property

@@ -32,16 +32,23 @@ class SamplePool:
     def __init__(self, threads: int) -> None:
         self.threads = threads
         self._permits = threading.BoundedSemaphore(threads)
+        self._lock = threading.Lock()
+        self._queued = 0  # submitted loads not yet holding a permit
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ferry-sample")
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         """Run ``fn(*args)`` on a loading thread."""
+        with self._lock:
+            self._queued += 1
         return self._pool.submit(self._permitted, fn, *args)
 
     def run_or_submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        """Run ``fn(*args)`` on this thread if a permit is free (the returned future is then done), else on a
-        loading thread. For a caller that would otherwise only wait for the result."""
-        if not self._permits.acquire(blocking=False):
+        """Run ``fn(*args)`` on this thread if a permit is free and no submitted load waits for one (it never
+        overtakes them; the returned future is then done), else on a loading thread. For a caller that would
+        otherwise only wait for the result."""
+        with self._lock:
+            inline = self._queued == 0 and self._permits.acquire(blocking=False)
+        if not inline:
             return self.submit(fn, *args)
         done: Future = Future()
         try:
@@ -54,6 +61,8 @@ class SamplePool:
 
     def _permitted(self, fn: Callable[..., Any], *args: Any) -> Any:
         with self._permits:
+            with self._lock:
+                self._queued -= 1
             return fn(*args)
 
     def shutdown(self) -> None:

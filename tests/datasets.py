@@ -141,3 +141,21 @@ class OverlapProbe:
         finally:
             with _PROBE_LOCK:
                 _PROBE["active"] -= 1
+
+
+class ThreadBound:
+    """Sample i is ``[i, n]``: ``n``, the number of distinct threads that ran ``__getitem__`` in this process so
+    far. Like a dataset whose connection (sqlite3, say) works only on the thread that opened it."""
+
+    _threads: set[int] = set()
+
+    def __init__(self, length: int = 16) -> None:
+        self.length = int(length)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        with _PROBE_LOCK:
+            ThreadBound._threads.add(threading.get_ident())
+            return np.array([index, len(ThreadBound._threads)], np.int64)

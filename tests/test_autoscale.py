@@ -223,7 +223,8 @@ SLOW_AFTER_S = 5 * PERIOD
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_from_one_producer_the_stall_falls_under_10_percent_within_three_control_periods(caplog):
-    """One producer delivers about 10 batches/s (0.1 s a sample, batches of 4 on its 4 threads). The step first
+    """One producer delivers about 10 batches/s (0.1 s a sample, batches of 4 on its 4 threads: the dataset's
+    __getitem__ is thread-safe, and producer_threads says so; without it, one sample at a time). The step first
     takes 40 ms (the loop wants about 24 batches/s: 2.5 producers, so the gauge says 3, within max=4), and from
     25 s on 150 ms (about 6.5/s: one producer). Measured: the stall over the third control period (10-15 s after
     the first batch) is under 10 %; the set goes back to one producer once the loop slows, a minute or more after
@@ -235,8 +236,8 @@ def test_from_one_producer_the_stall_falls_under_10_percent_within_three_control
     timeline = []  # (seconds since the first batch, local producers, wait_s, active_s) after each batch
     began = began_wall = down_at = None
     with RemoteLoader(dataset=PairDataset(length, shape=(8,), delay=0.1), local_producers="auto",
-                      local_producers_max=4, batch_size=batch_size, shuffle=True, seed=seed, log_every=None,
-                      timeout=60) as loader:
+                      local_producers_max=4, producer_threads=4, batch_size=batch_size, shuffle=True, seed=seed,
+                      log_every=None, timeout=60) as loader:
         while down_at is None or timeline[-1][0] - down_at < 2 * PERIOD:
             epoch = loader.epoch
             assert epoch < len(references), f"ran out of reference epochs: {_changes(timeline)}"

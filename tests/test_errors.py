@@ -1,9 +1,11 @@
 """Clear errors: each one names its cause (endpoint, peer, lengths, versions)."""
 
 import logging
+import pathlib
 import time
 
 import msgpack
+import numpy as np
 import pytest
 import zmq
 
@@ -49,6 +51,9 @@ def test_the_start_hint_fills_in_what_the_loader_knows():
     assert start_hint_for(("ipc:///tmp/l", "tcp://10.0.0.1:6000"), PairDataset(), None) == (
         "python -m ferry.producer --connect tcp://10.0.0.1:6000 --dataset tests.datasets:PairDataset "
         "[--dataset-arg KEY=VALUE ...]")
+    # a value JSON cannot write (a Path, numpy's int64) is written as its str: the loader is built, never refused
+    assert start_hint_for(("tcp://h:1",), "npy-folder", {"root": pathlib.Path("/d"), "n": np.int64(3)}).endswith(
+        "--dataset-arg root=/d --dataset-arg n=3")
     assert start_hint_for(("ipc:///tmp/l",), None, None) == (
         "python -m ferry.producer --connect tcp://<this-host>:<port> --dataset <package.module:YourDataset>")
 

@@ -12,7 +12,7 @@ from ferry import RemoteLoader
 from ferry.common.constants import DEFAULT_THREADS
 from ferry.common.datasets import Transformed, resolve_dataset
 from ferry.producer.loading import loads_concurrently
-from tests.datasets import OverlapProbe, PairDataset
+from tests.datasets import OverlapProbe, PairDataset, ThreadBound
 from tests.transforms import negate_and_tag
 
 from .helpers import wait_for
@@ -62,3 +62,24 @@ def test_a_producer_started_by_hand_loads_a_users_dataset_one_sample_at_a_time_a
 def test_a_producer_of_a_built_in_dataset_starts_its_default_threads(endpoint, spawn):
     producer = spawn(endpoint, "synthetic", {"length": 16, "shape": [2]}, threads=None)
     wait_for(lambda: f"loading threads {DEFAULT_THREADS}," in producer.output(), 30, "the start line")
+
+
+def test_a_dataset_a_consumer_names_from_a_pool_loads_one_sample_at_a_time(endpoint, spawn):
+    """A pool producer (no dataset of its own) opens a user's spec a consumer names: the same rule as for its own."""
+    spawn(endpoint, "", threads=None, extra=["--allow-dataset", "tests.datasets:OverlapProbe"])
+    with RemoteLoader(endpoint=endpoint, dataset="tests.datasets:OverlapProbe", dataset_args={"length": 16, "wait": 0.3},
+                      batch_size=8, heartbeat=0.2, **QUIET) as loader:
+        got = rows(loader)
+    assert sorted(got) == list(range(16))
+    assert max(got.values()) == 1, got
+
+
+def test_a_users_dataset_always_loads_on_the_same_thread_even_one_sample_batches():
+    """Batches of one sample, and an unbatched loader's samples, are not loaded on the batch workers: a dataset
+    whose connection only works on the thread that opened it sees one thread, as in a DataLoader worker."""
+    for options in ({"batch_size": 1}, {"batch_size": None}, {"batch_size": 3}):  # 16 = 5 x 3 + a batch of 1
+        with RemoteLoader(dataset=ThreadBound(16), local_producers=1, producer_slots=4, **options, **QUIET) as loader:
+            got = [row.tolist() if hasattr(row, "tolist") else row for batch in loader
+                   for row in (batch if batch.ndim == 2 else [batch])]
+        assert sorted(i for i, _ in got) == list(range(16)), options
+        assert {n for _, n in got} == {1}, (options, got)

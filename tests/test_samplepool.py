@@ -125,3 +125,21 @@ def test_a_ticket_passed_without_its_turn_lets_the_next_go_and_close_ends_every_
     waiter.join(10)
     assert not waiter.is_alive() and len(failed) == 1
     assert third == later - 1
+
+
+def test_a_load_run_on_the_calling_thread_never_overtakes_one_submitted_before_it():
+    """The pool's thread is busy with something that holds no permit, so a submitted load waits in the queue while
+    a permit is free: run_or_submit then queues behind it instead of running first on its own thread."""
+    pool = SamplePool(1)
+    release, order = threading.Event(), []
+    try:
+        blocker = pool._pool.submit(release.wait, 10)  # the pool's one thread, taken without a permit
+        queued = pool.submit(order.append, "submitted first")
+        later = pool.run_or_submit(order.append, "asked to run at once")
+        assert not later.done()  # it did not run here, ahead of the queued load
+        release.set()
+        queued.result(timeout=10), later.result(timeout=10), blocker.result(timeout=10)
+        assert order == ["submitted first", "asked to run at once"]
+    finally:
+        release.set()
+        pool.shutdown()
