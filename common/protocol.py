@@ -176,6 +176,9 @@ OPTIONAL: dict[str, dict[str, Check]] = {
             "tasks": lambda v: _uint(v) and 1 <= v <= MAX_SLOTS,
             # takes this many tasks beyond its slots, queued until a slot is free; absent: its slots only
             "ahead": lambda v: _uint(v) and v <= MAX_SLOTS,
+            # it loads its dataset one sample at a time because it is a user's class and --threads was not given
+            # (producer/loading.py): the consumer's diagnosis names --threads when the producers are the bound
+            "serial": lambda v: v is True,
             # an iterable dataset's producer: its [worker id, worker count] (a local producer's place in its loader)
             "worker": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[0] < v[1],
             # a pool producer (common/pool.py): it loads the dataset a WELCOME names; or it cannot load the one

@@ -82,7 +82,7 @@ class Batcher:
         self._turns = Turns() if self._samples.threads == 1 else None
         # a dataset that may not load concurrently loads on its one loading thread only, as in a DataLoader worker
         # (a connection it opened there may be bound to that thread); others may load a one-sample batch inline
-        serial = shared is not None and shared[0] is None
+        serial = shared is not None and shared[0] is None  # its own one-thread pool: loads never overlap
         self._load_one = self._samples.submit if serial else self._samples.run_or_submit
         self._batches = ThreadPoolExecutor(max_workers=batch_workers, thread_name_prefix="ferry-batch")
         self._done = done
@@ -95,6 +95,8 @@ class Batcher:
                                   batch_first=collate_fn is None, convert=collate_fn or convert,
                                   finish=self._finish, fail=self._fail, error_record=error_record,
                                   compress=lambda job, spec, frames: self._compress(job, spec, frames, None, 0)[:2])
+        # a map-style dataset whose samples load one at a time (a sharded or iterable one's run on the batch pool)
+        self.serial = serial and self._shards is None
 
     def submit(self, job: Job) -> None:
         with self._lock:

@@ -97,10 +97,12 @@ class Outbox:
 
 
 def hello_fields(*, producer_id: str, slots: int, ahead: int, dataset: dict[str, Any], shm_token: str | None,
-                 worker: list[int] | None = None) -> dict[str, Any]:
+                 worker: list[int] | None = None, serial: bool = False) -> dict[str, Any]:
     """The HELLO's fields but the nonce. ``ahead``: the tasks it takes beyond its ``slots``, queued until a slot is
-    free. ``worker``: an iterable dataset's producer's [worker id, worker count]."""
+    free. ``worker``: an iterable dataset's producer's [worker id, worker count]. ``serial``: its own dataset loads
+    one sample at a time by default (a user's class, no ``--threads``)."""
     return {"producer": producer_id, "host": pysocket.gethostname(), "pid": os.getpid(), "slots": slots,
             "ahead": ahead, "dataset": dataset, "pool": True, "tasks": TASKS_PER_MESSAGE,
+            **({"serial": True} if serial else {}),
             **({"shm": shm_token} if shm_token is not None else {}),
             **({"worker": worker} if worker is not None else {})}

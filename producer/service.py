@@ -51,7 +51,6 @@ from ferry.producer.connection import (
 )
 from ferry.producer.links import Link, announced_frame_bytes
 from ferry.producer.linkset import LinkSet
-from ferry.producer.loading import loads_concurrently
 from ferry.producer.logs import fields
 from ferry.producer.outbox import Outbox, hello_fields
 from ferry.producer.health import Health
@@ -106,7 +105,8 @@ class Producer:
                                            dataset=own.announce if own is not None else dict(NO_DATASET),
                                            shm_token=config.shared_memory[1] if self._slab is not None else None,
                                            worker=[config.worker_id, config.num_workers]
-                                           if own is not None and own.iterable else None),
+                                           if own is not None and own.iterable else None,
+                                           serial=self._serial(own)),
                               datasets.buffers)
         self.invalid_messages = 0
         self.stale_messages = 0
@@ -134,15 +134,19 @@ class Producer:
         self._stop_requested = True
         self._waker.wake()
 
+    def _serial(self, served: Any) -> bool:
+        """Its own dataset loads one sample at a time by default: a map-style class of the user's, no --threads."""
+        return served is not None and served.batcher.serial
+
     def run(self) -> int:
         """Serve until stopped or permanently rejected everywhere. Returns the process exit code."""
         cfg = self.config
         own = self._sharing.datasets.own.announce if self._sharing.datasets.own is not None else NO_DATASET
         allowed = ", ".join(cfg.allow_dataset) or "none"
         served = self._sharing.datasets.own
-        threads = cfg.pool_threads if served is None or loads_concurrently(served.dataset, cfg.threads) else 1
+        threads = 1 if self._serial(served) else cfg.pool_threads
         serial = " (a dataset class of your own loads one sample at a time: --threads N if it is thread-safe)" \
-            if threads == 1 and cfg.threads is None else ""
+            if self._serial(served) else ""
         log.info("ferry producer %s (id %s) serving %s: %d samples, fingerprint %s, loading threads %d%s, %d slots "
                  "-> %s; datasets consumers may name: the built-ins and %s",
                  self.name, self.producer_id, cfg.dataset_label or "no dataset of its own", own["len"],

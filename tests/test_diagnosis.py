@@ -27,6 +27,15 @@ def test_producer_bound_names_how_many_producers():
     assert "bound by the producers" in text and "about 5 producers" in text
 
 
+def test_producers_that_load_one_sample_at_a_time_are_told_of_producer_threads():
+    text = diagnose(figures(serial_producers=2))
+    assert "about 5 producers" in text and "they load your dataset class one sample at a time" in text, text
+    assert "; 1 of them loads your dataset class" in diagnose(figures(serial_producers=1))
+    assert "producer_threads=4 (--threads 4 by hand)" in text
+    assert "producer_threads" not in diagnose(figures())  # producers that load concurrently: nothing to say
+    assert "producer_threads" not in diagnose(figures(wait_s=0.5, serial_producers=2))  # not data-bound
+
+
 def test_full_window_points_at_buffer_batches():
     assert "buffer_batches" in diagnose(figures(window_full_waits=70))
 

@@ -37,15 +37,19 @@ def test_only_the_built_ins_load_concurrently_unless_threads_are_given():
 def test_a_users_dataset_loads_one_sample_at_a_time_in_a_local_producer():
     with RemoteLoader(dataset=OverlapProbe(length=16, wait=0.3), local_producers=1, batch_size=8, **QUIET) as loader:
         got = rows(loader)
+        stats = loader.stats()
     assert sorted(got) == list(range(16))
     assert max(got.values()) == 1, got  # sample 1 waited out its 0.3 s: nothing else loaded meanwhile
+    assert [p["serial"] for p in stats["per_producer"].values()] == [True]  # its HELLO said so, for the diagnosis
 
 
 def test_producer_threads_lets_a_thread_safe_dataset_load_concurrently():
     with RemoteLoader(dataset=OverlapProbe(length=16, wait=30), local_producers=1, producer_threads=4, batch_size=8,
                       **QUIET) as loader:
         got = rows(loader)
+        stats = loader.stats()
     assert sorted(got) == list(range(16))
+    assert [p["serial"] for p in stats["per_producer"].values()] == [False]
     assert got[1] >= 2, got  # another load started while sample 1 ran (it waited at most 30 s for one)
 
 
@@ -83,3 +87,11 @@ def test_a_users_dataset_always_loads_on_the_same_thread_even_one_sample_batches
                    for row in (batch if batch.ndim == 2 else [batch])]
         assert sorted(i for i, _ in got) == list(range(16)), options
         assert {n for _, n in got} == {1}, (options, got)
+
+
+def test_the_diagnosis_of_a_run_bound_by_such_producers_names_producer_threads():
+    with RemoteLoader(dataset=PairDataset(24, delay=0.02), local_producers=1, batch_size=4, **QUIET) as loader:
+        assert sum(1 for _ in loader) == 6
+        text = loader.diagnosis()
+    assert "bound by the producers" in text and "it loads your dataset class one sample at a time" in text, text
+    assert "producer_threads=4" in text, text

@@ -68,6 +68,8 @@ def test_pack_and_parse_agree_for_every_type():
                 dataset={"spec": "s", "len": 1, "fingerprint": "f"}), "ahead"),
         (packed(v=PROTOCOL_VERSION, type="HELLO", producer="p", nonce=1, host="h", pid=1, slots=1, ahead=-1,
                 dataset={"spec": "s", "len": 1, "fingerprint": "f"}), "ahead"),
+        (packed(v=PROTOCOL_VERSION, type="HELLO", producer="p", nonce=1, host="h", pid=1, slots=1, serial=False,
+                dataset={"spec": "s", "len": 1, "fingerprint": "f"}), "serial"),  # said only when true
     ],
 )
 def test_invalid_headers_raise_protocol_error_with_reason(frame, reason):
@@ -99,6 +101,7 @@ def hello(**overrides):
     hello(producer="x" * MAX_TEXT),
     hello(shm="token"),
     hello(ahead=0), hello(ahead=MAX_SLOTS),  # none ahead, and the most
+    hello(serial=True),
     packed(v=PROTOCOL_VERSION, type="PING", load={str(i): i for i in range(32)}),
     packed(v=PROTOCOL_VERSION, type="WELCOME", session=1, heartbeat=1, nonce=2,  # an int heartbeat is a number
            frame_bytes=1, max_batch_bytes=1, codecs=["lz4"] * 8),

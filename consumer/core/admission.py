@@ -167,6 +167,7 @@ class Peers:
                 last_heard=now, joined=now, shared=self._shm_token is not None and hello.get("shm") == self._shm_token,
                 pid=hello["pid"], worker=tuple(hello["worker"]) if "worker" in hello else None,
                 tasks_per_message=hello.get("tasks", 1), ahead=hello.get("ahead", 0),
+                serial=hello.get("serial", False),
             )
             self.dispatcher.add(joined)
             self.seen += 1
@@ -237,9 +238,9 @@ class Peers:
 
     def figures(self, now: float) -> dict[str, dict[str, Any]]:
         """Per producer (by name): batches and bytes received, tasks in flight, slots, tasks it takes ahead of them,
-        seconds since it joined."""
+        whether it loads one sample at a time (a user's dataset class, no ``--threads``), seconds since it joined."""
         return {p.name: {"batches": p.batches, "bytes": p.bytes, "in_flight": len(p.in_flight), "slots": p.slots,
-                         "ahead": p.ahead, "joined_s": now - p.joined}
+                         "ahead": p.ahead, "serial": p.serial, "joined_s": now - p.joined}
                 for p in self.dispatcher.producers.values()}
 
     def describe(self, peer: bytes) -> str:

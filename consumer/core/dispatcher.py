@@ -60,6 +60,7 @@ class ProducerInfo:
     worker: tuple[int, int] | None = None  # an iterable dataset's producer: its [id, count] place (HELLO worker)
     tasks_per_message: int = 1  # the most tasks it takes in one TASK (HELLO tasks)
     ahead: int = 0  # the tasks it takes beyond its slots, queued until a slot is free (HELLO ahead)
+    serial: bool = False  # it loads a user's dataset class one sample at a time, no --threads given (HELLO serial)
 
     @property
     def identity(self) -> tuple[str, int]:

@@ -54,6 +54,7 @@ class EpochFigures:
     waits: int  # __next__ calls that had to wait at all
     startup_s: float = 0.0  # the wait for the loader's first batch: start-up, left out of wait_s and active_s
     consumer_cpu_s: float | None = None  # CPU seconds of the consumer's io and staging threads; None: unknown
+    serial_producers: int = 0  # producers loading a user's dataset class one sample at a time (no --threads)
 
 
 def stall_of(f: EpochFigures) -> float:
@@ -94,12 +95,17 @@ def diagnose(f: EpochFigures) -> str:
     needed = math.ceil(1.1 * want / per_producer)
     text = (f"{head}: bound by the producers ({len(active)} delivering {per_producer:.1f} batches/s each, the "
             f"loop wants {want:.1f}/s)")
+    n = f.serial_producers
+    who = ("it loads" if len(active) == 1 else "they load") if n >= len(active) else \
+        f"{n} of them load{'s' if n == 1 else ''}"
+    serial = (f"; {who} your dataset class one sample at a time, as a DataLoader worker would: if its __getitem__ is "
+              f"thread-safe, producer_threads=4 (--threads 4 by hand) loads 4 at once" if n else "")
     if ingest is not None and ingest < 1.1 * want:
         cap = max(len(active), math.floor(ingest / per_producer))
         return (f"{text}: about {cap} producers would feed the consumer to its limit; beyond that the consumer "
                 f"is the bound: its io and staging threads take in about {ingest:.0f} batches/s at most, less than "
-                f"the loop wants")
-    return f"{text}: about {needed} producers would remove the stall"
+                f"the loop wants{serial}")
+    return f"{text}: about {needed} producers would remove the stall{serial}"
 
 
 def cpu_seconds(threads: tuple[threading.Thread, ...]) -> float | None:

@@ -81,6 +81,7 @@ class EpochObserver:
             window_full_waits=waits.window_full, idle_waits=waits.idle, waits=waits.waits,
             startup_s=self._epoch_log.startup_s if active is not None and active.run == 1 else 0.0,
             consumer_cpu_s=self._epoch_log.consumer_cpu_s(),
+            serial_producers=sum(1 for p in snap["per_producer"].values() if p.get("serial")),
         )
 
     def progress(self, now: float, epoch: int, done: int, total: int) -> None:
