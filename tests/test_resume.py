@@ -75,6 +75,31 @@ def test_state_dict_is_small_and_round_trips_through_json_and_torch(endpoint, sp
         assert loader.epoch == 3
 
 
+def test_set_epoch_of_the_resumed_epoch_keeps_its_position_as_torchvisions_loop_calls_it(endpoint, spawn):
+    """torchvision's loop calls set_epoch(epoch) at the top of every epoch, after a resume too: the resumed epoch
+    goes on from the saved batch (before, it started over and 9 batches came twice in a trial); another epoch
+    is the script's explicit choice and starts from its beginning."""
+    spawn(endpoint, "tests.datasets:PairDataset", {"length": 40})
+    expected = {e: [b[1].tolist() for b in reference_batches(PairDataset(40), batch_size=4, drop_last=False,
+                                                              world_size=1, rank=0, shuffle=True, seed=3, epoch=e)]
+                for e in (1, 2)}
+    options = dict(endpoint=endpoint, batch_size=4, shuffle=True, seed=3, heartbeat=0.2, timeout=30)
+    with RemoteLoader(**options) as loader:
+        loader.set_epoch(1)
+        it = iter(loader)
+        assert [next(it)[1].tolist() for _ in range(4)] == expected[1][:4]
+        state = loader.state_dict()
+    with RemoteLoader(**options) as loader:
+        loader.load_state_dict(state)
+        for epoch in (1, 2):  # the script's own loop, from its saved epoch
+            loader.set_epoch(epoch)
+            assert [b[1].tolist() for b in loader] == (expected[1][4:] if epoch == 1 else expected[2]), epoch
+    with RemoteLoader(**options) as loader:
+        loader.load_state_dict(state)
+        loader.set_epoch(2)  # the script moves on: epoch 2 from its first batch
+        assert [b[1].tolist() for b in loader] == expected[2]
+
+
 def test_incompatible_state_is_refused(endpoint):
     with RemoteLoader(endpoint=endpoint, batch_size=4, seed=1, dataset_len=10, timeout=5) as loader:
         with pytest.raises(ConfigError, match="batch_size=8"):
