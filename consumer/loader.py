@@ -41,7 +41,7 @@ from ferry.consumer.epoch import EpochIterator, EpochParts, RunCounter
 from ferry.consumer.health import LoaderHealth, start_hint_for
 from ferry.consumer.figures.observer import EpochObserver
 from ferry.consumer.planning import EpochPlanner
-from ferry.consumer.resume import RESUME_OPTIONS, ResumePoint, capture_state, restore_state
+from ferry.consumer.resume import RESUME_OPTIONS, ResumePoint, capture_state, check_dataset_len, restore_state
 from ferry.consumer.options import (
     UNSET, CurveOptions, LocalOptions, Option, TransportOptions, check_unknown_keywords, document_keywords,
     resolve_options, warn_excessive_producers,
@@ -170,6 +170,7 @@ class RemoteLoader:
         self._check_open()
         start = self._next_start()
         plan = self._planner.build(start.epoch, self._health.until_timeout())
+        check_dataset_len(start, self._known_dataset_len())
         self._runs.current += 1
         sequencer = sequencer_for(self._runs.current, plan, start.delivered, start.shard, in_order=self.in_order,
                                   streams=start.streams)
@@ -260,7 +261,14 @@ class RemoteLoader:
         """A small, JSON-serialisable state: resume with ``load_state_dict`` in a new process."""
         active = self._active
         position = active.position if active is not None and not active.finished else self._next_start()
-        return capture_state(position, self._resume_options(), self._samplers())
+        known = self._known_dataset_len()  # until it is, a loaded state's own length carries over unchanged
+        return capture_state(position, self._resume_options(), self._samplers(),
+                             known if known is not None else position.dataset_len)
+
+    def _known_dataset_len(self) -> int | None:
+        """The dataset's length (shards, for a sharded one) if the loader knows it by now, else None."""
+        known = self._io.wait_dataset(0)
+        return known[0] if known is not None else None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields batch ``batches_delivered`` of ``epoch`` onwards.

@@ -100,6 +100,28 @@ def test_set_epoch_of_the_resumed_epoch_keeps_its_position_as_torchvisions_loop_
         assert [b[1].tolist() for b in loader] == expected[2]
 
 
+def test_a_state_saved_over_a_dataset_of_another_length_is_refused_naming_both(endpoint):
+    """Resumed over 210 samples, a state saved over 203 would give another order for the rest of its epoch (a trial
+    got 47 samples twice and 47 never): refused when the iteration starts, once the loader knows its length."""
+    with RemoteLoader(dataset=PairDataset(203), local_producers=1, batch_size=8, shuffle=True, seed=4,
+                      timeout=30, log_every=None) as loader:
+        it = iter(loader)
+        next(it), next(it)
+        state = loader.state_dict()
+    assert state["dataset_len"] == 203 and state["batches_delivered"] == 2
+    with RemoteLoader(dataset=PairDataset(210), local_producers=1, batch_size=8, shuffle=True, seed=4,
+                      timeout=30, log_every=None) as loader:
+        loader.load_state_dict(state)
+        with pytest.raises(ConfigError, match="saved over a dataset of 203 samples.*this loader's has 210"):
+            iter(loader)
+        loader.set_epoch(1)  # the way out the message names: the next epoch, afresh
+        assert sum(len(b[1]) for b in loader) == 210
+    with RemoteLoader(dataset=PairDataset(203), local_producers=1, batch_size=8, shuffle=True, seed=4,
+                      timeout=30, log_every=None) as loader:
+        loader.load_state_dict(state)  # the same length: resumed
+        assert sum(len(b[1]) for b in loader) == 203 - 16
+
+
 def test_incompatible_state_is_refused(endpoint):
     with RemoteLoader(endpoint=endpoint, batch_size=4, seed=1, dataset_len=10, timeout=5) as loader:
         with pytest.raises(ConfigError, match="batch_size=8"):
