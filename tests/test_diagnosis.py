@@ -34,6 +34,10 @@ def test_producers_that_load_one_sample_at_a_time_are_told_of_producer_threads()
     assert "producer_threads=4 (--threads 4 by hand)" in text
     assert "producer_threads" not in diagnose(figures())  # producers that load concurrently: nothing to say
     assert "producer_threads" not in diagnose(figures(wait_s=0.5, serial_producers=2))  # not data-bound
+    # a full window with such producers: raising buffer_batches would only queue more behind one thread each
+    text = diagnose(figures(window_full_waits=60, serial_producers=2))
+    assert "bound by the credit window" in text and "they load your dataset class" in text, text
+    assert "raise buffer_batches" not in text and "producer_threads=4" in text
 
 
 def test_full_window_points_at_buffer_batches():

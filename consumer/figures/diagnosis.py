@@ -75,6 +75,9 @@ def diagnose(f: EpochFigures) -> str:
     if stall <= STALL_LIMIT:
         return f"{head}: not data-bound; the loop itself sets the pace, and more producers will not help"
     if f.waits and f.window_full_waits / f.waits > 0.5:
+        if f.serial_producers:  # a deeper window queues more tasks behind each producer's one loading thread
+            return (f"{head}: bound by the credit window (full in {f.window_full_waits} of {f.waits} waits), but "
+                    f"{_serial_text(f.serial_producers, f.producers)}; a deeper window only queues more behind it")
         return (f"{head}: bound by the credit window: it was full in {f.window_full_waits} of {f.waits} waits. "
                 f"Batches take longer to load than buffer_batches steps; raise buffer_batches (in flight needed "
                 f"~ batch latency / step time)")
@@ -95,17 +98,21 @@ def diagnose(f: EpochFigures) -> str:
     needed = math.ceil(1.1 * want / per_producer)
     text = (f"{head}: bound by the producers ({len(active)} delivering {per_producer:.1f} batches/s each, the "
             f"loop wants {want:.1f}/s)")
-    n = f.serial_producers
-    who = ("it loads" if len(active) == 1 else "they load") if n >= len(active) else \
-        f"{n} of them load{'s' if n == 1 else ''}"
-    serial = (f"; {who} your dataset class one sample at a time, as a DataLoader worker would: if its __getitem__ is "
-              f"thread-safe, producer_threads=4 (--threads 4 by hand) loads 4 at once" if n else "")
+    serial = f"; {_serial_text(f.serial_producers, len(active))}" if f.serial_producers else ""
     if ingest is not None and ingest < 1.1 * want:
         cap = max(len(active), math.floor(ingest / per_producer))
         return (f"{text}: about {cap} producers would feed the consumer to its limit; beyond that the consumer "
                 f"is the bound: its io and staging threads take in about {ingest:.0f} batches/s at most, less than "
                 f"the loop wants{serial}")
     return f"{text}: about {needed} producers would remove the stall{serial}"
+
+
+def _serial_text(serial: int, producers: int) -> str:
+    """The advice for ``serial`` of ``producers`` producers that load a user's dataset class one sample at a time."""
+    who = ("it loads" if producers == 1 else "they load") if serial >= producers else \
+        f"{serial} of them load{'s' if serial == 1 else ''}"
+    return (f"{who} your dataset class one sample at a time, as a DataLoader worker would: if its __getitem__ is "
+            f"thread-safe, producer_threads=4 (--threads 4 by hand) loads 4 at once")
 
 
 def cpu_seconds(threads: tuple[threading.Thread, ...]) -> float | None:

@@ -277,8 +277,9 @@ def warn_excessive_producers(local: LocalOptions | None, stacklevel: int) -> Non
               + ("" if affinity is not None else " (cpuset not taken into account)"))
     start, knob = (f"may start up to {most}", "local_producers_max") if auto else (f"will start {most}",
                                                                                    "local_producers")
+    threads = (f"{DEFAULT_THREADS} loading threads for a built-in dataset, 1 for a class of your own"
+               if local.threads is None else f"{local.threads} loading threads")
     warnings.warn(f"This RemoteLoader {start} local producer processes, and {usable}. Please be "
                   f"aware that excessive producer creation might make loading slow or even freeze it; lower "
-                  f"{knob} if necessary (each producer also runs "
-                  f"{'up to ' + str(DEFAULT_THREADS) if local.threads is None else local.threads} loading threads).",
+                  f"{knob} if necessary (each producer also runs {threads}).",
                   UserWarning, stacklevel=stacklevel + 1)
