@@ -160,3 +160,30 @@ def test_pack_arguments_are_checked(tmp_path):
     run = subprocess.run([sys.executable, "-m", "ferry", "pack", "--format", "tar", "--dataset", "synthetic",
                           "a", "b"], capture_output=True, text=True, env=producer_env(), cwd=REPO, timeout=60)
     assert run.returncode == 2 and "pack takes OUT with --dataset" in run.stderr
+
+
+def test_tensor_samples_pack_like_arrays_and_a_bad_sample_names_its_parts_and_leaves_no_shard(tmp_path):
+    """(tensor, int) samples pack as (array, int) do (the packed format took them, tar refused them naming only
+    'tuple'); a sample of another kind is named with its parts' types, and the shards written before it go."""
+    from ferry.common.datasets.tarpack import pack_tar
+    from ferry.common.errors import DatasetError
+
+    class Tensors:
+        def __len__(self):
+            return 5
+
+        def __getitem__(self, i):
+            return torch.tensor([i, 2 * i]), i
+
+    pack_tar(Tensors(), str(tmp_path / "t"), shard_samples=2)
+    samples = [s for name in ("shard-00000.tar", "shard-00001.tar", "shard-00002.tar")
+               for s in TarShardsDataset(str(tmp_path / "t")).iter_shard(name)]
+    assert [(array.tolist(), label) for array, label in samples] == [([i, 2 * i], i) for i in range(5)]
+
+    class BadAtThree(Tensors):
+        def __getitem__(self, i):
+            return (torch.tensor([i]), i) if i < 3 else ([i], "three")
+
+    with pytest.raises(DatasetError, match=r"sample 3 is a tuple of \(list, str\); tar packing takes"):
+        pack_tar(BadAtThree(), str(tmp_path / "bad"), shard_samples=2)
+    assert list((tmp_path / "bad").iterdir()) == []  # shard-00000.tar and shard-00001.tar were removed

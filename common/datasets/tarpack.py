@@ -42,8 +42,8 @@ def pack_tar(dataset: Any, out: str, *, shard_samples: int = 1000, shuffle: int 
              progress: Callable[[int, int, int], None] | None = None) -> ShardNames:
     """Write a map-style ``dataset`` as WebDataset ``.tar`` shards in ``out``; see the module docstring.
 
-    Samples must be ``(array, label)`` or bare arrays, unless the dataset has ``encoded(i) -> (extension, bytes,
-    label)``.
+    Samples must be ``(array, label)`` or bare arrays (numpy arrays or CPU tensors), unless the dataset has
+    ``encoded(i) -> (extension, bytes, label)``. Should a sample fail, the shards this call wrote are removed.
 
     Raises:
         DatasetError: an empty dataset, ``shard_samples`` < 1, or a sample of another kind.
@@ -76,6 +76,16 @@ def pack_tar(dataset: Any, out: str, *, shard_samples: int = 1000, shuffle: int 
             counts[-1] += 1
             if progress is not None:
                 progress(done + 1, n, written)
+    except BaseException:
+        if tar is not None:
+            tar.close()
+            tar = None
+        for name in names:  # no partial pack is left to be taken for a whole one
+            try:
+                os.unlink(os.path.join(out, name))
+            except OSError:
+                pass
+        raise
     finally:
         if tar is not None:
             tar.close()
@@ -86,9 +96,13 @@ def pack_tar(dataset: Any, out: str, *, shard_samples: int = 1000, shuffle: int 
 
 def _as_npy(sample: Any, index: int) -> tuple[str, bytes, int | None]:
     array, label = sample if isinstance(sample, tuple) and len(sample) == 2 else (sample, None)
+    if type(array).__module__.startswith("torch") and callable(getattr(array, "numpy", None)):
+        array = array.detach().cpu().numpy()  # a tensor, as the packed format takes it
     if not isinstance(array, np.ndarray) or (label is not None and not isinstance(label, (int, np.integer))):
-        raise DatasetError(f"sample {index} is {type(sample).__name__}; tar packing takes (array, int label) "
-                           "or array samples")
+        kind = (f"a tuple of ({', '.join(type(x).__name__ for x in sample)})" if isinstance(sample, tuple)
+                else type(sample).__name__)
+        raise DatasetError(f"sample {index} is {kind}; tar packing takes (array, int label) or array samples, an "
+                           f"array being a numpy array or a tensor")
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
     return ".npy", buffer.getvalue(), label
