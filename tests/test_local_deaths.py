@@ -123,3 +123,15 @@ def test_dead_local_producers_are_not_fatal_while_a_remote_producer_serves(endpo
         wait_for(lambda: any(f"pid {victim}" in r.getMessage() for r in caplog.records), 2.0, "the death's WARNING")
         for _ in range(40):  # the remote producer carries the run; nothing raises
             next(it)
+
+
+def test_a_producer_that_wrote_nothing_once_started_points_at_what_it_wrote_while_starting(tmp_path):
+    """Under spawn, a script without the __main__ guard fails in each producer while it starts, before its stderr
+    is captured: Python's RuntimeError is on the trainer's stderr, and the report says where to look and why."""
+    from ferry.consumer.local.children import Child
+
+    with open(tmp_path / "producer-0.stderr", "w+b", buffering=0) as capture:
+        tail = Child(0, handle=None, stderr_fd=-1, sentinel=None, own_sentinel=False, capture=capture).tail()
+    text = " ".join(tail.split())  # the note is wrapped over lines
+    assert "wrote nothing to stderr once started" in text and "this process's stderr, above" in text, tail
+    assert 'if __name__ == "__main__":' in tail

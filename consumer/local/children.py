@@ -103,7 +103,9 @@ class Child:
             text = ""
         text = "\n".join(text.rstrip().splitlines()[-STDERR_TAIL_LINES:])[-STDERR_TAIL_CHARS:]
         if not text:
-            return "    (it wrote nothing to stderr)"
+            return ("    (it wrote nothing to stderr once started; what it wrote while starting went to this\n"
+                    "    process's stderr, above: under spawn or forkserver, a script without\n"
+                    "    `if __name__ == \"__main__\":` builds its loader again in each producer, which Python refuses)")
         return "\n".join("    " + line for line in text.splitlines())
 
     def report(self) -> str:
