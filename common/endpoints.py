@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ferry.common.constants import MAX_PORT_RANGE
 from ferry.common.errors import ConfigError
 
-__all__ = ["Endpoint", "parse_endpoint", "expand_endpoints", "shift_port"]
+__all__ = ["Endpoint", "parse_endpoint", "expand_endpoints", "shift_port", "tcp_address"]
 
 # HOST: a bracketed IPv6 address, or anything without ':', '/' or blanks (a name, an IPv4 address, '*' to bind)
 _TCP = re.compile(r"^tcp://(?P<host>\[[^\]]+\]|[^:/\s]+):(?P<lo>\d+)(?:-(?P<hi>\d+))?$")
@@ -32,6 +32,13 @@ class Endpoint:
         if self.scheme == "ipc":
             return [f"ipc://{self.path}"]
         return [f"tcp://{self.host}:{port}" for port in range(self.port, self.last_port + 1)]
+
+
+def tcp_address(endpoint: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``tcp://HOST:PORT`` endpoint (the last port of a range), None for any other shape (a
+    consumer may bind shapes this module does not parse: libzmq judges them). The port is not checked."""
+    match = _TCP.match(endpoint)
+    return None if match is None else (match["host"], int(match["hi"] or match["lo"]))
 
 
 def parse_endpoint(endpoint: str) -> Endpoint:

@@ -19,6 +19,7 @@ import shlex
 import time
 from typing import Any, Callable
 
+from ferry.common.endpoints import tcp_address
 from ferry.common.errors import FerryThreadError, LoaderClosedError, NoProducersError
 
 
@@ -91,9 +92,9 @@ def start_hint_for(endpoints: tuple[str, ...], dataset: Any, dataset_args: dict[
     """The command that starts a producer for a loader bound to ``endpoints`` and serving ``dataset`` (a spec with
     ``dataset_args``, or an object), with placeholders where the loader cannot know: the host a wildcard bind
     stands for, the importable name of a class defined in the script, the arguments of an object."""
-    tcp = [e for e in endpoints if e.startswith("tcp://")]
-    if tcp:
-        host, _, port = tcp[0][len("tcp://"):].rpartition(":")
+    address = next((a for a in map(tcp_address, endpoints) if a is not None), None)
+    if address is not None:
+        host, port = address
         connect = f"tcp://{'<this-host>' if host in ('*', '0.0.0.0', '[::]') else host}:{port}"
     else:
         connect = "tcp://<this-host>:<port>"

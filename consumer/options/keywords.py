@@ -10,13 +10,13 @@ never imports torch.
 from __future__ import annotations
 
 import inspect
-import re
 import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ferry.common import settings as s
 from ferry.common.constants import DEFAULT_ENDPOINT, DEFAULT_TIMEOUT_S, MAX_SEED, MAX_STREAMS, MIN_SEED
+from ferry.common.endpoints import tcp_address
 from ferry.common.errors import ConfigError, ConfigTypeError
 from ferry.common.settings import Setting
 
@@ -31,14 +31,10 @@ class _Endpoints(s.Kind):
         if not isinstance(given, (list, tuple)) or not all(isinstance(e, str) and e for e in given):
             raise ConfigTypeError(f"{name} must be a string like tcp://*:5555, a list of them, or None; got {value!r}")
         for endpoint in given:  # libzmq would bind a port above 65535 modulo 65536, and say nothing
-            port = _TCP_PORT.match(endpoint)
-            if port is not None and int(port["port"]) > 65535:
-                raise ConfigError(f"{name} {endpoint!r}: port {port['port']} is out of range (1-65535)")
+            address = tcp_address(endpoint)
+            if address is not None and address[1] > 65535:
+                raise ConfigError(f"{name} {endpoint!r}: port {address[1]} is out of range (1-65535)")
         return tuple(given)
-
-
-#: A tcp endpoint's numeric port (other shapes, ``tcp://*:*`` or ``ipc://``, are left to libzmq).
-_TCP_PORT = re.compile(r"^tcp://.*:(?P<port>\d+)$")
 
 
 class _Indices(s.Kind):
