@@ -62,10 +62,6 @@ class _Lease:
     """Held by a loader and by each of its iterators: the pipeline runs while any of them is referenced."""
 
 
-#: How a pending start set by ``load_state_dict`` names itself (a conflict's message; ``set_epoch`` keeps it).
-RESUMED_BY = "load_state_dict"
-
-
 @document_keywords  # Args: from each keyword's declaration (consumer/options/keywords.py)
 class RemoteLoader:
     """An iterable over training batches that producers stream in over ZeroMQ.
@@ -222,15 +218,16 @@ class RemoteLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of the next iteration (its shuffle: DistributedSampler's for ``seed + epoch``, or with a
-        ``generator`` what DataLoader draws in its ``epoch``-th iteration). The epoch that ``load_state_dict``
-        resumes keeps its position: a loop that calls ``set_epoch(epoch)`` every epoch, after a resume too
-        (torchvision's), goes on where the state left off.
+        ``generator`` what DataLoader draws in its ``epoch``-th iteration). A start already set for ``epoch`` stays
+        as it is: the position ``load_state_dict`` resumes, so that a loop that calls ``set_epoch(epoch)`` every
+        epoch, after a resume too (torchvision's), goes on where the state left off.
 
         Raises:
             ConfigError: the script gave its sampler another epoch (``sampler.set_epoch``) since it was last planned.
         """
         epoch = check.integer("epoch", epoch, low=0)
-        if self._pending is not None and self._pending.epoch == epoch and self._pending_by.startswith(RESUMED_BY):
+        if self._pending is not None and self._pending.epoch == epoch:
+            self._set_pending(self._pending, self._pending_by)  # kept, checked against the sampler's epoch again
             return
         self._set_pending(ResumePoint(epoch, 0, (0, 0)), f"loader.set_epoch({epoch})")
 
@@ -278,7 +275,7 @@ class RemoteLoader:
                 script gave its sampler another epoch (``sampler.set_epoch``) since it was last planned.
         """
         point = restore_state(state, self._resume_options(), self._samplers())
-        self._set_pending(point, f"{RESUMED_BY} (epoch {point.epoch}, batch {point.delivered})")
+        self._set_pending(point, f"load_state_dict (epoch {point.epoch}, batch {point.delivered})")
 
     def _resume_options(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in RESUME_OPTIONS}
