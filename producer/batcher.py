@@ -76,13 +76,13 @@ class Batcher:
         self.pool = BufferPool(limit=batch_workers + 2) if shared is None else shared[1]
         self._rows: RowLayout | None = None  # the general path's sample layout, learned from a batch
         self._populated: set[tuple[int, int]] = set()  # slot regions this process has faulted in
-        self._owns_samples = shared is None or shared[0] is None
-        self._samples = SamplePool(threads if shared is None else 1) if self._owns_samples else shared[0]
+        serial = shared is not None and shared[0] is None  # its loads must not overlap: its own one-thread pool
+        self._owns_samples = shared is None or serial
+        self._samples = SamplePool(1 if serial else threads) if self._owns_samples else shared[0]
         # one loading thread: batches submit their samples in the order they were started (samplepool.Turns)
         self._turns = Turns() if self._samples.threads == 1 else None
         # a dataset that may not load concurrently loads on its one loading thread only, as in a DataLoader worker
         # (a connection it opened there may be bound to that thread); others may load a one-sample batch inline
-        serial = shared is not None and shared[0] is None  # its own one-thread pool: loads never overlap
         self._load_one = self._samples.submit if serial else self._samples.run_or_submit
         self._batches = ThreadPoolExecutor(max_workers=batch_workers, thread_name_prefix="ferry-batch")
         self._done = done

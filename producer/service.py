@@ -141,12 +141,13 @@ class Producer:
     def run(self) -> int:
         """Serve until stopped or permanently rejected everywhere. Returns the process exit code."""
         cfg = self.config
-        own = self._sharing.datasets.own.announce if self._sharing.datasets.own is not None else NO_DATASET
-        allowed = ", ".join(cfg.allow_dataset) or "none"
         served = self._sharing.datasets.own
-        threads = 1 if self._serial(served) else cfg.pool_threads
+        own = served.announce if served is not None else NO_DATASET
+        allowed = ", ".join(cfg.allow_dataset) or "none"
+        one_at_a_time = self._serial(served)
+        threads = 1 if one_at_a_time else cfg.pool_threads
         serial = " (a dataset class of your own loads one sample at a time: --threads N if it is thread-safe)" \
-            if self._serial(served) else ""
+            if one_at_a_time else ""
         log.info("ferry producer %s (id %s) serving %s: %d samples, fingerprint %s, loading threads %d%s, %d slots "
                  "-> %s; datasets consumers may name: the built-ins and %s",
                  self.name, self.producer_id, cfg.dataset_label or "no dataset of its own", own["len"],
