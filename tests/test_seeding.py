@@ -56,7 +56,8 @@ def test_producer_seeds_follow_torch_manual_seed_like_dataloader_workers():
     assert run() == run()
 
 
-def test_one_producer_draws_what_one_dataloader_worker_draws():
+@pytest.mark.parametrize("method", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
+def test_one_producer_draws_what_one_dataloader_worker_draws(method):
     """torch, numpy and Python's random in a producer give a dataset the numbers a DataLoader worker's do, draw for
     draw: the same base seed (from torch's RNG), torch and random seeded with base + id, numpy with DataLoader's
     hash of both, and nothing of Ferry's drawing from them (the HELLO nonce comes from the OS). One producer loads
@@ -66,11 +67,12 @@ def test_one_producer_draws_what_one_dataloader_worker_draws():
         return [row for batch in loader for row in zip(*(column.tolist() for column in batch))]
 
     torch.manual_seed(1234)
-    expected = draws(torch.utils.data.DataLoader(Draws(48), batch_size=4, num_workers=1))
+    expected = draws(torch.utils.data.DataLoader(Draws(48), batch_size=4, num_workers=1,
+                                                 multiprocessing_context=method))
     for slots in (1, 4):
         torch.manual_seed(1234)
         with RemoteLoader(dataset=Draws(48), local_producers=1, producer_slots=slots, batch_size=4, timeout=60,
-                          log_every=None) as loader:
+                          mp_context=method, log_every=None) as loader:
             got = draws(loader)
         assert got == expected, f"producer_slots={slots}"
 
