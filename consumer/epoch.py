@@ -32,6 +32,8 @@ from ferry.consumer.staging.tensors import iter_tensors
 
 __all__ = ["EpochParts", "EpochIterator", "RunCounter"]
 
+_NOTHING = object()  # what an empty ``staged`` queue gave
+
 
 class RunCounter:
     """Which run (iteration of a loader) is the newest: only its iterator may advance."""
@@ -167,6 +169,8 @@ class EpochIterator:
                 item = (staged.get(timeout=max(0.0, min(POLL_SLICE_S, deadline - time.monotonic()))) if waited
                         else staged.get_nowait())
             except queue.Empty:
+                item = _NOTHING  # handled outside the except: an error raised there must not chain queue.Empty
+            if item is _NOTHING:
                 if not waited:
                     waited = True
                     self._parts.flush_credits()  # nothing staged: no credit may wait on this wait

@@ -82,6 +82,8 @@ def test_a_producer_that_dies_at_start_up_is_a_startup_error_quoting_its_stderr(
     text = str(info.value)
     assert "all 2 local producers exited before serving" in text and "exit code" in text, text
     assert text.count("no_such_module_for_ferry") >= 2, text  # each producer's own words, not "see above"
+    assert "its error output ends as producer" in text, text  # the same error is quoted once, not per producer
+    assert info.value.__context__ is None, repr(info.value.__context__)  # not chained to the loop's queue.Empty
     assert "no_such_module_for_ferry" in capfd.readouterr().err  # and still shown live, as before
 
 
@@ -100,6 +102,7 @@ def test_a_spawned_producer_that_dies_at_start_up_is_reported_with_its_traceback
             next(it)
     text = str(info.value)
     assert "exit code 1" in text and "cannot reopen the archive in the producer" in text, text
+    assert info.value.__context__ is None, repr(info.value.__context__)  # raised by next(): no queue.Empty chained
     assert "cannot reopen the archive" in capfd.readouterr().err  # shown live too
 
 
@@ -135,3 +138,40 @@ def test_a_producer_that_wrote_nothing_once_started_points_at_what_it_wrote_whil
     text = " ".join(tail.split())  # the note is wrapped over lines
     assert "wrote nothing to stderr once started" in text and "this process's stderr, above" in text, tail
     assert 'if __name__ == "__main__":' in tail
+
+
+def _dead_child(tmp_path, index, pid, code, output):
+    from ferry.consumer.local.children import Child
+
+    class Handle:  # what a report reads of the process: its pid
+        pass
+
+    handle = Handle()
+    handle.pid = pid
+    capture = open(tmp_path / f"producer-{index}.stderr", "w+b", buffering=0)
+    capture.write(output.encode())
+    child = Child(index, handle=handle, stderr_fd=-1, sentinel=None, own_sentinel=False, capture=capture)
+    child.exit_code = code
+    return child
+
+
+def test_reports_quote_an_error_output_once_and_name_the_producers_that_ended_the_same_way(tmp_path):
+    """Every producer failing on the same missing file: one traceback in the error, not one per producer; a
+    different error is quoted in full; the log of each death quotes only its last line."""
+    from ferry.consumer.local.children import reports
+
+    same = "Traceback (most recent call last):\n  File \"ds.py\", line 3\nOSError: /data/x.h5 not found\n"
+    children = [_dead_child(tmp_path, 0, 100, 1, "Process ferry-producer-0:\n" + same),
+                _dead_child(tmp_path, 1, 101, 1, "Process ferry-producer-1:\n" + same),
+                _dead_child(tmp_path, 2, 102, 2, "MemoryError: out of memory\n")]
+    try:
+        text = reports(children)
+        assert text.count("Traceback") == 1 and text.count("OSError: /data/x.h5 not found") == 2, text
+        assert "producer 1 (pid 101): exit code 1; its error output ends as producer 0's: OSError: /data/x.h5" \
+            in text, text
+        assert "producer 2 (pid 102): exit code 2; its last error output:\n    MemoryError: out of memory" in text
+        assert children[0].brief() == ("producer 0 (pid 100): exit code 1; its last line on stderr: "
+                                       "OSError: /data/x.h5 not found")
+    finally:
+        for child in children:
+            child.capture.close()

@@ -92,8 +92,8 @@ class Child:
             self.capture.write(chunk)
             _echo(chunk)
 
-    def tail(self) -> str:
-        """The last lines it wrote to stderr, indented, or a note that there were none."""
+    def _captured_tail(self) -> str:
+        """The last lines it wrote to stderr, as written ("" for none)."""
         try:
             fd = self.capture.fileno()
             size = os.fstat(fd).st_size
@@ -101,17 +101,37 @@ class Child:
             text = os.pread(fd, size - start, start).decode(errors="replace")
         except (OSError, ValueError):
             text = ""
-        text = "\n".join(text.rstrip().splitlines()[-STDERR_TAIL_LINES:])[-STDERR_TAIL_CHARS:]
+        return "\n".join(text.rstrip().splitlines()[-STDERR_TAIL_LINES:])[-STDERR_TAIL_CHARS:]
+
+    def tail(self) -> str:
+        """The last lines it wrote to stderr, indented, or a note that there were none."""
+        text = self._captured_tail()
         if not text:
             return ("    (it wrote nothing to stderr once started; what it wrote while starting went to this\n"
                     "    process's stderr, above: under spawn or forkserver, a script without\n"
                     "    `if __name__ == \"__main__\":` builds its loader again in each producer, which Python refuses)")
         return "\n".join("    " + line for line in text.splitlines())
 
-    def report(self) -> str:
+    def name(self) -> str:
+        """``producer 1 (pid 4242, restart 2): exit code 4``."""
         restart = f", restart {self.generation}" if self.generation else ""
-        return f"producer {self.index} (pid {self.pid}{restart}): {describe_exit(self.exit_code or 0)}; its last " \
-               f"error output:\n{self.tail()}"
+        return f"producer {self.index} (pid {self.pid}{restart}): {describe_exit(self.exit_code or 0)}"
+
+    def report(self) -> str:
+        """Its name and exit, and the tail of its error output: what an error raised for its death quotes."""
+        return f"{self.name()}; its last error output:\n{self.tail()}"
+
+    def last_line(self) -> str:
+        """The last line it wrote to stderr (usually its exception's message), or ""."""
+        lines = self._captured_tail().splitlines()
+        return lines[-1].strip() if lines else ""
+
+    def brief(self) -> str:
+        """Its name and exit, and only the last line of its error output: what the log of its death quotes, as
+        all it wrote has just gone to our stderr (:meth:`pump`)."""
+        last = self.last_line()
+        return self.name() + (f"; its last line on stderr: {last}" if last else
+                              "; it wrote nothing to stderr once started")
 
     def release(self) -> None:
         """Close its pipe, capture file and sentinel (it has exited)."""
@@ -124,6 +144,22 @@ class Child:
             os.close(self.sentinel)
         if not isinstance(self.handle, subprocess.Popen):
             self.handle.close()
+
+
+def reports(children: list[Child]) -> str:
+    """Each child's :meth:`Child.report`; one whose error output ends as an earlier one's did (every producer
+    failing on the same missing file) names that one instead of quoting the same traceback again."""
+    quoted: dict[str, int] = {}  # a last line -> the producer whose report quotes it
+    lines = []
+    for child in children:
+        last = child.last_line()
+        if last in quoted:
+            lines.append(f"{child.name()}; its error output ends as producer {quoted[last]}'s: {last}")
+            continue
+        if last:
+            quoted[last] = child.index
+        lines.append(child.report())
+    return "\n".join(lines)
 
 
 def _echo(chunk: bytes) -> None:

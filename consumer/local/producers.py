@@ -36,6 +36,7 @@ from ferry.common.constants import (JOIN_TIMEOUT_S, RESPAWN_FIRST_DELAY_S, RESPA
 from ferry.common.errors import ProducerDiedError, ProducerStartupError
 
 from ferry.consumer.local import folder as local_folder
+from ferry.consumer.local.children import reports
 from ferry.consumer.local.autoscale import count_bounds
 from ferry.consumer.local.launchers import ObjectLauncher, SpecLauncher, producer_config
 from ferry.consumer.local.members import Members
@@ -142,12 +143,12 @@ class LocalProducers:
             if (not children or members.closing or members.replacements.pending
                     or any(c.exit_code is None for c in children)):
                 return
-            reports = "\n".join(child.report() for child in children)
+            text = reports(children)
             bound = members.replacements.bound_note()
         who = "the local producer" if len(children) == 1 else f"all {len(children)} local producers"
         if served:
-            raise ProducerDiedError(f"{who} died mid-run{bound}:\n{reports}")
-        raise ProducerStartupError(f"{who} exited before serving:\n{reports}")
+            raise ProducerDiedError(f"{who} died mid-run{bound}:\n{text}")
+        raise ProducerStartupError(f"{who} exited before serving:\n{text}")
 
     def close(self) -> None:
         with self._lock:

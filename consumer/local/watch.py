@@ -205,7 +205,7 @@ class Watch:
             if on_death is not None:
                 on_death(child.pid, f"died ({describe_exit(child.exit_code)})")
             what = "its tasks go to the others" if live else "none is left"
-            log.log(level, "ferry: local %s\n%d of %d local producers live, %s; %s", child.report(), live, n, what,
+            log.log(level, "ferry: local %s\n%d of %d local producers live, %s; %s", child.brief(), live, n, what,
                     plan)
 
     def _plan(self, child: Child, served: bool, now: float) -> tuple[str, int]:
@@ -294,5 +294,5 @@ class Watch:
                 on_death = self._hooks.on_death
                 if on_death is not None:  # no BYE: its tasks go back now, not after the liveness window
                     on_death(child.pid, f"died while stopping ({describe_exit(child.exit_code)})")
-                log.warning("ferry: local %s", child.report())
+                log.warning("ferry: local %s", child.brief())
             self._forget(selector, child)
