@@ -40,6 +40,7 @@ from ferry.consumer.core import sequencer_for
 from ferry.consumer.epoch import EpochIterator, EpochParts, RunCounter
 from ferry.consumer.health import LoaderHealth, start_hint_for
 from ferry.consumer.figures.observer import EpochObserver
+from ferry.consumer.local.autoscale import usable_cpus
 from ferry.consumer.planning import EpochPlanner
 from ferry.consumer.resume import RESUME_OPTIONS, ResumePoint, capture_state, check_dataset_len, restore_state
 from ferry.consumer.options import (
@@ -145,7 +146,9 @@ class RemoteLoader:
         self._observer = EpochObserver(self._counters, self._io.snapshot,
                                        capacity=self.buffer_batches, log_every=self.log_every,
                                        threads=(self._io.thread, self._staging), on_demand=pipeline.autoscale,
-                                       on_load=self._io.report_load)
+                                       on_load=self._io.report_load,
+                                       local_cpus=usable_cpus() if self._local is not None and not opts.endpoints
+                                       else None)
         device = self.device
         self._parts = EpochParts(
             staged=pipeline.staged, release=self._io.release, flush_credits=self._io.flush_credits,

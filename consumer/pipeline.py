@@ -137,7 +137,7 @@ class Pipeline:
             )
             endpoints.append(self.local.endpoint)
             if local.count == AUTO:
-                self.autoscale = Autoscaler(self.local)
+                self.autoscale = Autoscaler(self.local, default_high=local.max is None)
         if not endpoints:
             raise ConfigError("no endpoint to bind")
         self.endpoints = tuple(endpoints)

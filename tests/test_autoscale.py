@@ -85,6 +85,41 @@ def test_the_control_period_is_the_gauge_s_window_and_the_reversal_a_minute():
     assert AUTOSCALE_PERIOD_S == WINDOW_S and AUTOSCALE_REVERSAL_S == 60.0
 
 
+class _Producers:
+    """What the autoscaler reads and calls of a LocalProducers: the count and its bounds, and scale_to."""
+
+    def __init__(self, count: int, low: int, high: int) -> None:
+        self.count, self.low, self.high = count, low, high
+        self.asked: list[int] = []
+
+    def scale_to(self, count: int) -> None:
+        self.asked.append(count)
+        self.count = count
+
+
+def test_a_need_above_the_bound_is_said_once_naming_the_bound_and_where_it_comes_from(caplog, monkeypatch):
+    """On a 2-CPU machine the default bound is 1: "auto" stays at one producer, and says why, once."""
+    monkeypatch.setattr(autoscale, "usable_cpus", lambda: 2)
+    producers = _Producers(count=1, low=1, high=1)
+    scaler = autoscale.Autoscaler(producers, default_high=True)
+    with caplog.at_level("INFO", logger="ferry.consumer"):
+        for second in range(3):
+            scaler(100.0 + 10 * second, 5)
+    said = [r.getMessage() for r in caplog.records if "at most" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "needs about 5 local producers" in said[0] and "at most 1 run here" in said[0], said
+    assert "2 CPUs" in said[0] and "local_producers_max raises it" in said[0], said
+    assert producers.asked == []  # nothing to change: it is at its bound
+    caplog.clear()
+    given = autoscale.Autoscaler(_Producers(count=2, low=1, high=3), default_high=False)
+    with caplog.at_level("INFO", logger="ferry.consumer"):
+        given(100.0, 2)  # within the bound: nothing to say
+        given(200.0, 4)
+    said = [r.getMessage() for r in caplog.records if "at most" in r.getMessage()]
+    assert len(said) == 1 and "at most 3 run here (local_producers_max)" in said[0], said
+    assert given.producers.asked == [3]
+
+
 # --- the options ------------------------------------------------------------------------------------------------
 def test_the_bounds_default_to_one_and_the_usable_cpus_minus_one(monkeypatch):
     monkeypatch.setattr(autoscale, "usable_cpus", lambda: 8)

@@ -40,6 +40,17 @@ def test_producers_that_load_one_sample_at_a_time_are_told_of_producer_threads()
     assert "raise buffer_batches" not in text and "producer_threads=4" in text
 
 
+def test_producers_needed_beyond_this_machine_s_cpus_are_said_to_be_more_than_it_can_run():
+    # about 5 producers needed: on 2 CPUs (1 beside the loop), local producers cannot give that
+    text = diagnose(figures(local_cpus=2))
+    assert "about 5 producers would remove the stall, more than this machine can run" in text, text
+    assert "its 2 usable CPUs are shared with the training loop" in text and "other hosts" in text, text
+    assert "more than this machine" not in diagnose(figures(local_cpus=6))  # 5 fit beside the loop's CPU
+    assert "more than this machine" in diagnose(figures(local_cpus=5))
+    assert "more than this machine" not in diagnose(figures())  # producers elsewhere: their CPUs are not known
+    assert "more than this machine" not in diagnose(figures(local_cpus=2, wait_s=0.5))  # not data-bound
+
+
 def test_full_window_points_at_buffer_batches():
     assert "buffer_batches" in diagnose(figures(window_full_waits=70))
 
@@ -115,6 +126,7 @@ def test_real_run_is_diagnosed_as_producer_bound_and_warned_on_the_second_epoch(
                 time.sleep(0.005)  # a fast step: one producer at ~25 batches/s cannot feed 200 steps/s
         text = loader.diagnosis()
     assert "bound by the producers" in text, text
+    assert "more than this machine" not in text, text  # a producer by hand: it may run anywhere
     assert any("ferry: epoch 0 batch" in r.getMessage() and "stall" in r.getMessage() for r in caplog.records)
     verdicts = [r for r in caplog.records if r.getMessage().startswith("ferry: epoch") and "bound by" in r.getMessage()]
     assert [(r.getMessage()[:14], r.levelname) for r in verdicts] == [("ferry: epoch 0", "INFO"),
@@ -141,3 +153,22 @@ def test_a_model_bound_run_logs_no_warning(caplog):
     assert warnings == []
     verdicts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ferry: epoch 0:")]
     assert len(verdicts) == 1 and "not data-bound" in verdicts[0], verdicts
+
+
+def test_a_local_run_needing_more_producers_than_cpus_is_told_so_exactly_then():
+    """Local producers only: the loader knows they share this machine's CPUs. One producer at ~4 batches/s (a
+    sleeping dataset) against a loop that wants far more: the verdict says whether the count it names fits."""
+    import math
+    import os
+    import re
+
+    with RemoteLoader(dataset=PairDataset(length=48, shape=(4,), delay=0.06), local_producers=1, batch_size=4,
+                      producer_threads=1, heartbeat=0.2, timeout=30) as loader:
+        for _ in loader:
+            time.sleep(0.02)  # the model's step (an empty loop would be bound by the consumer's own threads)
+        text = loader.diagnosis()
+    needed = re.search(r"about (\d+) producers would remove the stall", text)
+    assert needed, text
+    cpus = len(os.sched_getaffinity(0))
+    assert ("more than this machine can run" in text) == (int(needed[1]) > max(1, cpus - 1)), text
+    assert int(needed[1]) >= 2, text  # the sleeping producer is far slower than the empty loop

@@ -16,7 +16,8 @@ times. The reasoning, in order:
    ``ceil(1.1 x step rate / rate per producer)`` producers remove the stall, capped by what the consumer's
    threads can take in (``batches / their CPU seconds``); past the cap, the consumer is the bound, and the
    verdict says so. A slow link looks like slow producers from here: nothing in these figures is evidence
-   for the transport, so the verdict never blames it.
+   for the transport, so the verdict never blames it. When every producer runs on this machine and more are
+   needed than its usable CPUs minus one (the training loop's), the verdict says the machine cannot run them.
 
 :class:`EpochLog` logs one line per epoch: at INFO, and at WARNING only when the stall stays above
 STALL_LIMIT for WARN_AFTER_EPOCHS consecutive epochs of at least MIN_BATCHES batches each.
@@ -55,6 +56,7 @@ class EpochFigures:
     startup_s: float = 0.0  # the wait for the loader's first batch: start-up, left out of wait_s and active_s
     consumer_cpu_s: float | None = None  # CPU seconds of the consumer's io and staging threads; None: unknown
     serial_producers: int = 0  # producers loading a user's dataset class one sample at a time (no --threads)
+    local_cpus: int | None = None  # the CPUs this process may use, when every producer runs on this machine
 
 
 def stall_of(f: EpochFigures) -> float:
@@ -104,7 +106,12 @@ def diagnose(f: EpochFigures) -> str:
         return (f"{text}: about {cap} producers would feed the consumer to its limit; beyond that the consumer "
                 f"is the bound: its io and staging threads take in about {ingest:.0f} batches/s at most, less than "
                 f"the loop wants{serial}")
-    return f"{text}: about {needed} producers would remove the stall{serial}"
+    machine = ""
+    if f.local_cpus is not None and needed > max(1, f.local_cpus - 1):
+        machine = (f", more than this machine can run: its {f.local_cpus} usable CPUs are shared with the training "
+                   f"loop. Run producers on other hosts (docs/deployment.md), or make each one faster "
+                   f"(docs/tuning.md)")
+    return f"{text}: about {needed} producers would remove the stall{machine}{serial}"
 
 
 def _serial_text(serial: int, producers: int) -> str:

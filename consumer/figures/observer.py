@@ -40,8 +40,10 @@ class EpochObserver:
     def __init__(self, counters: Counters, snapshot: Callable[[], dict[str, Any]],
                  *, capacity: int, log_every: float | None,
                  threads: tuple[Any, ...], on_demand: Callable[[float, int | None], None] | None = None,
-                 on_load: Callable[[int | None, float], None] | None = None) -> None:
+                 on_load: Callable[[int | None, float], None] | None = None,
+                 local_cpus: int | None = None) -> None:
         self._counters, self._snapshot = counters, snapshot
+        self._local_cpus = local_cpus  # the usable CPUs, when every producer runs on this machine
         self._capacity, self._log_every = capacity, log_every
         self._waits = WaitTally({"per_producer": {}})
         self._epoch_log = EpochLog(threads)
@@ -82,6 +84,7 @@ class EpochObserver:
             startup_s=self._epoch_log.startup_s if active is not None and active.run == 1 else 0.0,
             consumer_cpu_s=self._epoch_log.consumer_cpu_s(),
             serial_producers=sum(1 for p in snap["per_producer"].values() if p.get("serial")),
+            local_cpus=self._local_cpus,
         )
 
     def progress(self, now: float, epoch: int, done: int, total: int) -> None:

@@ -102,12 +102,21 @@ class Autoscaler:
         policy: the rule; by default one over the producers' bounds.
     """
 
-    def __init__(self, producers: Any, policy: ScalePolicy | None = None) -> None:
+    def __init__(self, producers: Any, policy: ScalePolicy | None = None, *, default_high: bool = False) -> None:
         self.producers = producers
         self.policy = policy or ScalePolicy(producers.low, producers.high)
+        self.default_high = default_high  # high is the default (the usable CPUs minus one), not local_producers_max
+        self.capped = False  # whether the loop has needed more than high (said once)
 
     def __call__(self, now: float, needed: int | None) -> None:
         current = self.producers.count
+        if needed is not None and needed > self.policy.high and not self.capped:
+            self.capped = True
+            log.info("ferry: the loop needs about %d local producers of the current speed; at most %d run here (%s)."
+                     " Producers on more cores than the machine has only share them with training: run more on "
+                     "other hosts, or make each faster (docs/tuning.md)", needed, self.policy.high,
+                     f"the usable CPUs minus one: {usable_cpus()} CPUs; local_producers_max raises it"
+                     if self.default_high else "local_producers_max")
         target = self.policy.decide(now, current, needed)
         if target is None:
             return
