@@ -81,9 +81,12 @@ class LoaderHealth:
                    f"--allow-dataset <spec>)." if health.refused else "")
         rejected = (f" It rejected {health.rejected} producer HELLO(s), the latest: {health.last_rejection}."
                     if health.rejected and not health.refused else "")
+        # why the last one went: a producer still running but holding back (a load that hangs, producer/stuck.py)
+        # says so in its own log; this names the loss it follows
+        lost = f" The last one lost: {health.last_loss}." if health.producers_seen and health.last_loss else ""
         return NoProducersError(
             f"no producer alive for {waited:.1f} s (no_producer_timeout={self._timeout:g} s); the consumer is bound to "
-            f"{', '.join(self._endpoints)} and has seen {health.producers_seen} producer(s) in all.{rejected}"
+            f"{', '.join(self._endpoints)} and has seen {health.producers_seen} producer(s) in all.{lost}{rejected}"
             f"{refused} Start one with: {self._start_hint}"
         )
 

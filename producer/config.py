@@ -139,7 +139,8 @@ class ProducerConfig:
     liveness: int = option(s.LIVENESS)
     unreachable_warning_s: float = option(Setting(
         s.Real(0, low_open=True, expected="a number of seconds"), "first warn when no consumer answered for this "
-        "long (w), then after 3w, 6w and every 30w more (see producer/connection.py).",
+        "long (w), then after 3w, 6w and every 30w more (see producer/connection.py); the same for loads given up "
+        "on by their consumer that hold every loading thread (producer/stuck.py).",
         DEFAULT_UNREACHABLE_WARNING_S, unit="second", env="FERRY_UNREACHABLE_WARNING_S"))
     resolve_interval: float = option(Setting(
         s.Real(0, 86400, expected="a number of seconds"), "resolve each endpoint's host name again this often and "

@@ -178,6 +178,13 @@ class Connection:
                 return [SendPing(self.pending)]
         return []
 
+    def hold(self, now: float) -> None:
+        """Instead of :meth:`tick` while the producer takes no work (producer/stuck.py): a greeting connection
+        says no HELLO, and its wait for a consumer starts again when the hold ends (no warning that no consumer
+        answers: none was asked). A serving one is not held."""
+        if self.phase is Phase.GREETING:
+            self.started, self.warnings, self.last_sent, self.awaiting_connection = now, 0, 0.0, False
+
     def _warning_due(self, given: int) -> float:
         """Seconds of GREETING after which warning number ``given`` (from 0) is due: w, 3w, 6w, then every 30w."""
         return warning_due(self.unreachable_warning_s, given)

@@ -108,6 +108,10 @@ class FairShare:
         if state.forgotten and not state.active:
             del self.flows[key]
 
+    def started(self) -> list[tuple[int, Any, float]]:
+        """The running items, ``(flow, item, started at)``, oldest first."""
+        return sorted(((key, item, at) for item, key, _, at in self._started.values()), key=lambda entry: entry[2])
+
     def forget(self, flow: int) -> list[Any]:
         """``flow``'s connection is gone: its queued items are dropped (returned); running ones still end through
         :meth:`finished`."""

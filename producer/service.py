@@ -55,6 +55,7 @@ from ferry.producer.logs import fields
 from ferry.producer.outbox import Outbox, hello_fields
 from ferry.producer.health import Health
 from ferry.producer.status import PROBES, SERVING, STARTING, STOPPING
+from ferry.producer.stuck import StuckLoads
 
 log = logging.getLogger("ferry.producer")
 
@@ -108,6 +109,9 @@ class Producer:
                                            if own is not None and own.iterable else None,
                                            serial=self._serial(own)),
                               datasets.buffers)
+        # loads given up on by their consumers that fill every loading thread: no HELLO until one returns (stuck.py)
+        self._stuck = StuckLoads(1 if own is None or self._serial(own) else config.pool_threads, config.slots,
+                                 config.unreachable_warning_s)
         self.invalid_messages = 0
         self.stale_messages = 0
         self._invalid_log = RateLimitedLog(log, suppressed="%d more invalid messages were dropped without a log line")
@@ -169,7 +173,12 @@ class Producer:
                     break
                 now = self._health.last_turn = time.monotonic()  # ticks before the poll: the first HELLO goes at once
                 self._links.tick(now)
+                for action in self._stuck.update(self._sharing.orphans(self._links.get), now):
+                    log.log(action.level, "%s", action.message, extra=fields(**action.fields))
                 for link in self._links:
+                    if self._stuck.held and not link.conn.serving:
+                        link.conn.hold(now)  # no HELLO: it would only be given tasks that wait behind the stuck loads
+                        continue
                     self._apply(link, link.conn.tick(now))
                     link.watch_writable()
                 if self._health.file.due(now, SERVING):

@@ -118,6 +118,16 @@ class Sharing:
         """``job``'s outcome is back: its worker is free, its consumer pays what it cost."""
         self.share.finished(job, now)
 
+    def orphans(self, link_of: Callable[[int], Link | None]) -> list[tuple[Job, float]]:
+        """The running tasks whose consumer gave them up (their connection left that session, or is gone), each
+        with when it started, oldest first: their loads go on, as a thread cannot be stopped (producer/stuck.py)."""
+        orphaned = []
+        for key, job, at in self.share.started():
+            link = link_of(key)
+            if link is None or not link.conn.owns(job.session):
+                orphaned.append((job, at))
+        return orphaned
+
     @property
     def pending(self) -> int:
         """Tasks received and not yet finished: waiting for their turn, or handed to a batcher."""

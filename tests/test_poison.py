@@ -4,6 +4,8 @@ and leaving without delivering hit the no-progress timeout. Real producer proces
 
 from __future__ import annotations
 
+import re
+import threading
 import time
 
 import pytest
@@ -80,20 +82,60 @@ def test_a_sample_slower_than_task_timeout_raises_poison_naming_the_batch_and_ea
     assert "samples 4, 5" in str(error) and "attempt 2" in str(error)
 
 
-def test_producers_that_keep_rejoining_without_delivering_hit_the_no_progress_timeout(endpoint, spawn):
-    # every sample takes 30 s and the task timeout is 0.5 s: the producer is lost, says HELLO again, is
-    # admitted, and is lost again. Attempts are many (30, about 20 s of churn), so the no-progress timeout (4 s)
-    # must end it first.
-    spawn(endpoint, "tests.datasets:PairDataset", {"length": 20, "delay": 30}, threads=1, slots=1)
+def test_producers_that_keep_rejoining_without_delivering_hit_the_no_progress_timeout(endpoint):
+    """A broken producer (hand-made, on its own thread) says HELLO afresh every 0.2 s and answers no task: it is
+    admitted and lost again and again, so live producers alone never trip the no-producer timeout; the
+    no-progress one (4 s) must end it. (A real producer whose loads hang does not rejoin: the next test.)"""
+    ctx = zmq.Context()
+    stop = threading.Event()
+
+    def churn() -> None:
+        sock = dealer(ctx, endpoint)
+        try:
+            for nonce in range(1, 200):  # at most 40 s; stopped by the test long before
+                sock.send(protocol.pack(protocol.HELLO, producer="churner", nonce=nonce, host="h", pid=1, slots=2,
+                                        dataset={"spec": "x", "len": 20, "fingerprint": "f"}))
+                while sock.poll(0):
+                    sock.recv_multipart()  # WELCOMEs and TASKs, never answered
+                if stop.wait(0.2):  # the pace of this peer's HELLOs
+                    return
+        finally:
+            sock.close(0)
+
+    churner = threading.Thread(target=churn, name="churner")
+    try:
+        with RemoteLoader(endpoint=endpoint, batch_size=2, heartbeat=0.2, task_timeout=0.5, max_attempts=30,
+                          no_producer_timeout=4) as loader:
+            churner.start()
+            wait_for(lambda: loader.stats()["producers"] == 1, 10, "the hand-made producer")
+            began = time.monotonic()
+            with pytest.raises(NoProducersError, match="kept joining and leaving") as caught:
+                next(iter(loader))
+            assert time.monotonic() - began < 20
+            assert loader.stats()["producers_seen"] >= 2  # it did rejoin: live producers alone never tripped it
+    finally:
+        stop.set()
+        churner.join(10)
+        ctx.term()
+    assert not churner.is_alive()
+    assert "producer h:1 restarted its work (new HELLO)" in str(caught.value), str(caught.value)
+
+
+def test_a_producer_whose_one_loading_thread_hangs_stays_out_and_the_error_names_its_loss(endpoint, spawn):
+    """Every sample takes 30 s and the task timeout is 0.5 s: the producer is lost once and, its one loading thread
+    held by the load its consumer gave up on, says no HELLO until it returns (producer/stuck.py). The no-producer
+    timeout ends the wait, naming that loss."""
+    producer = spawn(endpoint, "tests.datasets:PairDataset", {"length": 20, "delay": 30}, threads=1, slots=1)
     with RemoteLoader(endpoint=endpoint, batch_size=2, heartbeat=0.2, task_timeout=0.5, max_attempts=30,
                       no_producer_timeout=4) as loader:
         wait_for(lambda: loader.stats()["producers"] == 1, 20, "the producer")
         began = time.monotonic()
-        with pytest.raises(NoProducersError, match="kept joining and leaving") as caught:
+        with pytest.raises(NoProducersError, match="no producer alive") as caught:
             next(iter(loader))
         assert time.monotonic() - began < 20
-        assert loader.stats()["producers_seen"] >= 2  # it did rejoin: live producers alone never tripped it
-    assert "held a task for more than task_timeout=0.5 s" in str(caught.value)
+        assert loader.stats()["producers_seen"] == 1  # it did not come back to take tasks it could not start
+    assert re.search(rf"The last one lost: producer \S+:{producer.pid} held a task for more than task_timeout=0.5 s",
+                     str(caught.value)), str(caught.value)
 
 
 def test_the_consumer_checks_the_plan_itself_and_never_sends_an_index_outside_the_dataset(endpoint):

@@ -1,0 +1,86 @@
+"""Loads its consumers gave up on, filling every loading thread: the producer takes no work until one returns.
+
+A consumer gives a task up when the producer held it past ``task_timeout`` (or went silent, or said too many
+invalid things): it charges that task an attempt and re-issues it elsewhere. Here the task's loads go on, since a
+thread inside a dataset's ``__getitem__`` cannot be stopped. If that load never returns (a read from a hung
+network mount, a deadlock in a decoder), the thread is lost. Were the producer to say HELLO again at once, as it
+did, its consumer would give it new tasks that wait behind the lost thread, time each of them out and charge
+each an attempt: batches holding no bad sample end as ``PoisonTaskError``, and the producer is dropped and
+re-admitted over and over, stalling the loop each time.
+
+So while the orphaned tasks (:meth:`ferry.producer.sharing.Sharing.orphans`) are at least as many as the loading
+threads of the producer's dataset (one for a dataset class of the user's, ``--threads`` otherwise) or its
+``--slots`` (an orphan holds its slot until it returns, so no new task could start), every
+connection that is greeting holds its HELLO (:meth:`ferry.producer.connection.Connection.hold`), and the
+producer says why at WARNING with the back-off of the "no consumer has answered" warnings (after w, 3w, 6w,
+then every 30w: a hold that ends sooner, the usual case of a BYE or a silent consumer as a batch was loading,
+says nothing). It takes work again, at once, when one of them returns. One that never returns
+needs the producer restarted (local producers and engines do that for a process that exits; this one cannot
+tell a slow load from a hung one, so it keeps waiting).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ferry.producer.actions import Log
+from ferry.producer.connection import warning_due
+
+__all__ = ["StuckLoads"]
+
+
+def _describe(job: Any) -> str:
+    indices = job.indices
+    samples = f"sample {indices[0]}" if len(indices) == 1 else \
+        f"samples {indices[0]}..{indices[-1]}" if len(indices) > 2 else f"samples {indices[0]}, {indices[1]}"
+    return f"batch {job.seq} of epoch {job.epoch} ({samples})"
+
+
+class StuckLoads:
+    """Whether the producer must hold its HELLOs, from its orphaned tasks, with the log lines that say so.
+
+    Args:
+        threads: the loading threads the orphans can fill.
+        slots: the tasks the producer runs at once (``--slots``): an orphan holds one until it returns.
+        warning_s: the first warning, then with back-off (``FERRY_UNREACHABLE_WARNING_S``). [Unit: second]
+    """
+
+    def __init__(self, threads: int, slots: int, warning_s: float) -> None:
+        self.threads = max(1, min(threads, slots))
+        self.what = ("its one loading thread" if threads == 1 else f"all {threads} of its loading threads"
+                     if threads <= slots else "its one slot (--slots)" if slots == 1 else f"all {slots} of its slots")
+        self.warning_s = warning_s
+        self.since: float | None = None  # held since when; None: not held
+        self.warnings = 0  # repeats of the warning in this hold
+
+    @property
+    def held(self) -> bool:
+        return self.since is not None
+
+    def update(self, orphans: list[tuple[Any, float]], now: float) -> list[Log]:
+        """The orphaned tasks now, ``(job, started at)`` oldest first; returns what to log."""
+        if len(orphans) < self.threads:
+            if self.since is None:
+                return []
+            held_s, warned, self.since = now - self.since, self.warnings > 0, None
+            if not warned:  # the usual case: a consumer said BYE or went silent as a batch was loading
+                return []
+            return [Log(logging.INFO, f"a load given up on by its consumer returned after {held_s:.0f} s of holding "
+                                      "back: taking work again", {"event": "unstuck", "held_s": round(held_s, 1)})]
+        if self.since is None:
+            self.since, self.warnings = now, 0
+        if now - self.since > warning_due(self.warning_s, self.warnings):
+            self.warnings += 1
+            return [self._warning(orphans, now)]
+        return []
+
+    def _warning(self, orphans: list[tuple[Any, float]], now: float) -> Log:
+        job, started = orphans[0]
+        others = f" and {len(orphans) - 1} more" if len(orphans) > 1 else ""
+        return Log(logging.WARNING,
+                   f"{_describe(job)}{others}, given up on by the consumer, still loading after {now - started:.0f} s "
+                   f"and holding {self.what}: taking no work until one returns (the dataset's __getitem__ may hang on "
+                   f"a sample of it; restart this producer if it never returns)",
+                   {"event": "stuck", "loading_s": round(now - started, 1), "orphans": len(orphans),
+                    "epoch": job.epoch, "seq": job.seq})

@@ -1,0 +1,98 @@
+"""A producer whose loading threads are all held by loads its consumer gave up on (a ``__getitem__`` that hangs)
+takes no work until one returns (producer/stuck.py): it would only be given tasks that wait behind them, time
+out, and charge batches that hold no bad sample an attempt each, until they end as ``PoisonTaskError``.
+
+The rule as a unit, with the time passed in; then real producers and a hanging sample."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+from ferry import PoisonTaskError, RemoteLoader
+from ferry.producer.actions import SendHello
+from ferry.producer.connection import Connection
+from ferry.producer.stuck import StuckLoads
+
+from .helpers import wait_for
+
+
+def _job(seq, indices):
+    return SimpleNamespace(epoch=0, seq=seq, indices=indices)
+
+
+def test_orphans_below_the_threads_hold_nothing_and_at_the_threads_hold_quietly_then_warn_with_back_off():
+    stuck = StuckLoads(threads=2, slots=4, warning_s=10)
+    one = [(_job(1, [4, 5, 6, 7]), 100.0)]
+    assert stuck.update(one, 101.0) == [] and not stuck.held  # a thread is still free
+    two = one + [(_job(3, [12, 13, 14, 15]), 100.5)]
+    assert stuck.update(two, 101.0) == [] and stuck.held  # held at once, said only if it lasts
+    assert stuck.update(two, 111.0) == []  # 10 s: not past w yet
+    [warning] = stuck.update(two, 111.5)
+    assert warning.level == logging.WARNING, warning
+    text = warning.message
+    assert "batch 1 of epoch 0 (samples 4..7) and 1 more, given up on by the consumer, still loading after 12 s" \
+        in text and "all 2 of its loading threads" in text and "restart this producer" in text, text
+    assert stuck.update(two, 125.0) == []  # the next at 3w = 30 s of holding
+    assert len(stuck.update(two, 131.5)) == 1
+    [back] = stuck.update(one, 140.0)  # one returned: work again, and said so as a warning was given
+    assert back.level == logging.INFO and "taking work again" in back.message and not stuck.held
+
+
+def test_orphans_filling_the_slots_hold_too_as_no_new_task_could_start():
+    stuck = StuckLoads(threads=4, slots=1, warning_s=1)
+    assert stuck.update([(_job(2, [8, 9]), 10.0)], 10.0) == [] and stuck.held
+    [warning] = stuck.update([(_job(2, [8, 9]), 10.0)], 11.5)
+    assert "batch 2 of epoch 0 (samples 8, 9)" in warning.message and "its one slot (--slots)" in warning.message
+    assert StuckLoads(threads=4, slots=2, warning_s=1).threads == 2
+
+
+def test_a_hold_that_ends_before_its_first_warning_says_nothing():
+    """The usual case: a consumer said BYE (or went silent) as a batch was loading on the one thread."""
+    stuck = StuckLoads(threads=1, slots=2, warning_s=10)
+    assert stuck.update([(_job(0, [0]), 50.0)], 50.2) == [] and stuck.held
+    assert stuck.update([], 50.9) == [] and not stuck.held
+
+
+def test_a_held_connection_says_no_hello_and_its_wait_for_a_consumer_starts_when_the_hold_ends():
+    conn = Connection("tcp://c:1", now=1000.0, heartbeat=1.0, liveness=5, unreachable_warning_s=10, dataset_len=8)
+    assert any(isinstance(a, SendHello) for a in conn.tick(1000.0))
+    for second in range(1, 60):  # held for a minute: the loop calls hold instead of tick
+        conn.hold(1000.0 + second)
+    actions = conn.tick(1060.0)
+    assert [type(a) for a in actions] == [SendHello], actions  # at once, and no "no consumer answered" warning
+
+
+def test_producers_stuck_on_a_hanging_sample_take_no_more_work_and_no_innocent_batch_is_poisoned(endpoint, spawn):
+    """Three producers of a user's class (one loading thread each), one task at a time; sample 5 hangs (30 s,
+    past any wait here). Its batch reaches two producers, each gives it up at task_timeout, and it ends as
+    PoisonTaskError on its second attempt. Those two hold their HELLO (before: they were let back in at once,
+    took new tasks that waited behind the hung thread, timed out, and poisoned batches with no bad sample);
+    the third serves every other batch of the epoch, each once."""
+    producers = [spawn(endpoint, "tests.poison_datasets:SlowSampleDataset", {"length": 40, "slow": [5], "sleep": 30},
+                       threads=None, slots=1, env={"FERRY_UNREACHABLE_WARNING_S": "1"}) for _ in range(3)]
+    with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, task_timeout=2, max_attempts=2, timeout=60,
+                      no_producer_timeout=30) as loader:
+        wait_for(lambda: loader.stats()["producers"] == 3, 30, "the three producers")
+        labels, poisoned = [], []
+        it = iter(loader)
+        for _ in range(20):  # 10 batches; bounded
+            try:
+                _, y = next(it)
+            except PoisonTaskError as error:
+                poisoned.append((error.seq, error.indices))
+                continue
+            except StopIteration:
+                break
+            labels.extend(y.tolist())
+        stats = loader.stats()
+    assert poisoned == [(1, [4, 5, 6, 7])]
+    assert labels == [i for i in range(40) if not 4 <= i < 8]
+    assert stats["producers_seen"] == 3, stats  # the two stuck ones never came back
+
+    def stuck():  # each says why it takes no work once it has held back for FERRY_UNREACHABLE_WARNING_S
+        return [p for p in producers if "given up on by the consumer, still loading" in p.output()]
+
+    wait_for(lambda: len(stuck()) == 2, 15, "both stuck producers to say why they hold back")
+    assert all("batch 1 of epoch 0 (samples 4..7)" in p.output() for p in stuck())
+    assert len(stuck()) == 2, [p.output()[-2000:] for p in producers]
