@@ -126,7 +126,12 @@ class LinkCodec:
 
     def task(self, header: dict[str, Any]) -> str | None:
         """The codec for the batch answering the TASK ``header``, or None (raw)."""
-        wanted = self.override or header.get("compression") or "none"
+        asked = header.get("compression") or "none"
+        if self.override is not None and self.override != asked:  # the operator's word wins: said once per codec
+            self._warn(f"override-{asked}", logging.INFO, "--compression %s: batches to %s use it whatever the "
+                       "consumer's tasks ask (one asked for %s; the loader's compression= does not apply here)",
+                       self.override, self.endpoint, asked)
+        wanted = self.override or asked
         self.last = self._usable(wanted)
         return self.last
 

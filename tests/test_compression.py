@@ -328,7 +328,13 @@ def test_a_link_uses_the_codec_each_task_names_unless_overridden(caplog):
     assert overridden.task(task("lz4")) is None
     forced = LinkCodec("tcp://10.0.0.2:5555", "zstd")
     forced.welcome({"codecs": ["lz4", "zstd"]})
-    assert forced.task(task()) == "zstd" and forced.task(task("lz4")) == "zstd"
+    with caplog.at_level("INFO", logger="ferry.producer"):
+        assert forced.task(task()) == "zstd" and forced.task(task("lz4")) == "zstd" and forced.task(task()) == "zstd"
+        assert forced.task(task("zstd")) == "zstd"
+    # the flag wins over a loader's compression=None: said, once per codec asked for, never for the one it uses
+    assert caplog.text.count("--compression zstd: batches to tcp://10.0.0.2:5555 use it whatever") == 2, caplog.text
+    assert "one asked for none" in caplog.text and "one asked for lz4" in caplog.text
+    caplog.clear()
     # a codec the consumer cannot decompress is never sent, whoever asked: it would get the producer rejected
     with caplog.at_level("WARNING", logger="ferry.producer"):
         forced.welcome({"codecs": ["lz4"]})
