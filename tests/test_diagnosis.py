@@ -38,6 +38,7 @@ def test_producers_that_load_one_sample_at_a_time_are_told_of_producer_threads()
     text = diagnose(figures(window_full_waits=60, serial_producers=2))
     assert "bound by the credit window" in text and "they load your dataset class" in text, text
     assert "raise buffer_batches" not in text and "producer_threads=4" in text
+    assert "else about 5 producers of this speed would remove the stall" in text, text  # as the producer count
 
 
 def test_producers_needed_beyond_this_machine_s_cpus_are_said_to_be_more_than_it_can_run():

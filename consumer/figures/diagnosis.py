@@ -79,7 +79,8 @@ def diagnose(f: EpochFigures) -> str:
     if f.waits and f.window_full_waits / f.waits > 0.5:
         if f.serial_producers:  # a deeper window queues more tasks behind each producer's one loading thread
             return (f"{head}: bound by the credit window (full in {f.window_full_waits} of {f.waits} waits), but "
-                    f"{_serial_text(f.serial_producers, f.producers)}; a deeper window only queues more behind it")
+                    f"{_serial_text(f.serial_producers, f.producers)}; a deeper window only queues more behind it"
+                    f"{_count_text(f, active_s, step_s)}")
         return (f"{head}: bound by the credit window: it was full in {f.window_full_waits} of {f.waits} waits. "
                 f"Batches take longer to load than buffer_batches steps; raise buffer_batches (in flight needed "
                 f"~ batch latency / step time)")
@@ -95,14 +96,12 @@ def diagnose(f: EpochFigures) -> str:
     if busy is not None and busy >= CONSUMER_BUSY_LIMIT:
         return (f"{head}: bound by the consumer{busy_text}, taking in about {rate_all:.0f} batches/s while the "
                 f"loop wants {want:.0f}/s. More producers will not help")
-    active = [n for n in f.batches_by_producer.values() if n > 0] or [f.batches]
-    per_producer = rate_all / max(1, len(active))
-    needed = math.ceil(1.1 * want / per_producer)
-    text = (f"{head}: bound by the producers ({len(active)} delivering {per_producer:.1f} batches/s each, the "
+    delivering, per_producer, needed = _producers_needed(f, active_s, step_s)
+    text = (f"{head}: bound by the producers ({delivering} delivering {per_producer:.1f} batches/s each, the "
             f"loop wants {want:.1f}/s)")
-    serial = f"; {_serial_text(f.serial_producers, len(active))}" if f.serial_producers else ""
+    serial = f"; {_serial_text(f.serial_producers, delivering)}" if f.serial_producers else ""
     if ingest is not None and ingest < 1.1 * want:
-        cap = max(len(active), math.floor(ingest / per_producer))
+        cap = max(delivering, math.floor(ingest / per_producer))
         return (f"{text}: about {cap} producers would feed the consumer to its limit; beyond that the consumer "
                 f"is the bound: its io and staging threads take in about {ingest:.0f} batches/s at most, less than "
                 f"the loop wants{serial}")
@@ -112,6 +111,19 @@ def diagnose(f: EpochFigures) -> str:
                    f"loop. Run producers on other hosts (docs/deployment.md), or make each one faster "
                    f"(docs/tuning.md)")
     return f"{text}: about {needed} producers would remove the stall{machine}{serial}"
+
+
+def _producers_needed(f: EpochFigures, active_s: float, step_s: float) -> tuple[int, float, int]:
+    """(producers delivering, batches/s each, producers of that speed that remove the stall: 1.1 x the step rate)."""
+    delivering = max(1, sum(1 for n in f.batches_by_producer.values() if n > 0))
+    per_producer = f.batches / active_s / delivering
+    return delivering, per_producer, math.ceil(1.1 / step_s / per_producer)
+
+
+def _count_text(f: EpochFigures, active_s: float, step_s: float) -> str:
+    """``; else about N producers of this speed would remove the stall``, as the producer-bound verdict counts."""
+    delivering, _, needed = _producers_needed(f, active_s, step_s)
+    return f"; else about {needed} producers of this speed would remove the stall" if needed > delivering else ""
 
 
 def _serial_text(serial: int, producers: int) -> str:
