@@ -45,7 +45,7 @@ from ferry.consumer.planning import EpochPlanner
 from ferry.consumer.resume import RESUME_OPTIONS, ResumePoint, capture_state, check_dataset_len, restore_state
 from ferry.consumer.options import (
     UNSET, CurveOptions, LocalOptions, Option, TransportOptions, check_unknown_keywords, document_keywords,
-    resolve_options, warn_excessive_producers,
+    resolve_options, warn_excessive_producers, warn_unknown_environment,
 )
 from ferry.consumer.pipeline import Pipeline, resolve_device
 from ferry.consumer.figures.counters import Counters, WeakStats, stats_figures
@@ -124,6 +124,7 @@ class RemoteLoader:
         self._closed = True  # until fully built, so that close() on a half-built loader is safe
         opts = resolve_options(given)
         warn_excessive_producers(opts.local, stacklevel=2)  # the script's line, as DataLoader's warning
+        warn_unknown_environment()
         device, pin_memory = resolve_device(opts.device, opts.pin_memory)
         self._options = opts = dataclasses.replace(opts, device=device, pin_memory=bool(pin_memory))
 

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+import socket
 import time
+import urllib.error
 import urllib.request
 from typing import Any, Callable
 
-__all__ = ["add_arguments", "run", "parse_jobs", "rows", "render"]
+__all__ = ["add_arguments", "run", "parse_jobs", "rows", "render", "why_silent", "FETCH_TIMEOUT_S"]
 
 _PREFIX = "ferry_producer_job_"
+#: How long one producer's metrics endpoint has to answer a reading. [Unit: second]
+FETCH_TIMEOUT_S = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,10 +101,14 @@ def rows(before: list[dict[str, dict[str, Any]]], after: list[dict[str, dict[str
     return ordered, sum(job["needed"] for job in ordered)
 
 
-def render(table: list[dict[str, Any]], demand: float, producers: int, answered: int, seconds: float) -> str:
-    """The table as text."""
+def render(table: list[dict[str, Any]], demand: float, producers: int, answered: int, seconds: float,
+           silent: list[tuple[str, str]] | None = None) -> str:
+    """The table as text; ``silent``: the producers that did not answer, as ``(url, why)``, named under the header."""
     lines = [f"ferry top: {answered}/{producers} producers answered, {len(table)} jobs, pool demand "
-             f"{demand:g} producers, share over {seconds:.1f} s",
+             f"{demand:g} producers, share over {seconds:.1f} s"]
+    if silent:
+        lines.append("not answering: " + ", ".join(f"{url} ({why})" for url, why in silent))
+    lines += [
              f"{'JOB':<32} {'DATASET':<20} {'WEIGHT':>6} {'SHARE':>6} {'BATCH/S':>8} {'NEEDED':>6} "
              f"{'QUEUED':>6} {'RUN':>4} {'STALL':>6}"]
     for job in table:
@@ -110,21 +118,43 @@ def render(table: list[dict[str, Any]], demand: float, producers: int, answered:
     return "\n".join(lines)
 
 
-def _read_all(urls: list[str], fetch: Callable[[str], str]) -> tuple[list[dict[str, dict[str, Any]]], int]:
-    readings, answered = [], 0
+def _read_all(urls: list[str], fetch: Callable[[str], str]) -> tuple[list[dict[str, dict[str, Any]]],
+                                                                     list[tuple[str, str]]]:
+    """One reading of every producer (``{}`` for one that did not answer), and those that did not, as ``(url,
+    why)``."""
+    readings, silent = [], []
     for url in urls:
         try:
             readings.append(parse_jobs(fetch(url)))
-            answered += 1
-        except OSError:  # a producer that does not answer (gone, restarting): left out of this reading
+        except OSError as exc:  # a producer that does not answer (gone, restarting): left out of this reading
             readings.append({})
-    return readings, answered
+            silent.append((url, why_silent(exc)))
+    return readings, silent
+
+
+def why_silent(exc: OSError) -> str:
+    """Why a producer's metrics endpoint did not answer, in a few words: ``timed out after 5 s``, ``connection
+    refused``, ``host not found``, ``HTTP 404 Not Found``..."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code} {exc.reason}".strip()
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, TimeoutError):  # socket.timeout too
+        return f"timed out after {FETCH_TIMEOUT_S:g} s"
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(reason, ConnectionResetError):
+        return "connection reset"
+    if isinstance(reason, socket.gaierror):
+        return f"host not found ({reason.strerror})" if reason.strerror else "host not found"
+    if isinstance(reason, OSError):
+        return reason.strerror or str(reason) or type(reason).__name__
+    return str(reason) or type(exc).__name__
 
 
 def _fetch(url: str) -> str:
     url = url if "://" in url else f"http://{url}"
     url = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
-    with urllib.request.urlopen(url, timeout=5) as answer:
+    with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as answer:
         return answer.read().decode()
 
 
@@ -137,16 +167,18 @@ def run(args: argparse.Namespace, fetch: Callable[[str], str] = _fetch, out: Any
         return 2
     redraw = out.isatty()
     limit = 1 if args.once else args.count
-    before, answered_any = _read_all(args.urls, fetch)
+    before, silent = _read_all(args.urls, fetch)
+    answered_any = len(silent) < len(args.urls)
     shown = 0
     try:
         while not limit or shown < limit:
             began = time.monotonic()
             time.sleep(args.interval)  # the interval a share is measured over (a refresh, not a wait for a thing)
-            after, answered = _read_all(args.urls, fetch)
-            answered_any = answered_any or answered
+            after, silent = _read_all(args.urls, fetch)
+            answered = len(args.urls) - len(silent)
+            answered_any = answered_any or answered > 0
             table, demand = rows(before, after, time.monotonic() - began)
-            text = render(table, demand, len(args.urls), answered, time.monotonic() - began)
+            text = render(table, demand, len(args.urls), answered, time.monotonic() - began, silent)
             out.write(("\x1b[H\x1b[J" if redraw else "") + text + "\n")
             out.flush()
             before, shown = after, shown + 1

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from ferry.common.constants import DEFAULT_LOG_LEVEL
 from ferry.common.errors import ConfigError
 from ferry.common.settings import REQUIRED
+from ferry.common.variables import KEEP_FREED_MEMORY, warn_unknown_variables
 
 from ferry.producer.config import COMMAND_LINE, PRODUCER_ENV, WORKER, ProducerConfig, read_env
 from ferry.producer.exits import (
@@ -60,7 +61,8 @@ examples:
 
 Every flag can also come from the environment, as its help says: FERRY_ and the flag's name (FERRY_CONNECT
 comma-separated, FERRY_DATASET_ARGS a JSON object). A flag wins over its variable; a variable that does not
-parse is an error (exit status 2), even with --help.
+parse is an error (exit status 2), even with --help. A FERRY_* variable that no part of Ferry reads (a typo:
+FERRY_THREAD for FERRY_THREADS) is named in a WARNING at start, with the closest known one, and ignored.
 
 """
 
@@ -201,6 +203,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     if args["probe"]:
         return _probe(args["probe"], args["status_file"])
     configure_logging(args["log_level"], args["log_format"])
+    if not env.get(COMMAND_LINE["exit_with_parent"].variable):  # else a loader's: it checked the same environment
+        warn_unknown_variables(logging.getLogger("ferry.producer"), "producer", {*PRODUCER_ENV, KEEP_FREED_MEMORY})
     for dest, setting in COMMAND_LINE.items():
         if setting.default is REQUIRED and not (args[dest] or env.get(setting.variable)):
             parser.error(f"{setting.flag} is required (or set {setting.variable})")

@@ -1,6 +1,8 @@
 """How a producer process logs (``--log-format``): one line per event on stderr, in a format engines collect.
 
-* ``plain`` (the default): ``ferry-producer[PID] LEVEL message``, as always; a traceback follows its line.
+* ``plain`` (the default): ``TIME ferry-producer[PID] LEVEL message``, TIME in UTC, ISO 8601 with milliseconds
+  (``2026-12-01T13:23:47.677Z``), as in the JSON lines, so that the logs of producers on several hosts and the
+  trainer's line up; a traceback follows its line.
 * ``json``: one JSON object a line: ``time`` (UTC, ISO 8601, milliseconds), ``level``, ``logger``, ``message``,
   ``pid``, then the event's own fields where it has some (``event``, ``endpoint``, ``session``, ``exit_code``
   ...), and ``traceback`` (one string) for an error that has one. Python warnings become such lines too.
@@ -21,7 +23,7 @@ from typing import Any
 
 from ferry.common.constants import LOG_FORMATS
 
-__all__ = ["LOG_FORMATS", "JsonLines", "configure", "fields"]
+__all__ = ["LOG_FORMATS", "JsonLines", "PlainLines", "configure", "fields", "utc_time"]
 
 #: The keys every JSON line has; an event's fields never replace them.
 _CORE_KEYS = ("time", "level", "logger", "message", "pid")
@@ -32,12 +34,17 @@ def fields(**values: Any) -> dict[str, Any]:
     return {"fields": values}
 
 
+def utc_time(record: logging.LogRecord) -> str:
+    """When ``record`` was made: UTC, ISO 8601, milliseconds (``2026-12-01T13:23:47.677Z``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+
+
 class JsonLines(logging.Formatter):
     """A log record as one line of JSON (see the module docstring)."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "time": utc_time(record),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -53,8 +60,14 @@ class JsonLines(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def plain_formatter() -> logging.Formatter:
-    return logging.Formatter(f"ferry-producer[{os.getpid()}] %(levelname)s %(message)s")
+class PlainLines(logging.Formatter):
+    """A log record as a line of text, ``TIME ferry-producer[PID] LEVEL message`` (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__(f"%(asctime)s ferry-producer[{os.getpid()}] %(levelname)s %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return utc_time(record)
 
 
 def configure(level: str, log_format: str) -> None:
@@ -66,7 +79,7 @@ def configure(level: str, log_format: str) -> None:
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLines() if log_format == "json" else plain_formatter())
+    handler.setFormatter(JsonLines() if log_format == "json" else PlainLines())
     logging.basicConfig(level=level, handlers=[handler])
     if log_format == "json":
         logging.captureWarnings(True)  # a warning is an event too: one JSON line, not two lines of text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -66,3 +67,15 @@ def test_a_traceback_stays_inside_its_json_line():
     parsed = json.loads(line)
     assert parsed["message"] == "crash now" and parsed["event"] == "exit" and parsed["exit_code"] == 1
     assert parsed["traceback"].startswith("Traceback") and "KeyError: 'x'" in parsed["traceback"]
+
+
+def test_a_plain_line_starts_with_its_utc_time_to_the_millisecond():
+    """The plain format's lines carry the time (UTC, as the JSON lines' ``time``), so that an operator can line
+    up producers on several hosts with the trainer's log."""
+    from ferry.producer.logs import PlainLines
+
+    record = logging.getLogger("ferry.producer").makeRecord(
+        "ferry.producer", logging.WARNING, __file__, 1, "no consumer answered %s", ("tcp://a:1",), None)
+    record.created, record.msecs = 1796131427.677, 677.0  # 2026-12-01 13:23:47.677 UTC
+    line = PlainLines().format(record)
+    assert line == f"2026-12-01T13:23:47.677Z ferry-producer[{os.getpid()}] WARNING no consumer answered tcp://a:1"

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import io
 import re
+import socket
+import urllib.error
 import subprocess
 import sys
 from types import SimpleNamespace
 
-from ferry.top import parse_jobs, render, rows, run
+import ferry.top
+from ferry.top import parse_jobs, render, rows, run, why_silent
 from tests.helpers import REPO, producer_env, wait_for
 from tests.pool_jobs import Job, spawn_pool
 
@@ -46,8 +49,41 @@ def test_a_producer_that_does_not_answer_is_left_out_and_none_answering_is_an_er
     out = io.StringIO()
     args = SimpleNamespace(urls=["http://up:1", "http://down:2"], interval=0.01, once=True, count=0)
     assert run(args, fetch=fetch, out=out) == 0 and "1/2 producers answered" in out.getvalue()
+    assert "not answering: http://down:2 (connection refused)" in out.getvalue()
     args.urls = ["http://down:2"]
     assert run(args, fetch=fetch, out=io.StringIO()) == 1
+
+
+def test_the_producers_that_do_not_answer_are_named_with_why():
+    errors = {"http://a:1": urllib.error.URLError(ConnectionRefusedError(111, "Connection refused")),
+              "http://b:2": urllib.error.URLError(TimeoutError("timed out")),
+              "http://c:3": TimeoutError("timed out"),  # urlopen raises a read's timeout bare
+              "http://d:4": urllib.error.URLError(socket.gaierror(-2, "Name or service not known")),
+              "http://e:5": urllib.error.HTTPError("http://e:5/metrics", 404, "Not Found", None, None)}
+    assert {url: why_silent(exc) for url, exc in errors.items()} == {
+        "http://a:1": "connection refused", "http://b:2": "timed out after 5 s", "http://c:3": "timed out after 5 s",
+        "http://d:4": "host not found (Name or service not known)", "http://e:5": "HTTP 404 Not Found"}
+    text = render([], 0.0, producers=3, answered=1, seconds=1.0,
+                  silent=[("http://a:1", "connection refused"), ("http://b:2", "timed out after 5 s")])
+    assert text.splitlines()[:2] == [
+        "ferry top: 1/3 producers answered, 0 jobs, pool demand 0 producers, share over 1.0 s",
+        "not answering: http://a:1 (connection refused), http://b:2 (timed out after 5 s)"]
+    assert "not answering" not in render([], 0.0, producers=1, answered=1, seconds=1.0)
+
+
+def test_real_endpoints_that_refuse_or_never_answer_are_named_with_why(monkeypatch):
+    """Real sockets: a port nobody listens on refuses; one that accepts and never answers times out."""
+    monkeypatch.setattr(ferry.top, "FETCH_TIMEOUT_S", 0.3)
+    with socket.socket() as closed, socket.socket() as mute:
+        closed.bind(("127.0.0.1", 0))  # bound, not listening: a connection is refused
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(1)  # the kernel accepts; nobody ever reads or answers
+        urls = [f"http://127.0.0.1:{closed.getsockname()[1]}", f"127.0.0.1:{mute.getsockname()[1]}"]
+        out = io.StringIO()
+        args = SimpleNamespace(urls=urls, interval=0.01, once=True, count=0)
+        assert run(args, out=out) == 1  # none answered
+    assert "0/2 producers answered" in out.getvalue()
+    assert f"not answering: {urls[0]} (connection refused), {urls[1]} (timed out after 0.3 s)" in out.getvalue()
 
 
 def test_ferry_top_shows_each_job_of_a_real_pool(spawn):

@@ -18,8 +18,10 @@ attributes (:mod:`~ferry.consumer.options.read_only`). No module here imports to
 from ferry.consumer.options.groups import UNSET, CurveOptions, LocalOptions, TransportOptions
 from ferry.consumer.options.keywords import DATALOADER_ONLY, KEYWORDS, check_unknown_keywords, document_keywords
 from ferry.consumer.options.read_only import Option
-from ferry.consumer.options.resolve import LoaderOptions, env_int, resolve_options, warn_excessive_producers
+from ferry.consumer.options.resolve import (
+    LoaderOptions, env_int, resolve_options, warn_excessive_producers, warn_unknown_environment,
+)
 
 __all__ = ["LocalOptions", "TransportOptions", "CurveOptions", "LoaderOptions", "resolve_options", "UNSET",
            "KEYWORDS", "DATALOADER_ONLY", "check_unknown_keywords", "document_keywords", "Option", "env_int",
-           "warn_excessive_producers"]
+           "warn_excessive_producers", "warn_unknown_environment"]

@@ -10,6 +10,7 @@ only to draw a seed from a ``generator``.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import warnings
@@ -20,6 +21,9 @@ from typing import Any, Callable
 from ferry.common.constants import DEFAULT_ENDPOINT, DEFAULT_THREADS
 from ferry.common.errors import ConfigError
 from ferry.common.endpoints import shift_port
+from ferry.common.variables import (
+    CURVE_VARIABLES as CURVE_ENV, ENDPOINT_VARIABLE, LOADER_VARIABLES, OTHER_VARIABLES, warn_unknown_variables,
+)
 
 from ferry.consumer.options.groups import AUTO, UNSET, CurveOptions, LocalOptions, ProducerCount, TransportOptions
 from ferry.consumer.options.keywords import KEYWORDS
@@ -88,11 +92,11 @@ def _endpoints(given: Mapping[str, Any], local: bool, environ: Mapping[str, str]
     socket is added later)."""
     endpoint, name = given["endpoint"], "endpoint"
     if endpoint is UNSET:
-        from_env = (os.environ if environ is None else environ).get("FERRY_ENDPOINT", "")
-        endpoint, name = [e.strip() for e in from_env.split(",") if e.strip()] or UNSET, "FERRY_ENDPOINT"
+        from_env = (os.environ if environ is None else environ).get(ENDPOINT_VARIABLE, "")
+        endpoint, name = [e.strip() for e in from_env.split(",") if e.strip()] or UNSET, ENDPOINT_VARIABLE
         bad = [e for e in (endpoint if endpoint is not UNSET else []) if "://" not in e]
         if bad:
-            raise ConfigError(f"environment variable FERRY_ENDPOINT={from_env!r} is not a comma-separated list of "
+            raise ConfigError(f"environment variable {ENDPOINT_VARIABLE}={from_env!r} is not a comma-separated list of "
                               f"endpoints like tcp://*:5555 or ipc:///path ({bad[0]!r})")
     if endpoint is UNSET:
         return () if local else (shift_port(DEFAULT_ENDPOINT, env_int("LOCAL_RANK", 0)),)
@@ -204,10 +208,6 @@ def _local(given: Mapping[str, Any], dataset: Any) -> LocalOptions | None:
     return LocalOptions.from_flat(given, given["local"], "local")
 
 
-#: The environment variables an engine's files set for CURVE (docs/deployment.md), by flat keyword.
-CURVE_ENV = {"curve_secret_key": "FERRY_CURVE_SECRET_KEY", "curve_authorized_keys": "FERRY_CURVE_AUTHORIZED_KEYS"}
-
-
 def _curve(given: Mapping[str, Any], local: LocalOptions | None,
            environ: Mapping[str, str] | None = None) -> CurveOptions | None:
     keys = [given[k] not in (UNSET, None, "") for k in ("curve_secret_key", "curve_authorized_keys")]
@@ -257,6 +257,16 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
         generator_state=generator_state, rank=rank, world_size=world_size, no_producer_timeout=no_producer_timeout,
         device=given["device"], local=local, curve=curve, transport=transport, iterable_streams=iterable_streams,
     )
+
+
+def warn_unknown_environment() -> None:
+    """A WARNING (logger ``ferry.consumer``), once per process, for each ``FERRY_*`` variable of the environment
+    that no part of Ferry reads, naming the closest known one: a misspelled ``FERRY_CURVE_SECRET_KEY`` would
+    otherwise leave the loader in plaintext without a word (:mod:`ferry.common.variables`)."""
+    from ferry.producer.config import LOG_LEVEL, PRODUCER_ENV  # local producers inherit this environment
+
+    own = LOADER_VARIABLES | {LOG_LEVEL.variable}  # the level of its local producers (launchers.py)
+    warn_unknown_variables(logging.getLogger("ferry.consumer"), "loader", own, OTHER_VARIABLES | set(PRODUCER_ENV))
 
 
 def warn_excessive_producers(local: LocalOptions | None, stacklevel: int) -> None:
