@@ -35,6 +35,12 @@ CONSUMER_BYE_LINGER_MS = 200
 #: the first HELLO can go out (about 10-30 ms after the bind, against 100-200 ms at 100 ms).
 RECONNECT_IVL_MS = 10
 RECONNECT_IVL_MAX_MS = 2000
+#: A producer's connect that has not completed within its liveness window, or within this if that is shorter, is
+#: abandoned and tried again (ZMQ_CONNECT_TIMEOUT, common/deadlinks.py): the kernel would otherwise resend a SYN lost
+#: to a down link ever further apart (4 s, 8 s, 16 s... after a minute of outage), connecting that long after the
+#: link is back. Never shorter than this, a SYN's own first retransmission time, so that a tiny heartbeat cannot make
+#: a link with a long round trip impossible to connect. [Unit: second]
+MIN_CONNECT_TIMEOUT_S = 1.0
 #: A producer whose CURVE key a consumer denied tries again with a fresh socket after this long, doubling up to
 #: the maximum (libzmq never retries a denied handshake itself). [Unit: second]
 AUTH_RETRY_FIRST_S = 0.5

@@ -16,6 +16,7 @@ from ferry.common.constants import (
     DEFAULT_FRAME_BYTES, MAX_FRAME_BYTES, MAX_HEADER_BYTES, MIN_FRAME_BYTES, RECEIVE_BURST, RECONNECT_IVL_MAX_MS,
     RECONNECT_IVL_MS, SOCKET_HWM,
 )
+from ferry.common.deadlinks import give_up_dead_links
 from ferry.common.errors import ConfigError
 
 from ferry.producer.compressing import LinkCodec
@@ -34,6 +35,9 @@ class Link:
     compression: LinkCodec  # the codec of each task's batch on this connection
     ctx: zmq.Context
     poller: zmq.Poller
+    #: the producer's own liveness window (--heartbeat x --liveness): a TCP connection whose data goes unacknowledged
+    #: this long is given up, and ZeroMQ makes a fresh one (common/deadlinks.py). [Unit: second]
+    give_up_after: float
     curve: Any = None  # the producer's CurveClient, or None
     sock: zmq.Socket | None = None
     monitor: zmq.Socket | None = None  # with CURVE: ``sock``'s event socket, which reports a denied key
@@ -64,6 +68,7 @@ class Link:
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES)  # a producer only receives control messages
         sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+        give_up_dead_links(sock, self.give_up_after)  # a link that was down: reconnect, not back off
         if self.curve is not None:
             self.curve.apply_client(sock)
         try:

@@ -116,6 +116,7 @@ class LinkSet:
         conn = Connection(label, now=time.monotonic(), heartbeat=cfg.heartbeat, liveness=cfg.liveness,
                           unreachable_warning_s=cfg.unreachable_warning_s, dataset_len=0)
         link = Link(key=next(self._keys), endpoint=url, conn=conn, ctx=self._ctx, poller=self._poller,
+                    give_up_after=cfg.heartbeat * cfg.liveness,
                     compression=LinkCodec(label, cfg.compression), curve=cfg.curve, id_suffix=id_suffix)
         self._bind(link, True)  # its dataset, and the bound on its TASKs' indices
         link.open()

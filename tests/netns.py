@@ -45,7 +45,9 @@ class Hosts:
     def partition(self, cut: bool) -> None:
         """Drop every packet between a and b (iptables in b's own namespace), or heal. Unlike taking the
         veth down, which sometimes makes Linux give up the established TCP connection, a partition keeps
-        it, so what was sent during the cut is retransmitted and arrives late, as on a real flaky link."""
+        it, so what was sent during the cut is retransmitted, with back-off, as on a real flaky link: it arrives
+        late after a cut shorter than the liveness window; after a longer one both sides have given the
+        connection up (common/deadlinks.py)."""
         action = "-A" if cut else "-D"
         _ip("netns", "exec", self.b, "iptables", action, "OUTPUT", "-d", self.addr_a, "-j", "DROP")
         _ip("netns", "exec", self.b, "iptables", action, "INPUT", "-s", self.addr_a, "-j", "DROP")

@@ -3,7 +3,9 @@
 Sends never block: a peer that is gone (``ROUTER_MANDATORY``) or not reading makes :meth:`Router.send` return
 False. No *frame* is larger than ``max_batch_bytes`` (``MAXMSGSIZE``, which libzmq checks per frame of a
 multipart message, not on the message's total: a peer that sends a bigger frame loses its connection). The
-bound on a whole batch, whatever its frames, is the decoder's (``decode_tree(max_bytes=...)``).
+bound on a whole batch, whatever its frames, is the decoder's (``decode_tree(max_bytes=...)``). A TCP connection
+whose data goes unacknowledged for the liveness window is given up, so that a producer whose link was down
+comes back on a fresh one (:mod:`ferry.common.deadlinks`).
 """
 
 from __future__ import annotations
@@ -14,12 +16,20 @@ import zmq
 
 from ferry.common import protocol
 from ferry.common.constants import CONSUMER_RCVHWM, CONSUMER_BYE_LINGER_MS, SOCKET_HWM
+from ferry.common.deadlinks import give_up_dead_links
 from ferry.common.errors import ConfigError
 
 
 
 class Router:
-    def __init__(self, endpoints: Iterable[str], *, max_batch_bytes: int, curve: Any = None) -> None:
+    """The bound ROUTER. ``give_up_after``: the consumer's liveness window, heartbeat x liveness. [Unit: second]
+
+    Raises:
+        ConfigError: an endpoint cannot be bound.
+    """
+
+    def __init__(self, endpoints: Iterable[str], *, max_batch_bytes: int, give_up_after: float,
+                 curve: Any = None) -> None:
         # libzmq mallocs every received frame; ferry.keep_freed_memory(), the script's choice, keeps freed frames
         # for reuse rather than a fresh mmap (a fault per page) each time (docs/tuning.md#frame-size)
         ctx = zmq.Context()
@@ -32,6 +42,7 @@ class Router:
             sock.setsockopt(zmq.SNDHWM, SOCKET_HWM)
             sock.setsockopt(zmq.RCVHWM, CONSUMER_RCVHWM)  # what a flooding peer can make it hold
             sock.setsockopt(zmq.MAXMSGSIZE, max_batch_bytes)
+            give_up_dead_links(sock, give_up_after)  # a link that was down: reconnect, not back off
             if curve is not None:
                 curve.apply_server(sock)
             for endpoint in endpoints:

@@ -83,7 +83,8 @@ class IoThread:
         self._waker = Waker()
         self._credits = CreditReturns(self._commands, self._waker.wake, config.capacity)  # the training thread's
         try:
-            self._router = Router(endpoints, max_batch_bytes=config.max_batch_bytes, curve=curve)
+            self._router = Router(endpoints, max_batch_bytes=config.max_batch_bytes, curve=curve,
+                                  give_up_after=config.heartbeat * config.liveness)
         except BaseException:
             self._waker.close()
             raise
