@@ -196,7 +196,11 @@ class EpochIterator:
         self._shard = self._shard_after(item.seq)
         self._streams = self._streams_after(self._streams, item.seq)
         if item.error is not None:
-            raise item.error
+            error, item.error = item.error, None
+            try:
+                raise error
+            finally:  # the traceback holds this frame: its locals must not hold the error (a cycle, freed by gc only)
+                del error
         tree = item.tree
         if item.event is not None:
             stream = parts.stream_for()

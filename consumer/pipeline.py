@@ -180,7 +180,8 @@ class Pipeline:
             self.metrics.close()
             self.metrics = None
         self.stop.set()
-        if self.staging is not None and self.staging.is_alive():
+        # the garbage collector may run this on the staging or io thread itself: that one is told to stop, not joined
+        if self.staging is not None and self.staging.is_alive() and self.staging is not threading.current_thread():
             self.staging.join(JOIN_TIMEOUT_S)
         if self.local is not None:
             self.local.on_death = self.local.on_leave = None  # deaths from here on are the shutdown's own

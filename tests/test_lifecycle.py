@@ -165,6 +165,56 @@ def test_break_then_dropping_the_loader_frees_its_producers(no_gc):
     _assert_exit(pids)
 
 
+def test_a_loader_dropped_after_its_sample_error_frees_its_producers_without_the_garbage_collector(no_gc):
+    """A notebook cell: a sample raises in __getitem__, the cell catches it and returns without close(). The
+    error reached the loop from a frame that held it, and that frame is in its traceback: a cycle through the
+    iterator and the loader, freed only by some later collection, possibly on the loader's own io thread,
+    whose shutdown then failed to join itself (a trial: 10 loaders' producers left running of 30)."""
+    from tests.datasets import FailingDataset
+
+    def cell() -> list[int]:
+        loader = RemoteLoader(dataset=FailingDataset(length=40, bad=(13,)), local_producers=2, batch_size=4,
+                              timeout=30)
+        pids = local_producer_pids(loader)
+        alive = weakref.ref(loader)
+        try:
+            for _ in loader:
+                pass
+        except ValueError as error:
+            assert "corrupt sample 13" in str(error)
+        else:
+            raise AssertionError("the sample error did not reach the loop")
+        del loader
+        assert alive() is None, "the loader outlived the cell: kept by a reference cycle"
+        return pids
+
+    _assert_exit(cell())
+
+
+def test_a_loader_s_shutdown_run_by_the_gc_on_its_own_io_thread_completes(endpoint):
+    """A collection that frees a loader can run on any thread, the loader's io thread too; its shutdown must not
+    try to join that thread (RuntimeError, which left the finalizer dead and the producers running)."""
+    loader = RemoteLoader(endpoint=endpoint, batch_size=4, timeout=30)
+    io = loader._io  # PRIVATE: the thread the gc happened to run on
+    errors: list[BaseException] = []
+    ran = threading.Event()
+
+    def on_the_io_thread(now: float) -> list:
+        try:
+            loader._finalizer()  # PRIVATE: what the gc runs when the last reference goes
+        except BaseException as error:  # noqa: BLE001 - the test reports it
+            errors.append(error)
+        ran.set()
+        return []
+
+    io._command(on_the_io_thread)  # PRIVATE
+    assert ran.wait(10), "the io thread did not run the command"
+    assert errors == []
+    wait_for(lambda: not io.alive, 10, "the io thread to end")
+    assert io._waker._closed  # PRIVATE: its pipe was closed by the thread itself, as close() would have
+    loader.close()  # already shut down: nothing left to do, nothing raised
+
+
 @pytest.mark.parametrize("how", ["close", "del"])
 @pytest.mark.parametrize("mp_context", ["fork", "spawn"])
 def test_a_loader_let_go_lets_go_of_the_dataset_without_the_garbage_collector(no_gc, how, mp_context):

@@ -78,6 +78,7 @@ class IoThread:
                                   counters=counters, slab=slab)
         self._dataset_known = threading.Event()
         self._failure: BaseException | None = None
+        self._closed_here = False  # close() was called on this thread itself (by the gc, through a finalizer)
         # events for the core, or a run whose batch the training loop took (an int: a credit back), or None: close
         self._commands: queue.SimpleQueue[Callable[[float], list[Action]] | int | None] = queue.SimpleQueue()
         self._waker = Waker()
@@ -133,6 +134,10 @@ class IoThread:
         return done.wait(timeout)
 
     def close(self, timeout: float) -> None:
+        if self._thread is threading.current_thread():  # the gc ran the loader's shutdown on this thread
+            self._closed_here = True  # its run ends at its next turn and releases what close() would
+            self._commands.put(None)
+            return
         if self._thread.is_alive():
             self._commands.put(None)
             self._waker.wake()
@@ -223,6 +228,9 @@ class IoThread:
                 self._failure = exc
         finally:
             self._router.close(self._core.dispatcher.producers)  # BYE to every producer
+            if self._closed_here:  # nobody joins this thread to release the rest
+                self._core.stop()
+                self._waker.close()
 
     def _run_commands(self) -> bool:
         """Run what the training thread queued, in order, the credits of a run given back together; False once
