@@ -16,6 +16,7 @@ import dataclasses
 import gc
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -63,7 +64,7 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
     if config.freeze_inherited:  # before anything allocates: a collection now would walk the parent's objects
         gc.freeze()
     if config.exit_with_parent:
-        _die_with_parent()
+        _die_with_parent(config.trainer_pid)
     if config.stderr_path is not None:
         _stderr_to(config.stderr_path)
     from ferry.common.deferred_pickle import DeferredPickle, WithHooks
@@ -170,10 +171,11 @@ def _writes_to_fd2(stream: object) -> bool:
         return False
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(trainer_pid: int | None) -> None:
     """Ask Linux to SIGTERM us when the parent dies (local mode), so no producer outlives its trainer. Linux sends
     it when the *thread* that forked us ends: the consumer forks its producers from a thread that lives as long
-    as they do (``ferry-local-watch``)."""
+    as they do (``ferry-local-watch``). Under ``forkserver`` the parent is the fork server, which outlives a
+    killed trainer (and every producer keeps it alive): then a daemon thread waits for the trainer's own exit."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -181,3 +183,23 @@ def _die_with_parent() -> None:
         logging.getLogger("ferry.producer").debug("PR_SET_PDEATHSIG unavailable")
     if os.getppid() == 1:  # the parent died before prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
+    elif trainer_pid is not None and os.getppid() != trainer_pid:
+        _watch_trainer(trainer_pid)
+
+
+def _watch_trainer(pid: int) -> None:
+    """SIGTERM this process when process ``pid`` exits (seen through a pidfd: no polling, no pid reuse)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # gone already
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    except (AttributeError, OSError):  # not Linux >= 5.3: the consumer-liveness timeout still ends the work
+        logging.getLogger("ferry.producer").debug("pidfd_open unavailable: the trainer is not watched")
+        return
+
+    def wait() -> None:
+        select.select([fd], [], [])  # readable once it has exited; for this process's life, as its parent's signal
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=wait, name="ferry-trainer-watch", daemon=True).start()

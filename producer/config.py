@@ -162,6 +162,10 @@ class ProducerConfig:
         DEFAULT_DRAIN_TIMEOUT_S, unit="second", flag="--drain-timeout", metavar="SECONDS"))
     exit_with_parent: bool = option(Setting(s.Bool(), "die with the parent process (local mode).", False,
                                             env="FERRY_EXIT_WITH_PARENT"))
+    trainer_pid: int | None = option(Setting(
+        s.Int(1), "the training process (local mode, with exit_with_parent): when another process started this one "
+        "(a forkserver), it is watched too, so that the producer never outlives it.", None, optional=True,
+        env="FERRY_TRAINER_PID"))
     curve: Any = option(Setting(s.Kind(), "CURVE client keys (a CurveClient), or None for plaintext; the command "
                                 "line loads them from --curve-key and --curve-server-key.", None, optional=True))
     dataset_label: str = option(Setting(s.Kind(), "what the producer says it serves; by default ``dataset``.", ""))

@@ -261,6 +261,47 @@ THREAD_TRAINER = textwrap.dedent("""
 """)
 
 
+START_METHOD_TRAINER = textwrap.dedent("""
+    import sys
+    from ferry import RemoteLoader
+    from tests.datasets import PairDataset
+    if __name__ == "__main__":
+        loader = RemoteLoader(dataset=PairDataset(length=100000, delay=0.01), local_producers=2, batch_size=4,
+                              timeout=60, mp_context=sys.argv[1])
+        it = iter(loader)
+        next(it)
+        print("READY", *loader._local.pids, flush=True)
+        while True:
+            next(it)
+""")
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_sigkill_of_the_trainer_ends_its_producers_under_every_start_method(method, tmp_path):
+    """Under forkserver a producer's parent is the fork server, not the trainer: the parent-death signal never
+    came, and the producers (and the fork server they keep alive) ran on after a SIGKILLed trainer."""
+    script = tmp_path / "trainer.py"
+    script.write_text(START_METHOD_TRAINER)
+    trainer = subprocess.Popen([sys.executable, str(script), method], env=producer_env(), cwd=REPO,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        line = trainer.stdout.readline()  # bounded: the trainer's own timeout=60 ends it if nothing starts
+        assert line.startswith("READY"), line + trainer.stderr.read()
+        pids = [int(p) for p in line.split()[1:]]
+        assert len(pids) == 2 and not any(_gone(pid) for pid in pids)
+        trainer.kill()
+        assert trainer.wait(30) == -signal.SIGKILL
+        _assert_exit(pids)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait(10)
+        trainer.stdout.close()
+        trainer.stderr.close()
+        _kill_all(pids)
+
+
 def test_sigkill_of_a_trainer_whose_loader_was_built_in_a_thread_kills_its_producers():
     trainer = subprocess.Popen([sys.executable, "-c", THREAD_TRAINER], env=producer_env(), cwd=REPO,
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

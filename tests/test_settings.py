@@ -91,6 +91,7 @@ VARIABLES = {
     "FERRY_LIVENESS": ("7", 7, "7.5"),
     "FERRY_UNREACHABLE_WARNING_S": ("0.5", 0.5, "soon"),
     "FERRY_EXIT_WITH_PARENT": ("1", True, "yes"),
+    "FERRY_TRAINER_PID": ("4242", 4242, "pid"),
     "FERRY_TRANSFORM": ("m:f", "m:f", None),
     "FERRY_METRICS_PORT": ("9100", 9100, "http"),
     "FERRY_SHARED_MEMORY": ("tok:/memfd:slab", ("/memfd:slab", "tok"), "no-token"),

@@ -58,7 +58,8 @@ def producer_config(local: Any, transport: Any, dataset: Any, dataset_args: dict
                                   "('package.module:function'): the producers are new interpreters")
     return ProducerConfig(
         endpoints=(endpoint,), dataset=dataset if isinstance(dataset, str) else type(dataset).__qualname__,
-        dataset_args=dict(dataset_args or {}), exit_with_parent=True, num_workers=num_workers,
+        dataset_args=dict(dataset_args or {}), exit_with_parent=True, trainer_pid=os.getpid(),
+        num_workers=num_workers,
         shared_memory=(slab.path, slab.token) if slab is not None else None,
         **shared_values(ProducerConfig, local, transport),
     )
