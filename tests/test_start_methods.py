@@ -9,6 +9,9 @@ import textwrap
 
 import pytest
 
+from ferry import RemoteLoader
+from tests.datasets import PairDataset
+
 SCRIPT = textwrap.dedent('''
     import sys
 
@@ -49,3 +52,30 @@ def test_a_main_module_dataset_class_under(method, tmp_path):
     out = subprocess.run([sys.executable, str(script), method], cwd=str(tmp_path), env=env, capture_output=True,
                          text=True, timeout=180)
     assert out.returncode == 0 and f"OK {method}" in out.stdout, out.stdout + out.stderr[-3000:]
+
+
+class _HoldsAFile(PairDataset):
+    """Opens its file in __init__, as a DataLoader-era dataset may: fine under fork, not picklable."""
+
+    def __init__(self) -> None:
+        super().__init__(length=8)
+        self.handle = open(__file__, "rb")
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_what_cannot_be_pickled_for_a_spawned_producer_is_a_config_error_naming_the_option(method):
+    """Under spawn and forkserver the dataset and the hooks are pickled: a lambda or an open file is named, with
+    the fix, when the loader is built (the bare PicklingError named neither the option nor what to do)."""
+    from ferry import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^collate_fn=<function .*lambda.* cannot be sent to a "
+                                          rf"{method} producer.*mp_context=\"fork\""):
+        RemoteLoader(dataset=PairDataset(length=8), batch_size=2, local_producers=1, mp_context=method,
+                     collate_fn=lambda batch: batch)
+    dataset = _HoldsAFile()
+    try:
+        with pytest.raises(ConfigError, match=r"^dataset=<.*_HoldsAFile.*cannot pickle '_io.BufferedReader'.*"
+                                              r"open files and connections in __getitem__"):
+            RemoteLoader(dataset=dataset, batch_size=2, local_producers=1, mp_context=method)
+    finally:
+        dataset.handle.close()

@@ -24,6 +24,7 @@ import dataclasses
 import multiprocessing
 import multiprocessing.context
 import os
+import pickle
 import subprocess
 import sys
 from typing import Any
@@ -120,6 +121,10 @@ class SpecLauncher(_Launcher):
         return Child(index, process, stderr_fd, open_pidfd(process.pid), True, capture, generation)
 
 
+#: The loader's option that gives each hook a producer runs (ferry.common.deferred_pickle.HOOKS).
+_HOOK_OPTIONS = {"init": "producer_init", "collate": "collate_fn", "transform": "producer_transform"}
+
+
 class ObjectLauncher(_Launcher):
     """Daemonic ``multiprocessing`` processes (``mp_context``: a start method's name or a context object; default
     ``fork`` on Linux) running ``serve`` with ``dataset``."""
@@ -150,10 +155,31 @@ class ObjectLauncher(_Launcher):
             read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # no writer yet: polls as not readable
             process = self._ctx.Process(target=serve, args=(config, payload),
                                         name=f"ferry-producer-{index}", daemon=True)
-            process.start()
+            try:
+                process.start()
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:  # spawn and forkserver pickle them
+                culprit = self._unpicklable(config_hooks=payload.load().hooks)
+                if culprit is None:
+                    raise
+                raise ConfigError(f"{culprit} cannot be sent to a {self._ctx.get_start_method()} producer, which "
+                                  f"gets it pickled ({type(exc).__name__}: {exc}). Define functions and classes at "
+                                  "a module's top level, open files and connections in __getitem__ (or a "
+                                  "producer_init), not in __init__; or pass mp_context=\"fork\"") from exc
         except BaseException:
             if read_fd >= 0:
                 os.close(read_fd)
             capture.close()
             raise
         return Child(index, process, read_fd, process.sentinel, False, capture, generation)
+
+    def _unpicklable(self, config_hooks: dict[str, Any]) -> str | None:
+        """Which of the dataset and the hooks cannot be pickled, as ``option=value``; None if each alone can."""
+        from multiprocessing.reduction import ForkingPickler
+
+        parts = {"dataset": self._dataset, **{_HOOK_OPTIONS.get(h, h): v for h, v in config_hooks.items()}}
+        for option, value in parts.items():
+            try:
+                ForkingPickler.dumps(value)
+            except Exception:  # noqa: BLE001 - any failure names this part
+                return f"{option}={value!r}"
+        return None
