@@ -62,7 +62,7 @@ def resolve_device(device: Any, pin_memory: bool | None) -> tuple[torch.device |
     """The staging device (None: the CPU, no copy) and whether to pin; checked before anything starts.
 
     Raises:
-        ConfigError: not a device, or a CUDA device without CUDA.
+        ConfigError: not a device, a CUDA device without CUDA, or a device that is neither CUDA nor the CPU.
     """
     if device is not None:
         try:
@@ -72,6 +72,10 @@ def resolve_device(device: Any, pin_memory: bool | None) -> tuple[torch.device |
                               f"got {device!r} ({exc})") from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"device {device} requested, but CUDA is not available")
+        if device.type not in ("cuda", "cpu"):  # its batches stayed on the CPU without a word
+            raise ConfigError(f"device={str(device)!r}: the loader stages batches to a CUDA device or leaves them on "
+                              f"the CPU (None or 'cpu'); for {device.type}, move each batch in the loop or with "
+                              f"device_transform=lambda batch: ..., e.g. a tensor's .to({str(device)!r})")
     if pin_memory is None:
         pin_memory = device is not None and device.type == "cuda"
     if pin_memory and not torch.cuda.is_available():

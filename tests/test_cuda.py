@@ -207,3 +207,15 @@ def test_device_guard_and_use_device_do_nothing_without_cuda_devices():
         _use_device(torch.device("cuda:1"))
         with device_guard(torch.device("cuda:1")):
             pass
+
+
+@pytest.mark.parametrize("device", ["mps", "xpu", "meta", torch.device("meta")])
+def test_a_device_that_is_neither_cuda_nor_the_cpu_is_refused_with_the_way_to_move_batches(device, endpoint):
+    """Batches stayed on the CPU without a word for these; the loader stages to CUDA only."""
+    from ferry.common.errors import ConfigError
+
+    name = str(torch.device(device))
+    with pytest.raises(ConfigError, match=rf"^device='{name}': the loader stages batches to a CUDA device.*"
+                                          r"device_transform="):
+        RemoteLoader(endpoint="tcp://127.0.0.1:1", device=device, batch_size=2)
+    RemoteLoader(endpoint=endpoint, device="cpu", batch_size=2).close()  # the CPU stays allowed

@@ -160,7 +160,8 @@ KEYWORDS: dict[str, Setting] = {
                                 "``w`` of N (local producers; ``FERRY_WORKER=w/N`` by hand) serves only stream ``w``; "
                                 "others serve any stream. Only for an IterableDataset.", optional=True),
     "device": Setting(s.Kind(), "``None`` / ``\"cpu\"`` (tensors over the received bytes, no copy) or a CUDA "
-                      "device.", optional=True),
+                      "device; another kind (mps, xpu) is refused: move batches to it in device_transform.",
+                      optional=True),
     "pin_memory": Setting(s.Bool(), "stage through page-locked memory. Default: True on CUDA, False otherwise.",
                           optional=True),
     "device_transform": Setting(_Callable(), "a callable applied to each batch on the device, in the training "
