@@ -133,6 +133,7 @@ class RemoteLoader:
         self._active: EpochIterator | None = None  # the newest iteration
         self._pending: ResumePoint | None = None  # where set_epoch or load_state_dict said the next one starts
         self._pending_by = ""  # which of them said so, for a conflict with the sampler's own epoch
+        self._told_restart = False  # whether the restart of an abandoned shuffled epoch was logged (once)
         lease = _Lease()
         # starts local producers, the io and staging threads; nothing it holds references `self`
         pipeline = Pipeline(opts, self._counters, device=self.device, pin_memory=self.pin_memory,
@@ -212,6 +213,13 @@ class RemoteLoader:
         active = self._active
         if active is None:
             return ResumePoint(0, 0, (0, 0))
+        if not active.finished and active.yielded and self.shuffle and not self._told_restart:
+            # DataLoader draws a new order at each iter(): a loop of a fixed number of steps per epoch that never
+            # calls set_epoch would see the same few batches every "epoch" here, without a word
+            self._told_restart = True
+            log.warning("ferry: epoch %d was left after %d batches; this iteration starts it again, in the same "
+                        "shuffled order (DataLoader would draw a new one). For a fixed number of steps per epoch, "
+                        "call loader.set_epoch(epoch) before each (said once)", active.epoch, active.yielded)
         return ResumePoint(active.epoch + 1 if active.finished else active.epoch, 0, (0, 0))
 
     def __len__(self) -> int:

@@ -50,3 +50,40 @@ def test_an_abandoned_iteration_restarts_from_its_beginning(endpoint, spawn, bre
             assert_tree_equal(g, e, f"epoch 3 batch {seq}")
         wait_for(lambda: loader.stats()["in_flight"] == 0 and loader.stats()["buffered"] == 0, 10,
                  "credits back to zero after the next epoch")
+
+
+def test_a_shuffled_epoch_left_early_and_started_again_is_said_once_and_not_with_set_epoch(caplog):
+    """A loop of a fixed number of steps per epoch: DataLoader draws a new order at each iter(); here the
+    abandoned epoch starts again in the same order, so a loop that never calls set_epoch would see the same
+    batches every time. That is said once; set_epoch before each epoch (the documented way) says nothing."""
+    import logging
+
+    def steps(loader, epochs: int, set_epoch: bool) -> list[list[int]]:
+        firsts = []
+        for epoch in range(epochs):
+            if set_epoch:
+                loader.set_epoch(epoch)
+            for step, (_, y) in enumerate(loader):
+                if step == 0:
+                    firsts.append(y.tolist())
+                if step == 2:
+                    break
+        return firsts
+
+    def told() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "was left after" in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="ferry.consumer"):
+        with RemoteLoader(dataset=PairDataset(length=64), local_producers=1, batch_size=4, shuffle=True, seed=3,
+                          timeout=30) as loader:
+            firsts = steps(loader, 3, set_epoch=False)
+        assert firsts[0] == firsts[1] == firsts[2]  # the behaviour itself, as README states it
+        assert len(told()) == 1 and "epoch 0 was left after 3 batches" in told()[0], told()
+        assert "loader.set_epoch(epoch)" in told()[0]
+        caplog.clear()
+        with RemoteLoader(dataset=PairDataset(length=64), local_producers=1, batch_size=4, shuffle=True, seed=3,
+                          timeout=30) as loader:
+            firsts = steps(loader, 3, set_epoch=True)
+        assert len({str(f) for f in firsts}) == 3  # a new order each epoch
+        assert told() == []
