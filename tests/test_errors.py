@@ -26,6 +26,19 @@ def test_no_producers_names_the_endpoint_and_the_count_seen(endpoint):
     assert endpoint in message and "seen 0 producer(s)" in message and "no_producer_timeout=0.5" in message
 
 
+def test_no_producers_for_a_dataset_object_without_local_producers_points_at_local_producers(endpoint):
+    """A script moved from DataLoader(ds) that passes the dataset object and no local_producers: the loader waits
+    for producers started by hand; the error says how to load it here instead."""
+    from tests.datasets import PairDataset
+
+    with RemoteLoader(endpoint=endpoint, dataset=PairDataset(length=8), batch_size=2,
+                      no_producer_timeout=0.5) as loader:
+        with pytest.raises(NoProducersError) as info:
+            next(iter(loader))
+    assert str(info.value).endswith("; or, to load this dataset object here as DataLoader's workers would, pass "
+                                    "local_producers=N"), str(info.value)
+
+
 def test_no_producers_names_the_rejected_producer_and_why(endpoint, spawn):
     """The only producer that came was rejected (another dataset length): the error says so, instead of "seen 0
     producer(s)" alone, and its start command names the loader's own endpoint."""
