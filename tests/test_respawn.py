@@ -128,6 +128,10 @@ def test_only_a_producer_that_died_mid_run_without_being_asked_to_is_replaced():
     assert "no producer has served yet" in plans.plan(0, kill, served=False, now=0.0)[0]
     assert "asked to stop" in plans.plan(0, 0, served=True, now=0.0)[0]
     assert "asked to stop" in plans.plan(0, term, served=True, now=0.0)[0]
+    # an orderly stop is news, not an alarm (Ctrl-C in a terminal reaches every producer), and it is what it is
+    # as the loader shuts down too, when no producer counts as having served any more
+    assert plans.plan(0, -signal.SIGINT, served=False, now=0.0) == ("it was asked to stop, so it is not respawned",
+                                                                    logging.INFO)
     assert not plans.pending
     text, level = plans.plan(0, kill, served=True, now=0.0)
     assert text == "respawning it in 0.10 s" and level == logging.WARNING and plans.pending

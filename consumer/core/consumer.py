@@ -226,7 +226,7 @@ class ConsumerCore:
         elif kind == protocol.FAIL:
             self._fail(info, header, data, now)
         elif kind == protocol.BYE:
-            self._lose(peer, "said BYE", now)  # an orderly leave: its tasks cost no attempt
+            self._lose(peer, "said BYE", now, level=_INFO)  # an orderly leave: its tasks cost no attempt, no alarm
         elif kind == protocol.PING:
             if data:
                 raise ProtocolError("PING with extra frames")

@@ -78,10 +78,10 @@ class Replacements:
     def plan(self, index: int, exit_code: int, *, served: bool, now: float) -> tuple[str, int]:
         """Whether and when producer ``index``, dead with ``exit_code``, is replaced: in words, with the log level
         of its death. ``served``: whether any producer has served the loader yet."""
+        if exit_code in STOPPED:  # first: as the loader shuts down, none "has served" (served is turned off)
+            return "it was asked to stop, so it is not respawned", logging.INFO  # (Ctrl-C reaches it too)
         if not served:
             return "no producer has served yet, so it is not respawned", logging.WARNING
-        if exit_code in STOPPED:
-            return "it was asked to stop, so it is not respawned", logging.WARNING
         delay = self.budget.next_delay(index, now)
         if delay is None:
             self.gave_up[index] = self.budget.restarts(index, now)
