@@ -276,7 +276,9 @@ START_METHOD_TRAINER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+# fork and spawn (their parent is the trainer) are also covered by the thread-trainer test below; in -m slow here
+@pytest.mark.parametrize("method", [pytest.param("fork", marks=pytest.mark.slow),
+                                    pytest.param("spawn", marks=pytest.mark.slow), "forkserver"])
 def test_sigkill_of_the_trainer_ends_its_producers_under_every_start_method(method, tmp_path):
     """Under forkserver a producer's parent is the fork server, not the trainer: the parent-death signal never
     came, and the producers (and the fork server they keep alive) ran on after a SIGKILLed trainer."""

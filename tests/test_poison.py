@@ -121,6 +121,7 @@ def test_producers_that_keep_rejoining_without_delivering_hit_the_no_progress_ti
     assert "producer h:1 restarted its work (new HELLO)" in str(caught.value), str(caught.value)
 
 
+@pytest.mark.slow  # the hold itself is proven in the default suite by tests/test_stuck_loads.py
 def test_a_producer_whose_one_loading_thread_hangs_stays_out_and_the_error_names_its_loss(endpoint, spawn):
     """Every sample takes 30 s and the task timeout is 0.5 s: the producer is lost once and, its one loading thread
     held by the load its consumer gave up on, says no HELLO until it returns (producer/stuck.py). The no-producer
