@@ -276,6 +276,28 @@ START_METHOD_TRAINER = textwrap.dedent("""
 """)
 
 
+def _sigkill_the_trainer_and_see_its_producers_exit(command: list[str]) -> None:
+    """Run ``command`` (a trainer that prints READY and its two producers' pids), SIGKILL it, and wait for them."""
+    trainer = subprocess.Popen(command, env=producer_env(), cwd=REPO, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        line = trainer.stdout.readline()  # bounded: the trainer's own timeout=60 ends it if nothing starts
+        assert line.startswith("READY"), line + trainer.stderr.read()
+        pids = [int(p) for p in line.split()[1:]]
+        assert len(pids) == 2 and not any(_gone(pid) for pid in pids)
+        trainer.kill()
+        assert trainer.wait(30) == -signal.SIGKILL
+        _assert_exit(pids)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait(10)
+        trainer.stdout.close()
+        trainer.stderr.close()
+        _kill_all(pids)
+
+
 # fork and spawn (their parent is the trainer) are also covered by the thread-trainer test below; in -m slow here
 @pytest.mark.parametrize("method", [pytest.param("fork", marks=pytest.mark.slow),
                                     pytest.param("spawn", marks=pytest.mark.slow), "forkserver"])
@@ -284,42 +306,8 @@ def test_sigkill_of_the_trainer_ends_its_producers_under_every_start_method(meth
     came, and the producers (and the fork server they keep alive) ran on after a SIGKILLed trainer."""
     script = tmp_path / "trainer.py"
     script.write_text(START_METHOD_TRAINER)
-    trainer = subprocess.Popen([sys.executable, str(script), method], env=producer_env(), cwd=REPO,
-                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    pids: list[int] = []
-    try:
-        line = trainer.stdout.readline()  # bounded: the trainer's own timeout=60 ends it if nothing starts
-        assert line.startswith("READY"), line + trainer.stderr.read()
-        pids = [int(p) for p in line.split()[1:]]
-        assert len(pids) == 2 and not any(_gone(pid) for pid in pids)
-        trainer.kill()
-        assert trainer.wait(30) == -signal.SIGKILL
-        _assert_exit(pids)
-    finally:
-        if trainer.poll() is None:
-            trainer.kill()
-            trainer.wait(10)
-        trainer.stdout.close()
-        trainer.stderr.close()
-        _kill_all(pids)
+    _sigkill_the_trainer_and_see_its_producers_exit([sys.executable, str(script), method])
 
 
 def test_sigkill_of_a_trainer_whose_loader_was_built_in_a_thread_kills_its_producers():
-    trainer = subprocess.Popen([sys.executable, "-c", THREAD_TRAINER], env=producer_env(), cwd=REPO,
-                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    pids: list[int] = []
-    try:
-        line = trainer.stdout.readline()  # bounded: the trainer's own timeout=60 ends it if nothing starts
-        assert line.startswith("READY"), line + trainer.stderr.read()
-        pids = [int(p) for p in line.split()[1:]]
-        assert len(pids) == 2 and not any(_gone(pid) for pid in pids)
-        trainer.kill()
-        assert trainer.wait(30) == -signal.SIGKILL
-        _assert_exit(pids)
-    finally:
-        if trainer.poll() is None:
-            trainer.kill()
-            trainer.wait(10)
-        trainer.stdout.close()
-        trainer.stderr.close()
-        _kill_all(pids)
+    _sigkill_the_trainer_and_see_its_producers_exit([sys.executable, "-c", THREAD_TRAINER])
