@@ -87,11 +87,24 @@ class MetricsServer:
             self._httpd = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_quiet_handler())
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {addr}:{port}: {exc.strerror}") from None
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="ferry-metrics", daemon=True)
+        self._closed_here = False  # close() was called on the serving thread itself (by the gc)
+        self._thread = threading.Thread(target=self._serve, name="ferry-metrics", daemon=True)
         self._thread.start()
         self.port = self._httpd.server_port
 
+    def _serve(self) -> None:
+        try:
+            self._httpd.serve_forever()
+        finally:
+            if self._closed_here:  # nobody joins this thread to close the socket
+                self._httpd.server_close()
+
     def close(self) -> None:
+        if self._thread is threading.current_thread():  # the gc ran its owner's shutdown on the serving loop:
+            # shutdown() would wait for this very loop; the flag it sets ends the loop at its next turn
+            self._closed_here = True
+            self._httpd._BaseServer__shutdown_request = True  # noqa: SLF001 - socketserver's own stop flag
+            return
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(5)

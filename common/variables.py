@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 from collections.abc import Iterable, Mapping
 
 from ferry.common.heap import ENV_VAR as KEEP_FREED_MEMORY
@@ -55,6 +56,10 @@ OTHER_VARIABLES: frozenset[str] = LOADER_VARIABLES | DEMO_VARIABLES | SCRIPT_VAR
 
 _warned: set[str] = set()  # the names this process warned about already (a second loader does not repeat them)
 
+#: What Kubernetes injects into every pod for each Service in its namespace (for a ``ferry-metrics`` Service the
+#: prefix and METRICS_SERVICE_HOST, METRICS_PORT_9100_TCP_ADDR, ...): not settings, never warned about.
+_SERVICE_LINK = re.compile(r"_SERVICE_(HOST|PORT)(_[A-Z0-9_]+)?$|_PORT(_\d+_(TCP|UDP|SCTP)(_ADDR|_PORT|_PROTO)?)?$")
+
 
 def unknown_variables(environ: Mapping[str, str], side: str, own: Iterable[str],
                       others: Iterable[str] = OTHER_VARIABLES) -> list[tuple[str, str]]:
@@ -65,7 +70,7 @@ def unknown_variables(environ: Mapping[str, str], side: str, own: Iterable[str],
     own, others = set(own), set(others) - set(own)
     found = []
     for name in sorted(environ):
-        if not name.upper().startswith(PREFIX) or name in own or name in others:
+        if not name.upper().startswith(PREFIX) or name in own or name in others or _SERVICE_LINK.search(name):
             continue
         guess = _closest(name, own)
         if guess:

@@ -98,6 +98,11 @@ class Batcher:
         # a map-style dataset whose samples load one at a time (a sharded or iterable one's run on the batch pool)
         self.serial = serial and self._shards is None
 
+    @property
+    def samples(self) -> SamplePool:
+        """The pool its samples load on: its own, or one it shares with other datasets (producer/pool.py)."""
+        return self._samples
+
     def submit(self, job: Job) -> None:
         with self._lock:
             self.pending += 1

@@ -107,6 +107,7 @@ class Connection:
         self.denials = 0  # the consumer refused our CURVE key this many times in a row
         self.rebuild_at: float | None = None  # when to retry with a fresh socket after a denial
         self.invalid_messages = 0  # invalid messages of the current session (see invalid)
+        self.held = False  # the producer takes no work (hold): no HELLO goes out, no WELCOME is taken
 
     @property
     def serving(self) -> bool:
@@ -153,6 +154,7 @@ class Connection:
 
     def tick(self, now: float) -> list[Action]:
         """Time passes: HELLO while greeting, PING or give up on a silent consumer while serving."""
+        self.held = False
         if self.rebuild_at is not None and now >= self.rebuild_at:  # retry a denied key (auth_denied)
             self.rebuild_at = None
             return [Rebuild()]
@@ -184,6 +186,7 @@ class Connection:
         answers: none was asked). A serving one is not held."""
         if self.phase is Phase.GREETING:
             self.started, self.warnings, self.last_sent, self.awaiting_connection = now, 0, 0.0, False
+            self.held = True  # until the next tick: a WELCOME to an earlier HELLO is not taken meanwhile
 
     def _warning_due(self, given: int) -> float:
         """Seconds of GREETING after which warning number ``given`` (from 0) is due: w, 3w, 6w, then every 30w."""
@@ -267,6 +270,8 @@ class Connection:
         self.dataset_len = dataset_len
         self.last_sent = now
         actions: list[Action] = [SendHello(self.nonce)]
+        if self.held:  # it goes out at the first tick after the hold
+            self.last_sent, actions = 0.0, []
         if refused is not None:
             actions.insert(0, Log(logging.ERROR, f"consumer at {self.endpoint} named a dataset this producer does "
                                                  f"not serve: {refused}", {"event": "dataset_refused"}))
@@ -275,8 +280,8 @@ class Connection:
     def _welcome(self, header: dict[str, Any], now: float) -> list[Action]:
         if header["nonce"] != self.nonce:
             raise ProtocolError("WELCOME for an earlier HELLO")
-        if self.phase is not Phase.GREETING:
-            return []  # a repeated WELCOME (we said HELLO twice before it came)
+        if self.phase is not Phase.GREETING or self.held:
+            return []  # a repeated WELCOME (we said HELLO twice before it came), or one the hold does not take
         if "dataset" in header:  # not admitted yet: the consumer names the dataset it wants (common/pool.py)
             self.last_heard = now
             return [OpenDataset(header["dataset"]["spec"], header["dataset"]["args"])]

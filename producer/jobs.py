@@ -33,6 +33,7 @@ class Job:
     # dataset[indices] (a sampler that yields lists); None: a batch of the samples of indices
     unbatched: str | None = None
     pickle_ok: bool = False  # the consumer's WELCOME allows pickled values (its own local producers only)
+    samples: Any = None  # the SamplePool its loads run on, set as it starts (shared by datasets: producer/stuck.py)
 
 
 @dataclass

@@ -110,8 +110,7 @@ class Producer:
                                            serial=self._serial(own)),
                               datasets.buffers)
         # loads given up on by their consumers that fill every loading thread: no HELLO until one returns (stuck.py)
-        self._stuck = StuckLoads(1 if own is None or self._serial(own) else config.pool_threads, config.slots,
-                                 config.unreachable_warning_s)
+        self._stuck = StuckLoads(config.slots, config.unreachable_warning_s)
         self.invalid_messages = 0
         self.stale_messages = 0
         self._invalid_log = RateLimitedLog(log, suppressed="%d more invalid messages were dropped without a log line")
@@ -178,9 +177,9 @@ class Producer:
                 for link in self._links:
                     if self._stuck.held and not link.conn.serving:
                         link.conn.hold(now)  # no HELLO: it would only be given tasks that wait behind the stuck loads
-                        continue
-                    self._apply(link, link.conn.tick(now))
-                    link.watch_writable()
+                    else:
+                        self._apply(link, link.conn.tick(now))
+                    link.watch_writable()  # also while held: a POLLOUT left armed would spin the poll
                 if self._health.file.due(now, SERVING):
                     self._health.write(SERVING, now)
                 events = dict(poller.poll(timeout=self._poll_timeout_ms(now)))

@@ -112,6 +112,7 @@ class Sharing:
             if link is None or served is None or not link.conn.owns(job.session):
                 self.share.finished(job, now)
                 continue
+            job.samples = served.batcher.samples  # which loading threads its loads fill (producer/stuck.py)
             served.batcher.submit(job)
 
     def finished(self, job: Job, now: float) -> None:

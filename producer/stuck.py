@@ -8,9 +8,9 @@ did, its consumer would give it new tasks that wait behind the lost thread, time
 each an attempt: batches holding no bad sample end as ``PoisonTaskError``, and the producer is dropped and
 re-admitted over and over, stalling the loop each time.
 
-So while the orphaned tasks (:meth:`ferry.producer.sharing.Sharing.orphans`) are at least as many as the loading
-threads of the producer's dataset (one for a dataset class of the user's, ``--threads`` otherwise) or its
-``--slots`` (an orphan holds its slot until it returns, so no new task could start), every
+So while the orphaned tasks (:meth:`ferry.producer.sharing.Sharing.orphans`) are at least as many as the threads
+of the sample pool they load on (one for a dataset class of the user's, ``--threads`` for the pool the built-in
+datasets share) or as its ``--slots`` (an orphan holds its slot until it returns, so no new task could start), every
 connection that is greeting holds its HELLO (:meth:`ferry.producer.connection.Connection.hold`), and the
 producer says why at WARNING with the back-off of the "no consumer has answered" warnings (after w, 3w, 6w,
 then every 30w: a hold that ends sooner, the usual case of a BYE or a silent consumer as a batch was loading,
@@ -41,15 +41,12 @@ class StuckLoads:
     """Whether the producer must hold its HELLOs, from its orphaned tasks, with the log lines that say so.
 
     Args:
-        threads: the loading threads the orphans can fill.
         slots: the tasks the producer runs at once (``--slots``): an orphan holds one until it returns.
         warning_s: the first warning, then with back-off (``FERRY_UNREACHABLE_WARNING_S``). [Unit: second]
     """
 
-    def __init__(self, threads: int, slots: int, warning_s: float) -> None:
-        self.threads = max(1, min(threads, slots))
-        self.what = ("its one loading thread" if threads == 1 else f"all {threads} of its loading threads"
-                     if threads <= slots else "its one slot (--slots)" if slots == 1 else f"all {slots} of its slots")
+    def __init__(self, slots: int, warning_s: float) -> None:
+        self.slots = max(1, slots)
         self.warning_s = warning_s
         self.since: float | None = None  # held since when; None: not held
         self.warnings = 0  # repeats of the warning in this hold
@@ -58,9 +55,23 @@ class StuckLoads:
     def held(self) -> bool:
         return self.since is not None
 
+    def full(self, orphans: list[tuple[Any, float]]) -> str | None:
+        """What the orphans fill, in words (every thread of a sample pool, or every slot); None: nothing."""
+        by_pool: dict[int, list[Any]] = {}
+        for job, _ in orphans:
+            by_pool.setdefault(id(job.samples), []).append(job)
+        for jobs in by_pool.values():
+            threads = getattr(jobs[0].samples, "threads", 1)  # a job that never reached a pool: count it as one
+            if len(jobs) >= threads:
+                return "its one loading thread" if threads == 1 else f"all {threads} of its loading threads"
+        if len(orphans) >= self.slots:
+            return "its one slot (--slots)" if self.slots == 1 else f"all {self.slots} of its slots"
+        return None
+
     def update(self, orphans: list[tuple[Any, float]], now: float) -> list[Log]:
         """The orphaned tasks now, ``(job, started at)`` oldest first; returns what to log."""
-        if len(orphans) < self.threads:
+        what = self.full(orphans)
+        if what is None:
             if self.since is None:
                 return []
             held_s, warned, self.since = now - self.since, self.warnings > 0, None
@@ -72,15 +83,16 @@ class StuckLoads:
             self.since, self.warnings = now, 0
         if now - self.since > warning_due(self.warning_s, self.warnings):
             self.warnings += 1
-            return [self._warning(orphans, now)]
+            return [self._warning(orphans, what, now)]
         return []
 
-    def _warning(self, orphans: list[tuple[Any, float]], now: float) -> Log:
+    @staticmethod
+    def _warning(orphans: list[tuple[Any, float]], what: str, now: float) -> Log:
         job, started = orphans[0]
         others = f" and {len(orphans) - 1} more" if len(orphans) > 1 else ""
         return Log(logging.WARNING,
                    f"{_describe(job)}{others}, given up on by the consumer, still loading after {now - started:.0f} s "
-                   f"and holding {self.what}: taking no work until one returns (the dataset's __getitem__ may hang on "
+                   f"and holding {what}: taking no work until one returns (the dataset's __getitem__ may hang on "
                    f"a sample of it; restart this producer if it never returns)",
                    {"event": "stuck", "loading_s": round(now - started, 1), "orphans": len(orphans),
                     "epoch": job.epoch, "seq": job.seq})

@@ -17,12 +17,16 @@ from ferry.producer.stuck import StuckLoads
 from .helpers import wait_for
 
 
-def _job(seq, indices):
-    return SimpleNamespace(epoch=0, seq=seq, indices=indices)
+SHARED = SimpleNamespace(threads=2)  # a sample pool of 2 loading threads (what a job's ``samples`` is)
+ONE = SimpleNamespace(threads=1)  # a user's dataset class: its own one-thread pool
+
+
+def _job(seq, indices, samples=SHARED):
+    return SimpleNamespace(epoch=0, seq=seq, indices=indices, samples=samples)
 
 
 def test_orphans_below_the_threads_hold_nothing_and_at_the_threads_hold_quietly_then_warn_with_back_off():
-    stuck = StuckLoads(threads=2, slots=4, warning_s=10)
+    stuck = StuckLoads(slots=4, warning_s=10)
     one = [(_job(1, [4, 5, 6, 7]), 100.0)]
     assert stuck.update(one, 101.0) == [] and not stuck.held  # a thread is still free
     two = one + [(_job(3, [12, 13, 14, 15]), 100.5)]
@@ -40,18 +44,42 @@ def test_orphans_below_the_threads_hold_nothing_and_at_the_threads_hold_quietly_
 
 
 def test_orphans_filling_the_slots_hold_too_as_no_new_task_could_start():
-    stuck = StuckLoads(threads=4, slots=1, warning_s=1)
-    assert stuck.update([(_job(2, [8, 9]), 10.0)], 10.0) == [] and stuck.held
-    [warning] = stuck.update([(_job(2, [8, 9]), 10.0)], 11.5)
+    stuck = StuckLoads(slots=1, warning_s=1)
+    wide = SimpleNamespace(threads=4)
+    assert stuck.update([(_job(2, [8, 9], wide), 10.0)], 10.0) == [] and stuck.held
+    [warning] = stuck.update([(_job(2, [8, 9], wide), 10.0)], 11.5)
     assert "batch 2 of epoch 0 (samples 8, 9)" in warning.message and "its one slot (--slots)" in warning.message
-    assert StuckLoads(threads=4, slots=2, warning_s=1).threads == 2
+
+
+def test_orphans_are_counted_against_the_pool_they_load_on():
+    """A pool producer: a user's class on its own one-thread pool, the built-ins on a shared pool of 2. One hung
+    load fills the first (hold: its consumers' tasks would wait behind it), not the second."""
+    stuck = StuckLoads(slots=8, warning_s=10)
+    assert stuck.full([(_job(1, [4], SHARED), 0.0)]) is None
+    assert stuck.full([(_job(1, [4], ONE), 0.0)]) == "its one loading thread"
+    assert stuck.full([(_job(1, [4], SHARED), 0.0), (_job(2, [5], ONE), 0.0)]) == "its one loading thread"
+    assert stuck.full([(_job(1, [4], SHARED), 0.0), (_job(3, [6], SHARED), 0.0)]) == "all 2 of its loading threads"
 
 
 def test_a_hold_that_ends_before_its_first_warning_says_nothing():
     """The usual case: a consumer said BYE (or went silent) as a batch was loading on the one thread."""
-    stuck = StuckLoads(threads=1, slots=2, warning_s=10)
-    assert stuck.update([(_job(0, [0]), 50.0)], 50.2) == [] and stuck.held
+    stuck = StuckLoads(slots=2, warning_s=10)
+    assert stuck.update([(_job(0, [0], ONE), 50.0)], 50.2) == [] and stuck.held
     assert stuck.update([], 50.9) == [] and not stuck.held
+
+
+def test_a_held_connection_takes_no_welcome_to_an_earlier_hello_and_holds_the_hello_of_a_bound_dataset():
+    from ferry.producer.connection import Phase
+
+    conn = Connection("tcp://c:1", now=1000.0, heartbeat=1.0, liveness=5, unreachable_warning_s=10, dataset_len=8)
+    [hello] = [a for a in conn.tick(1000.0) if isinstance(a, SendHello)]
+    conn.hold(1000.5)  # the loads of another consumer's dropped tasks fill the threads now
+    welcome = {"type": "WELCOME", "nonce": hello.nonce, "session": 7, "heartbeat": 1.0}
+    assert conn.receive(welcome, 1, 1000.6) == [] and conn.phase is Phase.GREETING  # not admitted while held
+    assert conn.dataset_bound(20, None, 1000.7) == []  # a pool's dataset opened: its HELLO waits for the hold
+    assert [type(a) for a in conn.tick(1001.0)] == [SendHello]  # the hold is over: at once
+    conn.receive(welcome, 1, 1001.1)
+    assert conn.phase is Phase.SERVING
 
 
 def test_a_held_connection_says_no_hello_and_its_wait_for_a_consumer_starts_when_the_hold_ends():

@@ -35,6 +35,17 @@ def test_the_trial_users_typos_are_named_with_the_variable_meant():
     ]
 
 
+def test_what_kubernetes_injects_for_a_service_named_ferry_something_is_no_setting_to_warn_about():
+    """Each Service in a pod's namespace becomes variables: a "ferry-metrics" or "ferry-trainer" ClusterIP Service
+    gives FERRY_METRICS_SERVICE_HOST, FERRY_TRAINER_PORT (which looks like FERRY_TRAINER_PID) and more."""
+    injected = {"FERRY_METRICS_SERVICE_HOST": "10.0.0.9", "FERRY_METRICS_SERVICE_PORT": "9100",
+                "FERRY_METRICS_SERVICE_PORT_HTTP": "9100", "FERRY_TRAINER_PORT": "tcp://10.0.0.8:5555",
+                "FERRY_TRAINER_PORT_5555_TCP": "tcp://10.0.0.8:5555", "FERRY_TRAINER_PORT_5555_TCP_ADDR": "10.0.0.8",
+                "FERRY_TRAINER_PORT_5555_TCP_PORT": "5555", "FERRY_TRAINER_PORT_5555_TCP_PROTO": "tcp"}
+    assert unknown_variables(injected, "producer", PRODUCER_OWN) == []
+    assert [name for name, _ in unknown_variables({**injected, "FERRY_THREAD": "4"}, "loader", [])] == ["FERRY_THREAD"]
+
+
 def test_a_guess_the_side_does_not_read_says_so():
     [(_, text)] = unknown_variables({"FERRY_ENDPOINTS": "tcp://*:5555"}, "producer", PRODUCER_OWN)
     assert text == ("FERRY_ENDPOINTS is not a Ferry setting (did you mean FERRY_ENDPOINT? the producer does not "

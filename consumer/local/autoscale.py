@@ -115,8 +115,9 @@ class Autoscaler:
             log.info("ferry: the loop needs about %d local producers of the current speed; at most %d run here (%s)."
                      " Producers on more cores than the machine has only share them with training: run more on "
                      "other hosts, or make each faster (docs/tuning.md)", needed, self.policy.high,
-                     f"the usable CPUs minus one: {usable_cpus()} CPUs; local_producers_max raises it"
-                     if self.default_high else "local_producers_max")
+                     ("local_producers_max" if not self.default_high else
+                      f"the usable CPUs minus one: {usable_cpus()} CPUs; local_producers_max raises it"
+                      if self.policy.high == max(1, usable_cpus() - 1) else "local_producers_min"))
         target = self.policy.decide(now, current, needed)
         if target is None:
             return

@@ -65,6 +65,7 @@ class Watch:
         self._launcher, self._lock, self._members, self._hooks = launcher, lock, members, hooks
         self._generations: dict[int, int] = {}  # place -> the generation of its latest start (this thread only)
         self._stop = threading.Event()
+        self._closed_here = False  # stop() was called on this thread itself (the gc, through the loader's finalizer)
         self._waker = Waker()
         self._started = threading.Event()
         self._start_failure: BaseException | None = None
@@ -91,6 +92,9 @@ class Watch:
     def stop(self, timeout: float) -> None:
         """End the thread (the loader closes; the members are marked closing first), and close its waker."""
         self._stop.set()
+        if self.thread is threading.current_thread():  # the gc ran the loader's shutdown on this thread
+            self._closed_here = True  # it closes its waker as it ends, after this
+            return
         self._waker.wake()
         if self.thread.is_alive():
             self.thread.join(timeout)
@@ -122,6 +126,8 @@ class Watch:
             for child in children:  # what they wrote last, before close() releases the pipes
                 child.pump()
             selector.close()
+            if self._closed_here:  # nobody joins this thread to close it
+                self._waker.close()
 
     def _loop(self, selector: selectors.BaseSelector) -> None:
         while not self._stop.is_set():
