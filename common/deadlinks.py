@@ -18,6 +18,11 @@ up after the window (measured with bare sockets: a ROUTER that never reads, RCVH
 reconnects every 0.7 s); in Ferry that needs an io thread or producer loop stuck for the liveness window, which has
 dropped the session already. A connection given up costs no work that the liveness window had not already lost.
 Other transports (ipc) ignore both options.
+
+A producer sets its window from its own ``--heartbeat`` and ``--liveness`` when it makes the socket, before any
+WELCOME: with a loader whose ``heartbeat`` is longer than its producers', an outage between the two windows
+makes the producer give up a connection its consumer would have kept, and its tasks in flight are re-issued
+(no sample lost, the work redone). Give producers the loader's heartbeat where it is raised.
 """
 
 from __future__ import annotations
