@@ -204,6 +204,9 @@ STATUS_INTERVAL_S = 1.0
 #: before it exits without them: its exit stays well within an engine's grace period (Docker's 10 s).
 #: [Unit: second]
 DEFAULT_DRAIN_TIMEOUT_S = 3.0
+#: A local producer's --drain-timeout: its loader stops it (close, exit, Ctrl-C) and has its tasks back already;
+#: a load still running is only a wait before the trainer can exit (DataLoader's workers are not waited for).
+LOCAL_DRAIN_TIMEOUT_S = 0.5
 #: The range of a loader's shuffle seed: torch.Generator.manual_seed's.
 MIN_SEED = -(2**63)
 MAX_SEED = 2**64 - 1

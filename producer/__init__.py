@@ -27,7 +27,7 @@ from ferry.common.heap import keep_freed_memory
 from ferry.producer.cli import command_line
 from ferry.producer.config import PRODUCER_ENV, ProducerConfig
 
-__all__ = ["serve", "preload", "ProducerConfig", "keep_freed_memory", "command_line", "PRODUCER_ENV"]
+__all__ = ["serve", "serve_process", "preload", "ProducerConfig", "keep_freed_memory", "command_line", "PRODUCER_ENV"]
 
 _PR_SET_PDEATHSIG = 1
 # keep_freed_memory (and its constants) lives in ferry.common.heap: the consumer sets it too
@@ -86,6 +86,17 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
         return producer.run()
     finally:
         status.remove()  # the producer's own is gone already; this one where it did not start
+
+
+def serve_process(config: ProducerConfig, dataset: Any = None) -> None:
+    """:func:`serve` as a local producer's ``multiprocessing`` target. Once it returns, the process ends at once
+    even where a sample is still loading past the drain timeout (``multiprocessing`` would join that thread at
+    exit, so the trainer's ``close()`` and Ctrl-C waited for a slow ``__getitem__``); its exit status stays 0, as
+    for any target that returns."""
+    from ferry.producer.exits import exit_past_lingering_threads
+
+    serve(config, dataset)
+    exit_past_lingering_threads(0, daemons=True)
 
 
 def _opened(config: ProducerConfig, dataset: Any) -> Any:

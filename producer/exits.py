@@ -65,12 +65,15 @@ def describe_statuses() -> str:
     return "Exit status:\n" + "".join(f"  {code}  {meaning}\n" for code, meaning in EXIT_STATUSES)
 
 
-def exit_past_lingering_threads(code: int) -> int:
+def exit_past_lingering_threads(code: int, *, daemons: bool = False) -> int:
     """``code``, for the command line to return, where the process can end by itself. Where a thread other than
     daemons is still alive (a sample still loading after the drain timeout, a thread the dataset started), the
     interpreter would wait for it at exit: then the logs and standard streams are flushed and the process ends at
-    once with ``code`` (``os._exit``), and this never returns."""
-    lingering = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    once with ``code`` (``os._exit``), and this never returns. ``daemons``: count daemon threads too (a process
+    forked from a daemon thread makes every thread of its own a daemon, and ``concurrent.futures`` joins its pools'
+    at exit whatever they are)."""
+    lingering = [t for t in threading.enumerate()
+                 if t is not threading.current_thread() and (daemons or not t.daemon) and t.is_alive()]
     if not lingering:
         return code
     logging.shutdown()

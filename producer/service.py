@@ -325,11 +325,12 @@ class Producer:
         closer = threading.Thread(target=self._sharing.close, name="ferry-drain", daemon=True)
         closer.start()
         closer.join(self.config.drain_timeout)
-        if closer.is_alive():
-            log.warning("%d batches were still loading %g s after the stop (--drain-timeout); exiting without them "
-                        "(their consumers re-issue them)", self._sharing.pending, self.config.drain_timeout,
-                        extra=fields(event="drain_timeout", pending=self._sharing.pending, pending_at_stop=pending,
-                                     drain_timeout_s=self.config.drain_timeout))
+        if closer.is_alive():  # a local producer's loader is stopping it: news, not an alarm
+            log.log(logging.INFO if self.config.exit_with_parent else logging.WARNING,
+                    "%d batches were still loading %g s after the stop (--drain-timeout); exiting without them "
+                    "(their consumers re-issue them)", self._sharing.pending, self.config.drain_timeout,
+                    extra=fields(event="drain_timeout", pending=self._sharing.pending, pending_at_stop=pending,
+                                 drain_timeout_s=self.config.drain_timeout))
 
     @staticmethod
     def _map_slab(shared_memory: tuple[str, str] | None) -> Any:

@@ -54,3 +54,28 @@ def test_a_producer_whose_samples_finish_within_the_drain_timeout_exits_without_
         took = time.monotonic() - signalled
     assert took < 5.0, f"exit took {took:.1f} s"
     assert "still loading" not in producer.output() and "stopped after" in producer.output()
+
+
+def test_a_local_producer_stopped_by_its_loader_waits_for_no_slow_sample():
+    """close() while a 10 s sample loads: the local producer says BYE (its tasks are the loader's again) and ends
+    after LOCAL_DRAIN_TIMEOUT_S. Before, its drain waited 3 s and multiprocessing then joined the loading thread at
+    exit, until the loader killed it JOIN_TIMEOUT_S (5 s) into close(); a Ctrl-C waited as long."""
+    import os
+    import time as clock
+
+    from ferry import RemoteLoader
+    from ferry.common.constants import LOCAL_DRAIN_TIMEOUT_S
+    from tests.poison_datasets import SlowSampleDataset
+
+    loader = RemoteLoader(dataset=SlowSampleDataset(length=40, slow=range(2, 40), sleep=10), local_producers=1,
+                          batch_size=2, producer_threads=1, timeout=60)
+    try:
+        it = iter(loader)
+        next(it)  # samples 0 and 1; the producer is loading sample 2 now
+        pid = loader._local.pids[0]
+        began = clock.monotonic()
+    finally:
+        loader.close()
+    took = clock.monotonic() - began
+    assert took < LOCAL_DRAIN_TIMEOUT_S + 2.0, f"close() took {took:.2f} s: it waited for the loading thread"
+    assert not os.path.exists(f"/proc/{pid}")  # reaped by close(), not left to a later kill

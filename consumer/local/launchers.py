@@ -29,7 +29,7 @@ import subprocess
 import sys
 from typing import Any
 
-from ferry.common.constants import LOCAL_PRODUCER_LOG_LEVEL
+from ferry.common.constants import LOCAL_DRAIN_TIMEOUT_S, LOCAL_PRODUCER_LOG_LEVEL
 from ferry.common.deferred_pickle import HOOKS, DeferredPickle, WithHooks
 from ferry.common.errors import ConfigError
 from ferry.common.sampleinfo import producer_seed
@@ -60,7 +60,7 @@ def producer_config(local: Any, transport: Any, dataset: Any, dataset_args: dict
     return ProducerConfig(
         endpoints=(endpoint,), dataset=dataset if isinstance(dataset, str) else type(dataset).__qualname__,
         dataset_args=dict(dataset_args or {}), exit_with_parent=True, trainer_pid=os.getpid(),
-        num_workers=num_workers,
+        num_workers=num_workers, drain_timeout=LOCAL_DRAIN_TIMEOUT_S,
         shared_memory=(slab.path, slab.token) if slab is not None else None,
         **shared_values(ProducerConfig, local, transport),
     )
@@ -141,7 +141,7 @@ class ObjectLauncher(_Launcher):
         """Its stderr is a FIFO in the folder, which ``serve`` opens as its fd 2 first thing
         (``ProducerConfig.stderr_path``). We open the reading end first, so the child's open never waits;
         nothing of ours is redirected, whatever the start method."""
-        from ferry.producer import serve
+        from ferry.producer import serve_process
 
         fifo = self.path(index, generation, "fifo")
         config = dataclasses.replace(self.configured(index, generation), stderr_path=fifo)
@@ -153,7 +153,7 @@ class ObjectLauncher(_Launcher):
         try:
             os.mkfifo(fifo, 0o600)
             read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # no writer yet: polls as not readable
-            process = self._ctx.Process(target=serve, args=(config, payload),
+            process = self._ctx.Process(target=serve_process, args=(config, payload),
                                         name=f"ferry-producer-{index}", daemon=True)
             try:
                 process.start()
