@@ -172,8 +172,10 @@ class Producer:
                     break
                 now = self._health.last_turn = time.monotonic()  # ticks before the poll: the first HELLO goes at once
                 self._links.tick(now)
-                for action in self._stuck.update(self._sharing.orphans(self._links.get), now):
-                    log.log(action.level, "%s", action.message, extra=fields(**action.fields))
+                # a hold acts on greeting connections only: while every one serves, the main loop does not look
+                if self._stuck.held or not all(link.conn.serving for link in self._links):
+                    for action in self._stuck.update(self._sharing.orphans(self._links.get), now):
+                        log.log(action.level, "%s", action.message, extra=fields(**action.fields))
                 for link in self._links:
                     if self._stuck.held and not link.conn.serving:
                         link.conn.hold(now)  # no HELLO: it would only be given tasks that wait behind the stuck loads

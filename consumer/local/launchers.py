@@ -36,8 +36,12 @@ from ferry.common.sampleinfo import producer_seed
 from ferry.common.settings import shared_values
 
 from ferry.consumer.local.children import Child, open_pidfd
+from ferry.consumer.options import LocalOptions
 
 __all__ = ["SpecLauncher", "ObjectLauncher", "producer_config"]
+
+#: The loader's keyword of each local option (a hook's ``init`` is ``producer_init``), as LocalOptions declares it.
+_OPTION_OF = {field: keyword for keyword, field in LocalOptions.flat_keywords().items()}
 
 
 def producer_config(local: Any, transport: Any, dataset: Any, dataset_args: dict[str, Any] | None, *,
@@ -52,10 +56,10 @@ def producer_config(local: Any, transport: Any, dataset: Any, dataset_args: dict
     from ferry.producer import ProducerConfig
 
     if isinstance(dataset, str):
-        for name, hook in (("producer_transform", local.transform), ("producer_init", local.init),
-                           ("collate_fn", local.collate)):
+        for field in ("transform", "init", "collate"):
+            hook = getattr(local, field)
             if hook is not None and not isinstance(hook, str):
-                raise ConfigError(f"with a dataset spec, {name} must be a spec too "
+                raise ConfigError(f"with a dataset spec, {_OPTION_OF[field]} must be a spec too "
                                   "('package.module:function'): the producers are new interpreters")
     return ProducerConfig(
         endpoints=(endpoint,), dataset=dataset if isinstance(dataset, str) else type(dataset).__qualname__,
@@ -121,10 +125,6 @@ class SpecLauncher(_Launcher):
         return Child(index, process, stderr_fd, open_pidfd(process.pid), True, capture, generation)
 
 
-#: The loader's option that gives each hook a producer runs (ferry.common.deferred_pickle.HOOKS).
-_HOOK_OPTIONS = {"init": "producer_init", "collate": "collate_fn", "transform": "producer_transform"}
-
-
 class ObjectLauncher(_Launcher):
     """Daemonic ``multiprocessing`` processes (``mp_context``: a start method's name or a context object; default
     ``fork`` on Linux) running ``serve`` with ``dataset``."""
@@ -176,7 +176,7 @@ class ObjectLauncher(_Launcher):
         """Which of the dataset and the hooks cannot be pickled, as ``option=value``; None if each alone can."""
         from multiprocessing.reduction import ForkingPickler
 
-        parts = {"dataset": self._dataset, **{_HOOK_OPTIONS.get(h, h): v for h, v in config_hooks.items()}}
+        parts = {"dataset": self._dataset, **{_OPTION_OF.get(h, h): v for h, v in config_hooks.items()}}
         for option, value in parts.items():
             try:
                 ForkingPickler.dumps(value)
