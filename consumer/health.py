@@ -91,10 +91,12 @@ class LoaderHealth:
         )
 
 
-def start_hint_for(endpoints: tuple[str, ...], dataset: Any, dataset_args: dict[str, Any] | None) -> str:
+def start_hint_for(endpoints: tuple[str, ...], dataset: Any, dataset_args: dict[str, Any] | None, *,
+                   local: bool = True) -> str:
     """The command that starts a producer for a loader bound to ``endpoints`` and serving ``dataset`` (a spec with
     ``dataset_args``, or an object), with placeholders where the loader cannot know: the host a wildcard bind
-    stands for, the importable name of a class defined in the script, the arguments of an object."""
+    stands for, the importable name of a class defined in the script, the arguments of an object. A loader given
+    a dataset object and no local producers (``local`` False) is also told ``local_producers=N``."""
     address = next((a for a in map(tcp_address, endpoints) if a is not None), None)
     if address is not None:
         host, port = address
@@ -109,7 +111,10 @@ def start_hint_for(endpoints: tuple[str, ...], dataset: Any, dataset_args: dict[
         spec, args = f"{type(dataset).__module__}:{type(dataset).__qualname__}", " [--dataset-arg KEY=VALUE ...]"
     else:
         spec, args = "<package.module:YourDataset>", ""
-    return f"python -m ferry.producer --connect {connect} --dataset {spec}{args}"
+    hint = f"python -m ferry.producer --connect {connect} --dataset {spec}{args}"
+    if not local and dataset is not None and not isinstance(dataset, str):
+        hint += "; or, to load this dataset object here as DataLoader's workers would, pass local_producers=N"
+    return hint
 
 
 def _arg_text(value: Any) -> str:

@@ -144,10 +144,8 @@ class RemoteLoader:
         self._planner = EpochPlanner(opts, self._io)
         self._health = LoaderHealth(self._io, self._local, pipeline.staging_failure, self.endpoints,
                                     self.no_producer_timeout, pipeline.stop,
-                                    start_hint_for(self.endpoints, opts.dataset, opts.dataset_args)
-                                    + ("; or, to load this dataset object here as DataLoader's workers would, pass "
-                                       "local_producers=N" if self._local is None and opts.dataset is not None
-                                       and not isinstance(opts.dataset, str) else ""))
+                                    start_hint_for(self.endpoints, opts.dataset, opts.dataset_args,
+                                                   local=self._local is not None))
         self._observer = EpochObserver(self._counters, self._io.snapshot,
                                        capacity=self.buffer_batches, log_every=self.log_every,
                                        threads=(self._io.thread, self._staging), on_demand=pipeline.autoscale,
