@@ -370,6 +370,33 @@ def local_producer_pids(loader: Any) -> list[int]:
     return list(loader._local.pids)
 
 
+def describe_local_producers(loader: Any) -> str:
+    """What a local-mode loader's producers are doing, for a failing wait's message: each pid's state and, where
+    ``py-spy`` is installed, its threads' Python stacks; then the tail of each producer's captured stderr."""
+    import glob
+    import shutil
+
+    parts = []
+    for pid in local_producer_pids(loader):
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                state = next((line.strip() for line in status if line.startswith("State:")), "State: ?")
+        except OSError:
+            state = "gone"
+        parts.append(f"--- producer pid {pid}: {state}")
+        if state != "gone" and shutil.which("py-spy"):
+            try:
+                dump = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True,
+                                      timeout=20)
+                parts.append(dump.stdout + dump.stderr)
+            except subprocess.TimeoutExpired:
+                parts.append("(py-spy dump timed out)")
+    for path in sorted(glob.glob(os.path.join(local_folder(loader), "producer-*.stderr"))):
+        with open(path, "rb") as capture:
+            parts.append(f"--- {os.path.basename(path)}:\n" + capture.read()[-3000:].decode(errors="replace"))
+    return "\n".join(parts)
+
+
 def scale_local_producers(loader: Any, count: int) -> None:
     """Ask a ``local_producers="auto"`` loader for ``count`` producers now, as its autoscaler does, and keep its
     autoscaler from deciding anything from then on (a test's loop runs at no realistic step). PRIVATE:

@@ -27,8 +27,8 @@ from ferry.consumer.local.autoscale import ScalePolicy, count_bounds
 from tests.datasets import PairDataset
 from tests.lifecycle_datasets import SeedDataset
 
-from .helpers import (FullLeakCheck, assert_tree_equal, local_producer_pids, reference_batches, scale_local_producers,
-                      wait_for)
+from .helpers import (FullLeakCheck, assert_tree_equal, describe_local_producers, local_producer_pids,
+                      reference_batches, scale_local_producers, wait_for)
 
 MASK = (1 << 63) - 1
 #: The producers here sleep, so more of them than CPUs is the point: the warning of excessive producers (a max above
@@ -236,7 +236,11 @@ def test_producers_asked_to_stop_again_and_again_cost_no_attempt():
         batches = iter(loader)
         for _ in range(8):
             scale_local_producers(loader, 4)
-            wait_for(lambda: loader.stats()["producers"] == 4, 20, "four producers live")
+            try:
+                wait_for(lambda: loader.stats()["producers"] == 4, 20, "four producers live")
+            except AssertionError as exc:  # an intermittent failure seen twice in full runs: say what they were doing
+                raise AssertionError(f"{exc}; stats {loader.stats()['per_producer']}\n"
+                                     f"{describe_local_producers(loader)}") from None
             indices += next(batches)[0].tolist()
             scale_local_producers(loader, 1)
             for _ in range(6):
