@@ -197,6 +197,10 @@ DEFAULT_RESOLVE_INTERVAL_S = 10.0
 MAX_ADDRESSES_PER_NAME = 256
 #: The live probe fails once a producer's main loop has not turned for this long. [Unit: second]
 DEFAULT_STUCK_AFTER_S = 20.0
+#: A producer all of whose loading threads (or slots) are held this long by loads its consumers gave up on exits
+#: with status 5 (producer/stuck.py), for its supervisor to start a fresh one; as long as a consumer's own
+#: task_timeout by default. [Unit: second]
+DEFAULT_EXIT_WHEN_STUCK_S = DEFAULT_TASK_TIMEOUT_S
 #: A producer rewrites its status file (--status-file) at most this far apart: every second, or a quarter of
 #: --stuck-after if that is shorter, so that a live loop never looks stuck. [Unit: second]
 STATUS_INTERVAL_S = 1.0

@@ -91,12 +91,13 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
 def serve_process(config: ProducerConfig, dataset: Any = None) -> None:
     """:func:`serve` as a local producer's ``multiprocessing`` target. Once it returns, the process ends at once
     even where a sample is still loading past the drain timeout (``multiprocessing`` would join that thread at
-    exit, so the trainer's ``close()`` and Ctrl-C waited for a slow ``__getitem__``); its exit status stays 0, as
-    for any target that returns."""
+    exit, so the trainer's ``close()`` and Ctrl-C waited for a slow ``__getitem__``). Its exit status is what
+    ``serve`` returns: 0 when stopped as asked, 5 when stuck loads held it (producer/exits.py)."""
     from ferry.producer.exits import exit_past_lingering_threads
 
-    serve(config, dataset)
-    exit_past_lingering_threads(0, daemons=True)
+    code = exit_past_lingering_threads(serve(config, dataset), daemons=True)
+    if code:
+        sys.exit(code)
 
 
 def _opened(config: ProducerConfig, dataset: Any) -> Any:

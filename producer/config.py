@@ -18,8 +18,9 @@ from typing import Any, Mapping
 
 from ferry.common import settings as s
 from ferry.common.constants import (
-    DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, DEFAULT_RESOLVE_INTERVAL_S, DEFAULT_STUCK_AFTER_S,
-    DEFAULT_THREADS, DEFAULT_UNREACHABLE_WARNING_S, LOG_FORMATS, LOG_LEVELS,
+    DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_EXIT_WHEN_STUCK_S, DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL,
+    DEFAULT_RESOLVE_INTERVAL_S, DEFAULT_STUCK_AFTER_S, DEFAULT_THREADS, DEFAULT_UNREACHABLE_WARNING_S, LOG_FORMATS,
+    LOG_LEVELS,
 )
 from ferry.common.endpoints import expand_endpoints
 from ferry.common.errors import ConfigError
@@ -156,6 +157,12 @@ class ProducerConfig:
         s.Real(0.1, 3600, expected="a number of seconds"), "--probe live fails once the main loop has not turned "
         "for this long (it is stuck, even if its loading threads still run).", DEFAULT_STUCK_AFTER_S, unit="second",
         flag="--stuck-after", metavar="SECONDS"))
+    exit_when_stuck: float = option(Setting(
+        s.Real(0, 86400, expected="a number of seconds"), "exit with status 5, after saying BYE, once loads its "
+        "consumers gave up on (a __getitem__ that hangs) have held all its loading threads or slots for this long, "
+        "so that its supervisor starts a fresh process (local mode: the loader's task_timeout); 0: keep waiting "
+        "for them (producer/stuck.py).", DEFAULT_EXIT_WHEN_STUCK_S, unit="second", flag="--exit-when-stuck",
+        metavar="SECONDS"))
     drain_timeout: float = option(Setting(
         s.Real(0, 3600, expected="a number of seconds"), "on SIGTERM, after saying BYE (its consumers re-issue "
         "what it held), wait this long at most for the samples being loaded, then exit without them.",

@@ -10,11 +10,13 @@ its operator can tell them apart without reading the logs:
       protocol version)
 4     its dataset failed to open at start: the dataset's constructor (a missing folder, a storage
       error), its length or fingerprint, the transform, the collate class or the init hook raised
+5     loads its consumers gave up on held every loading thread (or slot) for ``--exit-when-stuck``
+      seconds: a ``__getitem__`` that never returns (producer/stuck.py); it said BYE first
 ====  ==============================================================================================
 
 2 and 3 repeat on a restart; 4 may not (a volume not mounted yet, a storage hiccup), so an engine may well
-restart a producer that exited 4. A producer killed by a signal it does not handle exits as the shell says
-(128 + the signal: 137 for SIGKILL).
+restart a producer that exited 4; 5 asks for a restart (a fresh process has fresh threads). A producer killed by
+a signal it does not handle exits as the shell says (128 + the signal: 137 for SIGKILL).
 
 :func:`exit_past_lingering_threads` ends the process with a status even where a thread of the dataset's (a sample that
 loads forever, a thread it started) would keep the interpreter from exiting: a stopping producer never outlives
@@ -30,7 +32,7 @@ import threading
 
 from ferry.common.errors import DatasetOpenError, FerryError
 
-__all__ = ["EXIT_OK", "EXIT_CRASH", "EXIT_CONFIG", "EXIT_REJECTED", "EXIT_DATASET", "EXIT_STATUSES",
+__all__ = ["EXIT_OK", "EXIT_CRASH", "EXIT_CONFIG", "EXIT_REJECTED", "EXIT_DATASET", "EXIT_STUCK", "EXIT_STATUSES",
            "failure_status", "describe_statuses", "exit_past_lingering_threads"]
 
 EXIT_OK = 0
@@ -38,6 +40,7 @@ EXIT_CRASH = 1
 EXIT_CONFIG = 2
 EXIT_REJECTED = 3
 EXIT_DATASET = 4
+EXIT_STUCK = 5
 
 #: Each status and what it means, in the order ``--help`` lists them.
 EXIT_STATUSES: tuple[tuple[int, str], ...] = (
@@ -48,6 +51,8 @@ EXIT_STATUSES: tuple[tuple[int, str], ...] = (
     (EXIT_REJECTED, "every consumer rejected it permanently (another dataset or protocol version)"),
     (EXIT_DATASET, "its dataset failed to open at start (its constructor, length or fingerprint, the transform, "
                    "collate class or init hook raised); may succeed on a restart"),
+    (EXIT_STUCK, "loads its consumers gave up on held all its loading threads for --exit-when-stuck seconds (a "
+                 "__getitem__ that never returns); it said BYE first; restart it"),
 )
 
 

@@ -49,6 +49,7 @@ from ferry.producer.connection import (
     EXIT_OK, Action, CheckAddress, FailTask, Log, OpenDataset, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
     exit_code,
 )
+from ferry.producer.exits import EXIT_STUCK
 from ferry.producer.links import Link, announced_frame_bytes
 from ferry.producer.linkset import LinkSet
 from ferry.producer.logs import fields
@@ -110,7 +111,7 @@ class Producer:
                                            serial=self._serial(own)),
                               datasets.buffers)
         # loads given up on by their consumers that fill every loading thread: no HELLO until one returns (stuck.py)
-        self._stuck = StuckLoads(config.slots, config.unreachable_warning_s)
+        self._stuck = StuckLoads(config.slots, config.unreachable_warning_s, config.exit_when_stuck)
         self.invalid_messages = 0
         self.stale_messages = 0
         self._invalid_log = RateLimitedLog(log, suppressed="%d more invalid messages were dropped without a log line")
@@ -176,6 +177,9 @@ class Producer:
                 if self._stuck.held or not all(link.conn.serving for link in self._links):
                     for action in self._stuck.update(self._sharing.orphans(self._links.get), now):
                         log.log(action.level, "%s", action.message, extra=fields(**action.fields))
+                    if self._stuck.expired:  # held for --exit-when-stuck: a fresh process takes this one's place
+                        code = EXIT_STUCK
+                        break
                 for link in self._links:
                     if self._stuck.held and not link.conn.serving:
                         link.conn.hold(now)  # no HELLO: it would only be given tasks that wait behind the stuck loads

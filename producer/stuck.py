@@ -14,9 +14,14 @@ datasets share) or as its ``--slots`` (an orphan holds its slot until it returns
 connection that is greeting holds its HELLO (:meth:`ferry.producer.connection.Connection.hold`), and the
 producer says why at WARNING with the back-off of the "no consumer has answered" warnings (after w, 3w, 6w,
 then every 30w: a hold that ends sooner, the usual case of a BYE or a silent consumer as a batch was loading,
-says nothing). It takes work again, at once, when one of them returns. One that never returns
-needs the producer restarted (local producers and engines do that for a process that exits; this one cannot
-tell a slow load from a hung one, so it keeps waiting).
+says nothing). It takes work again, at once, when one of them returns.
+
+One that never returns needs a fresh process: a producer held for ``--exit-when-stuck`` seconds says why at
+ERROR, says BYE (its consumers re-issue what it holds, no attempt charged) and exits with status 5
+(:data:`~ferry.producer.exits.EXIT_STUCK`), so that whoever supervises it starts a new one: local mode replaces
+it as it replaces any producer that died (a local producer's window is its loader's ``task_timeout``), an
+engine by its restart policy. Nothing is lost by it: the consumers gave those loads up already. 0 keeps waiting,
+for a load that may be slow rather than hung.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 
 from ferry.producer.actions import Log
 from ferry.producer.connection import warning_due
+from ferry.producer.exits import EXIT_STUCK
 
 __all__ = ["StuckLoads"]
 
@@ -43,13 +49,16 @@ class StuckLoads:
     Args:
         slots: the tasks the producer runs at once (``--slots``): an orphan holds one until it returns.
         warning_s: the first warning, then with back-off (``FERRY_UNREACHABLE_WARNING_S``). [Unit: second]
+        exit_s: a hold this long ends the producer (``--exit-when-stuck``; 0: never). [Unit: second]
     """
 
-    def __init__(self, slots: int, warning_s: float) -> None:
+    def __init__(self, slots: int, warning_s: float, exit_s: float = 0.0) -> None:
         self.slots = max(1, slots)
         self.warning_s = warning_s
+        self.exit_s = exit_s
         self.since: float | None = None  # held since when; None: not held
         self.warnings = 0  # repeats of the warning in this hold
+        self.expired = False  # held for exit_s: the producer exits (said once, at ERROR, by update)
 
     @property
     def held(self) -> bool:
@@ -69,7 +78,10 @@ class StuckLoads:
         return None
 
     def update(self, orphans: list[tuple[Any, float]], now: float) -> list[Log]:
-        """The orphaned tasks now, ``(job, started at)`` oldest first; returns what to log."""
+        """The orphaned tasks now, ``(job, started at)`` oldest first; returns what to log. Once expired (the
+        producer exits), nothing more."""
+        if self.expired:
+            return []
         what = self.full(orphans)
         if what is None:
             if self.since is None:
@@ -81,6 +93,9 @@ class StuckLoads:
                                       "back: taking work again", {"event": "unstuck", "held_s": round(held_s, 1)})]
         if self.since is None:
             self.since, self.warnings = now, 0
+        if self.exit_s and now - self.since >= self.exit_s and not self.expired:
+            self.expired = True
+            return [self._farewell(orphans, what, now)]
         if now - self.since > warning_due(self.warning_s, self.warnings):
             self.warnings += 1
             return [self._warning(orphans, what, now)]
@@ -96,3 +111,14 @@ class StuckLoads:
                    f"a sample of it; restart this producer if it never returns)",
                    {"event": "stuck", "loading_s": round(now - started, 1), "orphans": len(orphans),
                     "epoch": job.epoch, "seq": job.seq})
+
+    def _farewell(self, orphans: list[tuple[Any, float]], what: str, now: float) -> Log:
+        job, started = orphans[0]
+        others = f" and {len(orphans) - 1} more" if len(orphans) > 1 else ""
+        return Log(logging.ERROR,
+                   f"{_describe(job)}{others}, given up on by the consumer, still loading after {now - started:.0f} s "
+                   f"and holding {what} for {now - self.since:.0f} s (--exit-when-stuck {self.exit_s:g}): exiting "
+                   f"with status {EXIT_STUCK}, so that a fresh process takes this one's place (the dataset's "
+                   f"__getitem__ hangs on a sample of it)",
+                   {"event": "stuck_exit", "loading_s": round(now - started, 1), "orphans": len(orphans),
+                    "epoch": job.epoch, "seq": job.seq, "exit_code": EXIT_STUCK})

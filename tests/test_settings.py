@@ -109,6 +109,7 @@ VARIABLES = {
     "FERRY_RESOLVE_INTERVAL": ("2.5", 2.5, "often"),
     "FERRY_STATUS_FILE": ("/tmp/s.json", "/tmp/s.json", None),
     "FERRY_STUCK_AFTER": ("30", 30.0, "long"),
+    "FERRY_EXIT_WHEN_STUCK": ("0", 0.0, "never"),
     "FERRY_DRAIN_TIMEOUT": ("1.5", 1.5, "soon"),
 }
 

@@ -14,7 +14,7 @@ from ferry.producer.actions import SendHello
 from ferry.producer.connection import Connection
 from ferry.producer.stuck import StuckLoads
 
-from .helpers import wait_for
+from .helpers import local_producer_pids, wait_for
 
 
 SHARED = SimpleNamespace(threads=2)  # a sample pool of 2 loading threads (what a job's ``samples`` is)
@@ -66,6 +66,24 @@ def test_a_hold_that_ends_before_its_first_warning_says_nothing():
     stuck = StuckLoads(slots=2, warning_s=10)
     assert stuck.update([(_job(0, [0], ONE), 50.0)], 50.2) == [] and stuck.held
     assert stuck.update([], 50.9) == [] and not stuck.held
+
+
+def test_a_hold_of_exit_s_ends_the_producer_once_said_at_error_and_zero_never_does():
+    stuck = StuckLoads(slots=2, warning_s=10, exit_s=25)
+    hung = [(_job(1, [4], ONE), 100.0)]
+    assert stuck.update(hung, 100.0) == [] and stuck.held and not stuck.expired
+    assert len(stuck.update(hung, 111.0)) == 1 and not stuck.expired  # the warning at w
+    assert stuck.update(hung, 124.9) == [] and not stuck.expired
+    [farewell] = stuck.update(hung, 125.0)
+    assert stuck.expired and farewell.level == logging.ERROR, farewell
+    assert "batch 1 of epoch 0 (sample 4)" in farewell.message and "--exit-when-stuck 25" in farewell.message \
+        and "status 5" in farewell.message, farewell.message
+    assert farewell.fields["event"] == "stuck_exit" and farewell.fields["exit_code"] == 5
+    assert stuck.update(hung, 131.0) == []  # said once, and no warning after it (3w = 30 s)
+    patient = StuckLoads(slots=2, warning_s=10, exit_s=0)
+    patient.update(hung, 0.0)
+    patient.update(hung, 10.0**6)
+    assert patient.held and not patient.expired
 
 
 def test_a_held_connection_takes_no_welcome_to_an_earlier_hello_and_holds_the_hello_of_a_bound_dataset():
@@ -124,3 +142,63 @@ def test_producers_stuck_on_a_hanging_sample_take_no_more_work_and_no_innocent_b
     wait_for(lambda: len(stuck()) == 2, 15, "both stuck producers to say why they hold back")
     assert all("batch 1 of epoch 0 (samples 4..7)" in p.output() for p in stuck())
     assert len(stuck()) == 2, [p.output()[-2000:] for p in producers]
+
+
+def test_a_producer_held_for_exit_when_stuck_says_bye_and_exits_5_and_one_within_it_stays(endpoint, spawn):
+    """Two producers of a user's class, ``--exit-when-stuck`` 3 s for one and 0 (never) for the other; sample 5
+    hangs. Both get stuck on it (batch 1 poisoned on its second attempt, as above). The first says why at ERROR
+    and exits 5 (producer/exits.py), the other stays, held, as before."""
+    args = ("tests.poison_datasets:SlowSampleDataset", {"length": 12, "slow": [5], "sleep": 60})
+    leaving = spawn(endpoint, *args, threads=None, slots=1, extra=["--exit-when-stuck", "3"])
+    staying = spawn(endpoint, *args, threads=None, slots=1, extra=["--exit-when-stuck", "0"])
+    with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, task_timeout=2, max_attempts=2, timeout=60,
+                      no_producer_timeout=30) as loader:
+        wait_for(lambda: loader.stats()["producers"] == 2, 30, "the two producers")
+        it = iter(loader)
+        _, y = next(it)
+        assert y.tolist() == [0, 1, 2, 3]
+        try:
+            next(it)
+            raise AssertionError("batch 1 was not poisoned")
+        except PoisonTaskError as error:
+            assert error.indices == [4, 5, 6, 7]
+        assert leaving.proc.wait(30) == 5, leaving.output()[-3000:]
+        text = leaving.output()
+        assert "--exit-when-stuck 3): exiting with status 5" in text and "batch 1 of epoch 0" in text, text[-3000:]
+    assert staying.proc.poll() is None, staying.output()[-3000:]
+
+
+def test_local_producers_stuck_on_a_hanging_sample_are_replaced_and_the_epoch_ends(caplog):
+    """Local mode: a local producer exits 5 once stuck loads have held it for the loader's task_timeout, and the
+    loader replaces it as it replaces any producer that died. Sample 5 hangs (300 s). Before, both producers
+    stayed alive and useless, and the rest of the epoch waited for them: now the replacements serve it, and only
+    the batch holding sample 5 is poisoned."""
+    from tests.poison_datasets import SlowSampleDataset
+
+    with RemoteLoader(dataset=SlowSampleDataset(length=24, slow=[5], sleep=300), local_producers=2, producer_slots=1,
+                      batch_size=4, heartbeat=0.2, task_timeout=2, max_attempts=2, timeout=60,
+                      log_every=None) as loader:
+        first = set(wait_for(lambda: len(local_producer_pids(loader)) == 2 and local_producer_pids(loader), 30,
+                             "two producers"))
+        labels, poisoned = [], []
+        it = iter(loader)
+        for _ in range(12):  # 6 batches; bounded
+            try:
+                _, y = next(it)
+            except PoisonTaskError as error:
+                poisoned.append((error.seq, error.indices))
+                continue
+            except StopIteration:
+                break
+            labels.extend(y.tolist())
+        assert poisoned == [(1, [4, 5, 6, 7])]
+        assert labels == [i for i in range(24) if not 4 <= i < 8]
+
+        def replaced():
+            return [r for r in caplog.records if "exit code 5 (loads its consumers gave up on" in r.getMessage()]
+
+        # the second may still be within its task_timeout of holding as the replacement of the first ends the epoch
+        wait_for(lambda: len(replaced()) == 2, 30, "both stuck producers to exit 5")
+        assert all(r.levelno == logging.WARNING and "respawning it" in r.getMessage() for r in replaced())
+        wait_for(lambda: loader.stats()["producers"] == 2, 30, "two producers serving again")
+        assert not first & set(local_producer_pids(loader)), "both stuck producers were replaced"

@@ -21,7 +21,12 @@ STDERR_TAIL_CHARS = 2000
 
 
 def describe_exit(code: int) -> str:
-    """``exit code 1``, or ``killed by SIGKILL`` for a negative (signal) code."""
+    """``exit code 1``, or ``killed by SIGKILL`` for a negative (signal) code; a producer's exit for stuck loads
+    (producer/stuck.py) says so."""
+    from ferry.producer.exits import EXIT_STUCK
+
+    if code == EXIT_STUCK:
+        return f"exit code {code} (loads its consumers gave up on held all its loading threads)"
     if code >= 0:
         return f"exit code {code}"
     try:

@@ -48,7 +48,8 @@ def producer_config(local: Any, transport: Any, dataset: Any, dataset_args: dict
                     endpoint: str, slab: Any, num_workers: int) -> Any:
     """The local producers' ProducerConfig: every option it declares with the same setting as the loader's groups
     (threads, slots, heartbeat, liveness, the hooks: common/settings.py), where to connect, the slab (or None),
-    and ``num_workers`` (the most producers there can be: ``get_worker_info().num_workers``).
+    ``exit_when_stuck`` as long as the loader's ``task_timeout``, and ``num_workers`` (the most producers there can
+    be: ``get_worker_info().num_workers``).
 
     Raises:
         ConfigError: a producer hook that is not a spec with a dataset spec.
@@ -64,6 +65,8 @@ def producer_config(local: Any, transport: Any, dataset: Any, dataset_args: dict
     return ProducerConfig(
         endpoints=(endpoint,), dataset=dataset if isinstance(dataset, str) else type(dataset).__qualname__,
         dataset_args=dict(dataset_args or {}), exit_with_parent=True, trainer_pid=os.getpid(),
+        # one whose loading threads are all held by loads given up on exits, to be replaced (producer/stuck.py)
+        exit_when_stuck=transport.task_timeout,
         num_workers=num_workers, drain_timeout=LOCAL_DRAIN_TIMEOUT_S,
         shared_memory=(slab.path, slab.token) if slab is not None else None,
         **shared_values(ProducerConfig, local, transport),
