@@ -175,7 +175,8 @@ class Producer:
                 self._links.tick(now)
                 # a hold acts on greeting connections only: while every one serves, the main loop does not look
                 if self._stuck.held or not all(link.conn.serving for link in self._links):
-                    for action in self._stuck.update(self._sharing.orphans(self._links.get), now):
+                    serving = any(link.conn.serving for link in self._links)
+                    for action in self._stuck.update(self._sharing.orphans(self._links.get), now, serving):
                         log.log(action.level, "%s", action.message, extra=fields(**action.fields))
                     if self._stuck.expired:  # held for --exit-when-stuck: a fresh process takes this one's place
                         code = EXIT_STUCK

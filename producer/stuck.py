@@ -20,8 +20,9 @@ One that never returns needs a fresh process: a producer held for ``--exit-when-
 ERROR, says BYE (its consumers re-issue what it holds, no attempt charged) and exits with status 5
 (:data:`~ferry.producer.exits.EXIT_STUCK`), so that whoever supervises it starts a new one: local mode replaces
 it as it replaces any producer that died (a local producer's window is its loader's ``task_timeout``), an
-engine by its restart policy. Nothing is lost by it: the consumers gave those loads up already. 0 keeps waiting,
-for a load that may be slow rather than hung.
+engine by its restart policy. Nothing is lost by it: the consumers gave those loads up already. A pool producer
+that still serves another consumer (a job whose dataset loads on other threads) stays, held for the others: its
+exit would only interrupt that job. 0 keeps waiting, for a load that may be slow rather than hung.
 """
 
 from __future__ import annotations
@@ -77,9 +78,10 @@ class StuckLoads:
             return "its one slot (--slots)" if self.slots == 1 else f"all {self.slots} of its slots"
         return None
 
-    def update(self, orphans: list[tuple[Any, float]], now: float) -> list[Log]:
-        """The orphaned tasks now, ``(job, started at)`` oldest first; returns what to log. Once expired (the
-        producer exits), nothing more."""
+    def update(self, orphans: list[tuple[Any, float]], now: float, serving: bool = False) -> list[Log]:
+        """The orphaned tasks now, ``(job, started at)`` oldest first; returns what to log. ``serving``: some
+        consumer is served still (a pool's other job, on loading threads of its own): the producer does not exit
+        while it is. Once expired (the producer exits), nothing more."""
         if self.expired:
             return []
         what = self.full(orphans)
@@ -93,7 +95,7 @@ class StuckLoads:
                                       "back: taking work again", {"event": "unstuck", "held_s": round(held_s, 1)})]
         if self.since is None:
             self.since, self.warnings = now, 0
-        if self.exit_s and now - self.since >= self.exit_s and not self.expired:
+        if self.exit_s and now - self.since >= self.exit_s and not serving:
             self.expired = True
             return [self._farewell(orphans, what, now)]
         if now - self.since > warning_due(self.warning_s, self.warnings):

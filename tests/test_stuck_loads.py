@@ -74,9 +74,10 @@ def test_a_hold_of_exit_s_ends_the_producer_once_said_at_error_and_zero_never_do
     assert stuck.update(hung, 100.0) == [] and stuck.held and not stuck.expired
     assert len(stuck.update(hung, 111.0)) == 1 and not stuck.expired  # the warning at w
     assert stuck.update(hung, 124.9) == [] and not stuck.expired
-    [farewell] = stuck.update(hung, 125.0)
+    assert stuck.update(hung, 126.0, serving=True) == [] and not stuck.expired  # a pool's other job is served
+    [farewell] = stuck.update(hung, 127.0)
     assert stuck.expired and farewell.level == logging.ERROR, farewell
-    assert "batch 1 of epoch 0 (sample 4)" in farewell.message and "--exit-when-stuck 25" in farewell.message \
+    assert "batch 1 of epoch 0 (sample 4)" in farewell.message and "for 27 s (--exit-when-stuck 25)" in farewell.message \
         and "status 5" in farewell.message, farewell.message
     assert farewell.fields["event"] == "stuck_exit" and farewell.fields["exit_code"] == 5
     assert stuck.update(hung, 131.0) == []  # said once, and no warning after it (3w = 30 s)
