@@ -25,6 +25,22 @@ def _job(seq, indices, samples=SHARED):
     return SimpleNamespace(epoch=0, seq=seq, indices=indices, samples=samples)
 
 
+def _epoch(loader, batches):
+    """One epoch of ``batches`` batches: the labels delivered, and ``(seq, indices)`` of each PoisonTaskError."""
+    labels, poisoned = [], []
+    it = iter(loader)
+    for _ in range(2 * batches):  # bounded
+        try:
+            _, y = next(it)
+        except PoisonTaskError as error:
+            poisoned.append((error.seq, error.indices))
+            continue
+        except StopIteration:
+            break
+        labels.extend(y.tolist())
+    return labels, poisoned
+
+
 def test_orphans_below_the_threads_hold_nothing_and_at_the_threads_hold_quietly_then_warn_with_back_off():
     stuck = StuckLoads(slots=4, warning_s=10)
     one = [(_job(1, [4, 5, 6, 7]), 100.0)]
@@ -121,17 +137,7 @@ def test_producers_stuck_on_a_hanging_sample_take_no_more_work_and_no_innocent_b
     with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, task_timeout=2, max_attempts=2, timeout=60,
                       no_producer_timeout=30) as loader:
         wait_for(lambda: loader.stats()["producers"] == 3, 30, "the three producers")
-        labels, poisoned = [], []
-        it = iter(loader)
-        for _ in range(20):  # 10 batches; bounded
-            try:
-                _, y = next(it)
-            except PoisonTaskError as error:
-                poisoned.append((error.seq, error.indices))
-                continue
-            except StopIteration:
-                break
-            labels.extend(y.tolist())
+        labels, poisoned = _epoch(loader, batches=10)
         stats = loader.stats()
     assert poisoned == [(1, [4, 5, 6, 7])]
     assert labels == [i for i in range(40) if not 4 <= i < 8]
@@ -181,17 +187,7 @@ def test_local_producers_stuck_on_a_hanging_sample_are_replaced_and_the_epoch_en
                       log_every=None) as loader:
         first = set(wait_for(lambda: len(local_producer_pids(loader)) == 2 and local_producer_pids(loader), 30,
                              "two producers"))
-        labels, poisoned = [], []
-        it = iter(loader)
-        for _ in range(12):  # 6 batches; bounded
-            try:
-                _, y = next(it)
-            except PoisonTaskError as error:
-                poisoned.append((error.seq, error.indices))
-                continue
-            except StopIteration:
-                break
-            labels.extend(y.tolist())
+        labels, poisoned = _epoch(loader, batches=6)
         assert poisoned == [(1, [4, 5, 6, 7])]
         assert labels == [i for i in range(24) if not 4 <= i < 8]
 
