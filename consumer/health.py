@@ -19,6 +19,7 @@ import shlex
 import time
 from typing import Any, Callable
 
+from ferry.common.datasets import importable_module
 from ferry.common.endpoints import tcp_address
 from ferry.common.errors import FerryThreadError, LoaderClosedError, NoProducersError
 
@@ -107,8 +108,10 @@ def start_hint_for(endpoints: tuple[str, ...], dataset: Any, dataset_args: dict[
         spec = dataset
         args = "".join(f" --dataset-arg {shlex.quote(f'{key}={_arg_text(value)}')}"
                        for key, value in (dataset_args or {}).items())
-    elif dataset is not None and type(dataset).__module__ not in ("__main__", "builtins"):
-        spec, args = f"{type(dataset).__module__}:{type(dataset).__qualname__}", " [--dataset-arg KEY=VALUE ...]"
+    elif dataset is not None and importable_module(type(dataset).__module__) not in ("__main__", "builtins"):
+        # a class of the training script is imported by the script's name (the producer's fingerprint agrees)
+        spec = f"{importable_module(type(dataset).__module__)}:{type(dataset).__qualname__}"
+        args = " [--dataset-arg KEY=VALUE ...]"
     else:
         spec, args = "<package.module:YourDataset>", ""
     hint = f"python -m ferry.producer --connect {connect} --dataset {spec}{args}"

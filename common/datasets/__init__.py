@@ -26,6 +26,8 @@ import functools
 import importlib
 import inspect
 import json
+import os
+import sys
 import textwrap
 from typing import Any, Callable, Iterable
 
@@ -250,6 +252,21 @@ def bind_hook(hook: Any, args: dict[str, Any] | None, what: str) -> Any:
     return functools.partial(fn, **args)
 
 
+def importable_module(module: str) -> str:
+    """The name a producer imports a class's module by. A class defined in the training script is ``__main__.X``
+    there, ``__mp_main__.X`` in a spawned producer, and ``train.X`` in a producer started by hand with ``--dataset
+    train:X``: all three are the script's module name (``python -m pkg.train``: ``pkg.train``; ``python
+    train.py``: ``train``). Without a script (an interactive session), ``__main__``."""
+    if module not in ("__main__", "__mp_main__"):
+        return module
+    main = sys.modules.get(module)
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name not in ("__main__", "__mp_main__"):
+        return spec.name
+    path = getattr(main, "__file__", None)
+    return os.path.splitext(os.path.basename(path))[0] if path else "__main__"
+
+
 def dataset_fingerprint(dataset: Any) -> str:
     """The dataset's own ``fingerprint`` if it has one, else its class's qualified name and its length, and for
     a folder dataset a digest of its files (see the module docstring)."""
@@ -261,8 +278,7 @@ def dataset_fingerprint(dataset: Any) -> str:
     if is_sharded(dataset):
         return shard_fingerprint(dataset, shard_names(dataset))
     cls = type(dataset)
-    # a class defined in the training script is __main__.X there and __mp_main__.X in a spawned producer
-    module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
+    module = importable_module(cls.__module__)
     if is_iterable(dataset):  # no index to check: its class, and its length where it has one
         length = iterable_len(dataset)
         return f"{module}.{cls.__qualname__}:iterable" + (f":{length}" if length is not None else "")

@@ -190,7 +190,8 @@ class Peers:
                     f"{self.dataset_len}" + (f" (first producer {first})" if first else ""))
         if self.fingerprint is not None and dataset["fingerprint"] != self.fingerprint:
             return (f"dataset fingerprint {dataset['fingerprint']!r} (spec {dataset['spec']!r}) differs from "
-                    f"{self.fingerprint!r}" + (f" of the first producer {first}" if first else ""))
+                    f"{self.fingerprint!r}" + (f" of the first producer {first}" if first else "")
+                    + _module_hint(dataset["fingerprint"], self.fingerprint))
         lengths = dataset.get("shard_lens")
         if lengths is not None and self.shard_lengths is not None and lengths != self.shard_lengths:
             return (f"its shards hold other sample counts than the first producer's{f' ({first})' if first else ''}, "
@@ -294,3 +295,17 @@ class BadPeers:
         self._peers.move_to_end(peer)
         while len(self._peers) > MAX_TRACKED_PEERS:
             self._peers.popitem(last=False)
+
+
+def _module_hint(theirs: str, ours: str) -> str:
+    """What to do when two fingerprints name the same class and length under two module names; else ""."""
+    (their_name, _, their_rest), (our_name, _, our_rest) = theirs.partition(":"), ours.partition(":")
+    if their_rest != our_rest or their_name.rpartition(".")[2] != our_name.rpartition(".")[2]:
+        return ""
+    module = our_name.rpartition(".")[0]
+    if module == "__main__":  # defined interactively: no module a producer could import
+        return (": the same class under two module names; a class defined interactively (no script file) has no "
+                "name a producer can import: move it into a module, or give the class a fingerprint attribute")
+    return (f": the same class under two module names. Start the producer with the module {module!r} (a class "
+            "of the training script is named by the script: --dataset SCRIPT:CLASS, the script importable in the "
+            "producer's working directory or PYTHONPATH), or give the class a fingerprint attribute")
