@@ -57,6 +57,16 @@ def test_consumer_and_producer_metrics_are_scraped(endpoint, spawn):
     check.assert_clean()  # the metrics thread and its socket are gone too
 
 
+def test_under_torchrun_each_rank_serves_its_metrics_on_its_own_port(tmp_path, monkeypatch):
+    """metrics_port is shifted by LOCAL_RANK, as the endpoint is: a DDP trial's rank 1 died with 'Address already in
+    use' where rank 0 served."""
+    port = free_port()
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with RemoteLoader(endpoint=f"ipc://{tmp_path}/consumer.sock", batch_size=2, dataset_len=4,
+                      metrics_port=port - 1):
+        assert value(scrape(port), "ferry_consumer_producers") == 0
+
+
 def test_stats_fields_are_declared_once_with_their_type(endpoint):
     from ferry.common.metrics import COUNTER, GAUGE
     from ferry.consumer.figures.counters import STATS

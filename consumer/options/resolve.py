@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ferry.common.constants import DEFAULT_ENDPOINT, DEFAULT_THREADS
+from ferry.common.constants import DEFAULT_ENDPOINT, DEFAULT_THREADS, MAX_PORT
 from ferry.common.errors import ConfigError
 from ferry.common.endpoints import shift_port
 from ferry.common.variables import (
@@ -103,6 +103,21 @@ def _endpoints(given: Mapping[str, Any], local: bool, environ: Mapping[str, str]
     endpoints = KEYWORDS["endpoint"].check(name, endpoint) or ()
     local_rank = env_int("LOCAL_RANK", 0) if endpoints else 0
     return tuple(shift_port(e, local_rank) for e in endpoints)
+
+
+def _metrics_port(port: int | None) -> int | None:
+    """``metrics_port`` shifted by torchrun's ``LOCAL_RANK``, as the endpoint is; 0 or None: none.
+
+    Raises:
+        ConfigError: the shifted port is out of range.
+    """
+    if not port:
+        return None
+    local_rank = env_int("LOCAL_RANK", 0)
+    if not 0 < port + local_rank <= MAX_PORT:
+        raise ConfigError(f"metrics_port={port} shifted by LOCAL_RANK={local_rank} gives port {port + local_rank}, "
+                          "out of range")
+    return port + local_rank
 
 
 def _no_producer_timeout(given: Mapping[str, Any]) -> float:
@@ -241,7 +256,7 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
     """
     shuffle = bool(_check("shuffle", given["shuffle"]))  # None: False
     alone = {name: _check(name, given[name]) for name in _CHECKED_ALONE}
-    alone["metrics_port"] = alone["metrics_port"] or None  # 0: none
+    alone["metrics_port"] = _metrics_port(alone["metrics_port"])
     alone["timeout"] = alone["timeout"] or 0.0  # None: no limit, as 0
     batch_size, unbatched = _batching(given, shuffle, alone["drop_last"])
     local = _local(given, alone["dataset"])
