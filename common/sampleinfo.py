@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-__all__ = ["SampleInfo", "sample_info", "sample_seed", "seed_process", "producer_seed", "numpy_seed"]
+__all__ = ["SampleInfo", "sample_info", "sample_seed", "seed_process", "producer_seed", "rank_base_seed", "numpy_seed"]
 
 _SEED_MASK = (1 << 63) - 1
 
@@ -68,6 +68,17 @@ def loading(seed: int, epoch: int, index: int) -> Iterator[None]:
         yield
     finally:
         _current.info = previous
+
+
+def rank_base_seed(base_seed: int, rank: int) -> int:
+    """The base seed of rank ``rank``'s local producers: rank 0's is ``base_seed`` itself (DataLoader's), every other
+    rank's a digest of both. DataLoader draws its workers' base seed from torch's RNG on every rank, so ranks that
+    call ``torch.manual_seed`` alike give their workers the same random streams (the same augmentations on
+    different samples); Ferry's producers of different ranks never share one."""
+    if rank == 0:
+        return base_seed
+    digest = hashlib.blake2b(f"{base_seed}:{rank}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & _SEED_MASK
 
 
 def producer_seed(base_seed: int | None, worker_id: int, num_workers: int, generation: int = 0) -> int | None:

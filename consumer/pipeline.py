@@ -29,6 +29,7 @@ from ferry.common.constants import JOIN_TIMEOUT_S, LEAVE_WAIT_S, STAGED_BATCHES
 from ferry.common.datasets import dataset_fingerprint, transformed_fingerprint
 from ferry.common.errors import ConfigError
 from ferry.common.heap import wanted_by_environment
+from ferry.common.sampleinfo import rank_base_seed
 from ferry.common.shardplan import is_sharded, shard_names
 from ferry.common.streamplan import is_iterable, iterable_len
 
@@ -133,9 +134,10 @@ class Pipeline:
                 local, transport, dataset, dataset_args=opts.dataset_args,
                 # as DataLoader draws its workers' base seed: from torch's RNG, so torch.manual_seed in the
                 # script makes the producers' own random streams reproducible; with generator=, the loader's
-                # seed is that draw already (DataLoader's first from its generator: consumer/options/resolve.py)
-                base_seed=opts.seed if opts.generator is not None else
-                int(torch.empty((), dtype=torch.int64).random_().item()),
+                # seed is that draw already (DataLoader's first from its generator: consumer/options/resolve.py).
+                # Another rank's differs, where DataLoader's ranks seeded alike share their workers' streams
+                base_seed=rank_base_seed(opts.seed if opts.generator is not None else
+                                         int(torch.empty((), dtype=torch.int64).random_().item()), opts.rank),
                 shared_memory=(window.slab_slots, transport.max_batch_bytes)
                 if local.shared_memory else None,
             )

@@ -15,12 +15,13 @@ WORKERS = 6
 MASK = (1 << 63) - 1
 
 
-def _seeds(generator_seed: int) -> set[int]:
-    dataset = SynchronizedSeedDataset(WORKERS, WORKERS)
-    with RemoteLoader(dataset=dataset, local_producers=WORKERS, batch_size=1, timeout=30,
-                      generator=torch.Generator().manual_seed(generator_seed)) as loader:
+def _seeds(generator_seed: int, workers: int = WORKERS, **ranks: int) -> set[int]:
+    """The seeds of ``workers`` local producers, each loading one sample (``ranks``: rank=, world_size=)."""
+    dataset = SynchronizedSeedDataset(workers * ranks.get("world_size", 1), workers)
+    with RemoteLoader(dataset=dataset, local_producers=workers, batch_size=1, timeout=30,
+                      generator=torch.Generator().manual_seed(generator_seed), **ranks) as loader:
         seeds = {int(batch) for batch in loader}
-    assert -1 not in seeds, "a sample waited in vain for the others: fewer than 6 producers were loading"
+    assert -1 not in seeds, f"a sample waited in vain for the others: fewer than {workers} producers were loading"
     return seeds
 
 
@@ -39,3 +40,15 @@ def test_each_of_6_producers_loads_a_sample_with_its_own_seed():
 
 def test_two_loaders_with_the_same_generator_state_see_the_same_seeds():
     assert _seeds(7) == _seeds(7)
+
+
+def test_ranks_seeded_alike_give_their_producers_streams_of_their_own():
+    """A DDP trial: every rank called torch.manual_seed(0), and producer 0 of rank 0 and of rank 1 drew the same
+    values (as DataLoader's workers do). Rank 0 keeps DataLoader's seeds; rank 1's producers get others, and the
+    same ones again from the same state."""
+    base = _base_seed(5)
+    rank0 = _seeds(5, workers=2, rank=0, world_size=2)
+    rank1 = _seeds(5, workers=2, rank=1, world_size=2)
+    assert rank0 == {base, base + 1}
+    assert len(rank1) == 2 and not rank0 & rank1, (rank0, rank1)
+    assert _seeds(5, workers=2, rank=1, world_size=2) == rank1
