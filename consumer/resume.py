@@ -55,7 +55,8 @@ def restore_state(state: Mapping[str, Any], options: Mapping[str, Any], samplers
     """
     for key in MUST_MATCH:
         if key in state and state[key] != options[key]:
-            raise ConfigError(f"state was saved with {key}={state[key]!r}, this loader has {options[key]!r}")
+            raise ConfigError(f"state was saved with {key}={state[key]!r}, this loader has {options[key]!r}: "
+                              + _mismatch_advice(key, state))
     if not state.get("in_order", True):
         raise ConfigError("a state saved with in_order=False cannot be resumed exactly")
     for name, obj in samplers.items():
@@ -70,6 +71,18 @@ def restore_state(state: Mapping[str, Any], options: Mapping[str, Any], samplers
     return ResumePoint(int(state["epoch"]), int(state["batches_delivered"]),
                        (int(state.get("shard_position", 0)), int(state.get("shard_batch", 0))), tuple(streams),
                        dataset_len)
+
+
+def _mismatch_advice(key: str, state: Mapping[str, Any]) -> str:
+    """What to do about a state saved with another ``key``."""
+    afresh = f"start epoch {int(state.get('epoch', 0)) + 1} afresh with set_epoch({int(state.get('epoch', 0)) + 1})"
+    if key == "rank":
+        return ("under DDP each rank saves its own loader.state_dict() and loads it back (a checkpoint of one "
+                f"rank's alone cannot resume another rank's loader); or {afresh} instead of load_state_dict")
+    if key == "world_size":
+        return ("the saved position is within one rank's share of the epoch, which another world size splits "
+                f"otherwise: resume with world_size={state[key]!r}, or {afresh} instead of load_state_dict")
+    return f"resume with {key}={state[key]!r}, or {afresh} instead of load_state_dict"
 
 
 def check_dataset_len(point: ResumePoint, known: int | None) -> None:

@@ -147,6 +147,9 @@ def test_a_state_saved_with_another_option_is_refused_naming_it(endpoint, option
         with pytest.raises(ConfigError) as refused:
             loader.load_state_dict(state)
         assert f"{option}={OTHER[option]!r}" in str(refused.value) and f"has {BASE[option]!r}" in str(refused.value)
+        assert "start epoch 4 afresh with set_epoch(4)" in str(refused.value)  # and what to do instead
+        if option == "rank":  # a DDP trial saved rank 0's state only, as torchvision's save_on_master does
+            assert "each rank saves its own loader.state_dict()" in str(refused.value)
         assert loader.epoch == 0 and loader.state_dict()["epoch"] == 0  # nothing of the refused state was taken
 
 

@@ -91,5 +91,6 @@ def _bind(sock: zmq.Socket, endpoint: str) -> None:
     try:
         sock.bind(endpoint)
     except zmq.ZMQError as exc:
-        hint = " (is another trainer or rank already bound there?)" if exc.errno == zmq.EADDRINUSE else ""
+        hint = (" (is another trainer or rank already bound there? Under torchrun each rank binds port + LOCAL_RANK; "
+                "ranks started otherwise need an endpoint each)") if exc.errno == zmq.EADDRINUSE else ""
         raise ConfigError(f"cannot bind the consumer to {endpoint}: {exc.strerror}{hint}") from None
