@@ -192,5 +192,7 @@ INIT = Setting(Hook(), "called once in each producer process with its worker id,
                "generators are seeded: DataLoader's worker_init_fn. A callable or a spec, as for the transform.",
                None, optional=True, flag="--init", metavar="CALLABLE")
 METRICS_PORT = Setting(Int(0, MAX_PORT, expected="a port number"),
-                       "serve the figures as Prometheus metrics on this port (needs ferry[metrics]); none by default.",
+                       "serve the figures as Prometheus metrics on this port, on every interface (needs "
+                       "ferry[metrics]); none by default. A loader under torchrun adds LOCAL_RANK to it, as to its "
+                       "endpoint, so that each rank serves its own.",
                        None, optional=True, flag="--metrics-port", metavar="PORT")

@@ -172,10 +172,7 @@ KEYWORDS: dict[str, Setting] = {
                          "None: never. Each epoch's diagnosis is logged at INFO; at WARNING only when the stall stays "
                          "above 10 % for two epochs in a row (see :mod:`ferry.consumer.figures.diagnosis`).",
                          unit="second", optional=True),
-    "metrics_port": Setting(s.METRICS_PORT.kind, "serve the loader's figures as Prometheus metrics on this port, on "
-                            "every interface (needs ferry[metrics]); none by default. Under torchrun the port is "
-                            "shifted by ``LOCAL_RANK``, as the endpoint is, so each rank serves its own.",
-                            optional=True),
+    "metrics_port": s.METRICS_PORT,
     "local": Setting(s.Kind(), "a :class:`LocalOptions`: start producer processes here (local mode). Needs "
                      "``dataset``.", optional=True),
     "transport": Setting(s.Kind(), "a :class:`TransportOptions`: heartbeats, liveness, the task timeout, the batch "
