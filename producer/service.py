@@ -327,10 +327,13 @@ class Producer:
     def _drain(self) -> None:
         """Stop the batcher: queued work is cancelled, running samples get ``drain_timeout`` seconds. Their tasks
         went back to the consumers with the BYE, so nothing waits for them: past the bound the process exits
-        without them (exit_past_lingering_threads), and the abandoned threads go with it."""
+        without them (exit_past_lingering_threads), and the abandoned threads go with it. A producer leaving
+        for stuck loads (producer/stuck.py) waits for none: what runs is what holds it."""
         pending = self._sharing.pending
         closer = threading.Thread(target=self._sharing.close, name="ferry-drain", daemon=True)
         closer.start()
+        if self._stuck.expired:
+            return
         closer.join(self.config.drain_timeout)
         if closer.is_alive():  # a local producer's loader is stopping it: news, not an alarm
             log.log(logging.INFO if self.config.exit_with_parent else logging.WARNING,

@@ -152,11 +152,11 @@ def test_producers_stuck_on_a_hanging_sample_take_no_more_work_and_no_innocent_b
 
 
 def test_a_producer_held_for_exit_when_stuck_says_bye_and_exits_5_and_one_within_it_stays(endpoint, spawn):
-    """Two producers of a user's class, ``--exit-when-stuck`` 3 s for one and 0 (never) for the other; sample 5
+    """Two producers of a user's class, ``--exit-when-stuck`` 1 s for one and 0 (never) for the other; sample 5
     hangs. Both get stuck on it (batch 1 poisoned on its second attempt, as above). The first says why at ERROR
     and exits 5 (producer/exits.py), the other stays, held, as before."""
     args = ("tests.poison_datasets:SlowSampleDataset", {"length": 12, "slow": [5], "sleep": 60})
-    leaving = spawn(endpoint, *args, threads=None, slots=1, extra=["--exit-when-stuck", "3"])
+    leaving = spawn(endpoint, *args, threads=None, slots=1, extra=["--exit-when-stuck", "1"])
     staying = spawn(endpoint, *args, threads=None, slots=1, extra=["--exit-when-stuck", "0"])
     with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, task_timeout=2, max_attempts=2, timeout=60,
                       no_producer_timeout=30) as loader:
@@ -171,7 +171,7 @@ def test_a_producer_held_for_exit_when_stuck_says_bye_and_exits_5_and_one_within
             assert error.indices == [4, 5, 6, 7]
         assert leaving.proc.wait(30) == 5, leaving.output()[-3000:]
         text = leaving.output()
-        assert "--exit-when-stuck 3): exiting with status 5" in text and "batch 1 of epoch 0" in text, text[-3000:]
+        assert "--exit-when-stuck 1): exiting with status 5" in text and "batch 1 of epoch 0" in text, text[-3000:]
     assert staying.proc.poll() is None, staying.output()[-3000:]
 
 
