@@ -27,8 +27,8 @@ DEFAULT_MAX_ATTEMPTS = 3
 #: How long a producer lets its BYE leave a socket on shutdown: one message to one consumer, and nothing
 #: waits on the producer's exit but its own process. [Unit: millisecond]
 PRODUCER_BYE_LINGER_MS = 500
-#: How long a consumer's close() waits for its producers to read its BYE (a producer's socket drops what it has not
-#: read when the connection goes: consumer/io/router.py) and lets what is queued leave:
+#: How long a consumer's close() waits for its producers to read its BYE (each answers it at once; a producer's
+#: socket drops what it has not read when the connection goes: consumer/io/router.py) and lets what is queued leave:
 #: shorter, since the training script waits on it, and a producer that misses the BYE still notices within its
 #: liveness window. [Unit: millisecond]
 CONSUMER_BYE_LINGER_MS = 200

@@ -22,7 +22,7 @@ from ferry.common import protocol
 from ferry.common.constants import CONSUMER_BYE_LINGER_MS
 from ferry.consumer.io.router import Router
 
-from .helpers import REPO, producer_env, wait_for
+from .helpers import REPO, HandMadeConsumer, producer_env, welcome_fields, wait_for
 
 #: well below the trainer's liveness window (heartbeat 10 s x liveness 2)
 BYE_WITHIN_S = 2.0
@@ -122,3 +122,29 @@ def test_close_waits_for_each_producer_to_answer_its_bye_and_no_longer_than_its_
     assert unanswered == {silent} and router.closed
     assert CONSUMER_BYE_LINGER_MS / 1000 - 0.01 <= took < 2, took  # the silent one: its bound, and no more
 
+
+def test_a_busy_producer_answers_the_bye_at_once_though_its_load_holds_back_its_hello():
+    """What lets the closing consumer stop waiting: the answer goes out as the BYE is read, while the load of the
+    task the consumer gave up still fills the producer's one thread (producer/stuck.py: no HELLO until it returns)."""
+    consumer = HandMadeConsumer()
+    try:
+        consumer.start("synthetic", {"length": 8, "shape": [2], "delay": 5.0}, threads=1, slots=1)
+        hello, _ = consumer.next_message(protocol.HELLO)
+        consumer.send(protocol.WELCOME, session=7, heartbeat=0.2, nonce=hello["nonce"], **welcome_fields())
+        consumer.send(protocol.TASK, session=7, task=1, epoch=0, seq=0, indices=[0], on_error="raise")
+        wait_for(lambda: consumer.next_message(protocol.PING)[0]["load"]["pending"] == 1, 10, "the task to load")
+        consumer.send(protocol.BYE)
+        start = time.monotonic()
+        kinds: list[str] = []
+
+        def answered() -> bool:
+            while consumer.sock.poll(0):
+                kinds.append(protocol.parse_header(consumer.sock.recv_multipart()[1])["type"])
+            return protocol.BYE in kinds
+
+        wait_for(answered, 10, "the producer's answer")
+        took = time.monotonic() - start
+    finally:
+        consumer.close()
+    assert kinds[-1] == protocol.BYE and protocol.HELLO not in kinds, kinds  # before any HELLO, and no BATCH
+    assert took < 2.5, took  # not after the 5 s load

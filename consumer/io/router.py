@@ -7,8 +7,9 @@ bound on a whole batch, whatever its frames, is the decoder's (``decode_tree(max
 whose data goes unacknowledged for the liveness window is given up, so that a producer whose link was down
 comes back on a fresh one (:mod:`ferry.common.deadlinks`).
 
-Closing says BYE to every producer and keeps the connections until each has *read* it: until its HELLO, which a
-producer says once it serves no more (or its own BYE), at most ``CONSUMER_BYE_LINGER_MS`` in all. A producer's DEALER (``IMMEDIATE``) drops what it has not read yet the moment
+Closing says BYE to every producer and keeps the connections until each has *read* it: a producer answers a
+BYE with its own at once (a HELLO, which one says once it serves no more, counts too), at most
+``CONSUMER_BYE_LINGER_MS`` in all. A producer's DEALER (``IMMEDIATE``) drops what it has not read yet the moment
 its connection goes, and the connection used to go about half a millisecond after the BYE arrived: a producer
 whose main loop did not read within that lost the BYE and waited out its liveness window instead.
 """
