@@ -27,8 +27,10 @@ DEFAULT_MAX_ATTEMPTS = 3
 #: How long a producer lets its BYE leave a socket on shutdown: one message to one consumer, and nothing
 #: waits on the producer's exit but its own process. [Unit: millisecond]
 PRODUCER_BYE_LINGER_MS = 500
-#: How long a consumer's close() lets its BYEs to every producer leave: shorter, since the training script
-#: waits on it, and a producer that misses the BYE still notices within its liveness window. [Unit: millisecond]
+#: How long a consumer's close() waits for its producers to read its BYE (each answers it at once; a producer's
+#: socket drops what it has not read when the connection goes: consumer/io/router.py) and lets what is queued leave:
+#: shorter, since the training script waits on it, and a producer that misses the BYE still notices within its
+#: liveness window. [Unit: millisecond]
 CONSUMER_BYE_LINGER_MS = 200
 #: A producer's DEALER reconnects after this long, doubling (plus jitter) up to the maximum. [Unit: millisecond]
 #: Short, because local producers connect before their consumer binds: libzmq's first retry decides how soon

@@ -7,7 +7,7 @@ already started, and raises. Batches flow io thread -> ``handoff`` (in the order
 staging thread -> ``staged`` -> the training thread.
 
 Shutdown order (``shutdown``, run once: by the loader's finalizer, or by a start that failed): close the metrics server; set the stop event; join the staging
-thread (its waits are bounded by POLL_SLICE_S); stop and join the io thread (it says BYE and closes the
+thread (its waits are bounded by POLL_SLICE_S); stop and join the io thread (it says BYE and, once answered, closes the
 ROUTER); drop what was handed on and never yielded; stop the local producers (SIGTERM, then SIGKILL after
 JOIN_TIMEOUT_S) and remove their folder.
 

@@ -38,6 +38,12 @@ class SendBye:
 
 
 @dataclass(frozen=True)
+class AnswerBye:
+    """Answer a consumer's BYE with ours, at once (a hold keeps only HELLOs back): the closing consumer keeps the
+    connection until it hears from us, since our socket drops what we have not read the moment it goes."""
+
+
+@dataclass(frozen=True)
 class RunTask:
     """Start the TASK in ``header`` (the loop maps its slot, submits it, then calls ``task_started``)."""
 
@@ -88,4 +94,5 @@ class Log:
     fields: dict = field(default_factory=dict, compare=False, hash=False)
 
 
-Action = Union[SendHello, SendPing, SendBye, RunTask, FailTask, CheckAddress, Stale, Rebuild, OpenDataset, Log]
+Action = Union[SendHello, SendPing, SendBye, AnswerBye, RunTask, FailTask, CheckAddress, Stale, Rebuild, OpenDataset,
+               Log]

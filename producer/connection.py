@@ -12,7 +12,8 @@ While GREETING, the producer says HELLO at once, then every heartbeat. A HELLO t
 the loop watches for while :attr:`Connection.wants_writable` (event :meth:`~Connection.writable`): a producer
 started before its consumer binds is welcomed as soon as libzmq connects, not a heartbeat later.
 
-While SERVING it runs TASKs and PINGs. Leaving SERVING drops that consumer's pending work (outcomes of the
+While SERVING it runs TASKs and PINGs, and answers a consumer's BYE with its own (:class:`AnswerBye`: the
+consumer keeps the connection until then). Leaving SERVING drops that consumer's pending work (outcomes of the
 old session are no longer :meth:`owns`-ed, so the loop discards them) and draws a new ``nonce``, so the
 consumer can tell a fresh HELLO from a repeated one. If, while GREETING, no HELLO can even be queued (no connection: the socket has IMMEDIATE set) for
 LIVENESS heartbeats on a socket that had been welcomed, the machine asks for a fresh socket
@@ -50,14 +51,15 @@ from ferry.common.errors import ProtocolError
 
 # the actions this machine returns, declared in producer/actions.py (imported from here too)
 from ferry.producer.actions import (
-    Action, CheckAddress, FailTask, Log, OpenDataset, Phase, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
+    Action, AnswerBye, CheckAddress, FailTask, Log, OpenDataset, Phase, Rebuild, RunTask, SendBye, SendHello,
+    SendPing, Stale,
 )
 # the process's exit statuses are declared in producer/exits.py (these two are imported from here too)
 from ferry.producer.exits import EXIT_OK, EXIT_REJECTED
 
 __all__ = [
-    "Phase", "Connection", "SendHello", "SendPing", "SendBye", "RunTask", "FailTask", "CheckAddress", "Stale",
-    "Rebuild", "OpenDataset", "Log", "Action",
+    "Phase", "Connection", "SendHello", "SendPing", "SendBye", "AnswerBye", "RunTask", "FailTask", "CheckAddress",
+    "Stale", "Rebuild", "OpenDataset", "Log", "Action",
     "exit_code", "warning_due", "EXIT_OK", "EXIT_REJECTED",
 ]
 
@@ -145,9 +147,9 @@ class Connection:
         self.last_heard = now
         if kind == protocol.TASK:
             return self._tasks(header, nframes)
-        if kind == protocol.BYE:
-            return self._reset(Phase.GREETING, now, logging.INFO, f"consumer at {self.endpoint} said BYE",
-                               "consumer_bye")
+        if kind == protocol.BYE:  # answered at once: the consumer closes the connection once we have read it
+            return [AnswerBye(), *self._reset(Phase.GREETING, now, logging.INFO,
+                                              f"consumer at {self.endpoint} said BYE", "consumer_bye")]
         if kind != protocol.PING:
             raise ProtocolError(f"unexpected {kind} from a consumer")
         return []

@@ -61,6 +61,14 @@ class Outbox:
     def bye(self, link: Link, now: float) -> None:
         link.said_bye = self.send(link, [protocol.pack(protocol.BYE)], now)
 
+    def answer_bye(self, link: Link) -> None:
+        """Answer a consumer's BYE (producer/actions.py AnswerBye). Not a send of the connection's own: its HELLO
+        still goes at the next tick, and a producer that stops later does not linger for it."""
+        try:
+            link.sock.send(protocol.pack(protocol.BYE), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the consumer is gone already: nothing waits for the answer
+
     def index_fail(self, link: Link, action: FailTask, now: float) -> None:
         """The FAIL answering a TASK that names a sample outside the dataset (the consumer raises
         SampleIndexError for it, whatever its on_error)."""

@@ -46,8 +46,8 @@ from ferry.producer.sharing import Sharing
 from ferry.producer.compressing import FrameCompressor
 from ferry.producer.config import ProducerConfig
 from ferry.producer.connection import (
-    EXIT_OK, Action, CheckAddress, FailTask, Log, OpenDataset, Rebuild, RunTask, SendBye, SendHello, SendPing, Stale,
-    exit_code,
+    EXIT_OK, Action, AnswerBye, CheckAddress, FailTask, Log, OpenDataset, Rebuild, RunTask, SendBye, SendHello,
+    SendPing, Stale, exit_code,
 )
 from ferry.producer.exits import EXIT_STUCK
 from ferry.producer.links import Link, announced_frame_bytes
@@ -238,6 +238,8 @@ class Producer:
                 link.rebuild()
             elif isinstance(action, SendBye):
                 self._outbox.bye(link, time.monotonic())
+            elif isinstance(action, AnswerBye):
+                self._outbox.answer_bye(link)
             elif isinstance(action, Log):
                 log.log(action.level, "%s", action.message,
                         extra={"fields": {"endpoint": link.conn.endpoint, **action.fields}})

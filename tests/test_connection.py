@@ -13,8 +13,8 @@ from ferry.common.constants import AUTH_RETRY_FIRST_S, AUTH_RETRY_MAX_S, MAX_PEN
 from ferry.common.errors import ProtocolError
 from tests.helpers import welcome_fields
 from ferry.producer.connection import (
-    EXIT_REJECTED, CheckAddress, Connection, FailTask, Log, Phase, Rebuild, RunTask, SendBye, SendHello, SendPing,
-    Stale, exit_code,
+    EXIT_REJECTED, AnswerBye, CheckAddress, Connection, FailTask, Log, Phase, Rebuild, RunTask, SendBye, SendHello,
+    SendPing, Stale, exit_code,
 )
 
 HEARTBEAT = 1.0
@@ -261,10 +261,12 @@ def test_messages_keep_a_consumer_alive():
     assert conn.phase is Phase.SERVING
 
 
-def test_bye_from_the_consumer_returns_to_greeting():
+def test_bye_from_the_consumer_is_answered_at_once_and_returns_to_greeting():
     conn = serving()
-    conn.receive(protocol.make_header(protocol.BYE), 1, 101.0)
+    actions = conn.receive(protocol.make_header(protocol.BYE), 1, 101.0)
+    assert actions[0] == AnswerBye() and [type(a) for a in actions[1:]] == [Log], actions  # the answer first
     assert conn.phase is Phase.GREETING and conn.session is None
+    assert SendHello(conn.nonce) in conn.tick(101.0)  # the answer does not postpone the HELLO
 
 
 def test_unexpected_message_while_serving_is_a_protocol_error():

@@ -9,7 +9,8 @@ log lines, and deliveries into ``handoff``, the queue the staging thread drains.
 Other threads read the core's state through :meth:`IoThread.health` and :meth:`IoThread.snapshot`, under
 ``_lock``. The io thread changes that state only under the same lock (each event), and applies the actions
 after releasing it: *decide under the lock, act after*. An unexpected exception ends the loop and is kept for
-the training thread to re-raise. Shutdown (the close command): BYE to every producer, then close the socket.
+the training thread to re-raise. Shutdown (the close command): BYE to every producer, then close the socket once
+each has answered it (bounded: :meth:`~ferry.consumer.io.router.Router.close`).
 """
 
 from __future__ import annotations
