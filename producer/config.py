@@ -158,7 +158,7 @@ class ProducerConfig:
         "for this long (it is stuck, even if its loading threads still run).", DEFAULT_STUCK_AFTER_S, unit="second",
         flag="--stuck-after", metavar="SECONDS"))
     exit_when_stuck: float = option(Setting(
-        s.Real(0, 86400, expected="a number of seconds"), "exit with status 5, after saying BYE, once loads its "
+        s.Real(0, 86400, expected="a number of seconds"), "exit with status 5 once loads its "
         "consumers gave up on (a __getitem__ that hangs) have held all its loading threads or slots for this long "
         "and it serves no other consumer, so that its supervisor starts a fresh process (local mode: the loader's task_timeout); 0: keep waiting "
         "for them (producer/stuck.py).", DEFAULT_EXIT_WHEN_STUCK_S, unit="second", flag="--exit-when-stuck",

@@ -11,7 +11,7 @@ its operator can tell them apart without reading the logs:
 4     its dataset failed to open at start: the dataset's constructor (a missing folder, a storage
       error), its length or fingerprint, the transform, the collate class or the init hook raised
 5     loads its consumers gave up on held every loading thread (or slot) for ``--exit-when-stuck``
-      seconds: a ``__getitem__`` that never returns (producer/stuck.py); it said BYE first
+      seconds while it served no consumer: a ``__getitem__`` that never returns (producer/stuck.py)
 ====  ==============================================================================================
 
 2 and 3 repeat on a restart; 4 may not (a volume not mounted yet, a storage hiccup), so an engine may well
@@ -52,7 +52,7 @@ EXIT_STATUSES: tuple[tuple[int, str], ...] = (
     (EXIT_DATASET, "its dataset failed to open at start (its constructor, length or fingerprint, the transform, "
                    "collate class or init hook raised); may succeed on a restart"),
     (EXIT_STUCK, "loads its consumers gave up on held all its loading threads for --exit-when-stuck seconds (a "
-                 "__getitem__ that never returns); it said BYE first; restart it"),
+                 "__getitem__ that never returns); restart it"),
 )
 
 

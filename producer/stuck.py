@@ -17,7 +17,7 @@ then every 30w: a hold that ends sooner, the usual case of a BYE or a silent con
 says nothing). It takes work again, at once, when one of them returns.
 
 One that never returns needs a fresh process: a producer held for ``--exit-when-stuck`` seconds says why at
-ERROR, says BYE (its consumers re-issue what it holds, no attempt charged) and exits with status 5
+ERROR and exits with status 5 (it serves no consumer by then: those that gave up its loads re-issued them)
 (:data:`~ferry.producer.exits.EXIT_STUCK`), so that whoever supervises it starts a new one: local mode replaces
 it as it replaces any producer that died (a local producer's window is its loader's ``task_timeout``), an
 engine by its restart policy. Nothing is lost by it: the consumers gave those loads up already. A pool producer

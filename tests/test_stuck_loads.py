@@ -151,7 +151,7 @@ def test_producers_stuck_on_a_hanging_sample_take_no_more_work_and_no_innocent_b
     assert len(stuck()) == 2, [p.output()[-2000:] for p in producers]
 
 
-def test_a_producer_held_for_exit_when_stuck_says_bye_and_exits_5_and_one_within_it_stays(endpoint, spawn):
+def test_a_producer_held_for_exit_when_stuck_says_why_and_exits_5_and_one_with_0_stays(endpoint, spawn):
     """Two producers of a user's class, ``--exit-when-stuck`` 1 s for one and 0 (never) for the other; sample 5
     hangs. Both get stuck on it (batch 1 poisoned on its second attempt, as above). The first says why at ERROR
     and exits 5 (producer/exits.py), the other stays, held, as before."""
