@@ -34,6 +34,7 @@ def _scrape(port: int) -> str:
         return ""
 
 
+@pytest.mark.slow  # a second demo run (the first is test_demo_runs_at_small_size); .ci/run runs -m slow
 def test_the_demo_publishes_the_demand_gauge_on_its_metrics_port():
     """FERRY_METRICS_PORT (--metrics-port): the demo as an engine's trainer publishes the loader's metrics, among
     them ferry_producers_needed, the gauge KEDA scales producers on (deploy/kubernetes). It waits here for a

@@ -5,9 +5,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from .helpers import REPO, free_port, producer_env
 
 
+@pytest.mark.slow  # about 17 s on 2 loaded cores: the default suite stays under 5 minutes (.ci/run runs -m slow)
 def test_satellite_example_trains_at_reduced_size(spawn, tmp_path):
     data = tmp_path / "sat"
     made = subprocess.run([sys.executable, "examples/satellite/make_dataset.py", str(data), "--samples", "64",
