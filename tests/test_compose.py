@@ -18,6 +18,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 
 from .helpers import REPO, producer_env
 from .netns import cannot_run, make_network
@@ -48,6 +50,7 @@ def test_compose_file_is_valid_for_docker_compose():
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.slow  # about 18 s; docker/e2e.sh runs compose.yaml for real too (.ci/run runs both)
 def test_compose_services_run_as_namespaced_processes_and_train_on_every_batch(tmp_path):
     spec = compose()["services"]
     assert set(spec) == {"data", "trainer", "producer"}
