@@ -105,22 +105,22 @@ class StuckLoads:
 
     @staticmethod
     def _warning(orphans: list[tuple[Any, float]], what: str, now: float) -> Log:
-        job, started = orphans[0]
-        others = f" and {len(orphans) - 1} more" if len(orphans) > 1 else ""
-        return Log(logging.WARNING,
-                   f"{_describe(job)}{others}, given up on by the consumer, still loading after {now - started:.0f} s "
-                   f"and holding {what}: taking no work until one returns (the dataset's __getitem__ may hang on "
-                   f"a sample of it; restart this producer if it never returns)",
-                   {"event": "stuck", "loading_s": round(now - started, 1), "orphans": len(orphans),
-                    "epoch": job.epoch, "seq": job.seq})
+        return _said(logging.WARNING, orphans, now, f"and holding {what}: taking no work until one returns (the "
+                     "dataset's __getitem__ may hang on a sample of it; restart this producer if it never returns)",
+                     event="stuck")
 
     def _farewell(self, orphans: list[tuple[Any, float]], what: str, now: float) -> Log:
-        job, started = orphans[0]
-        others = f" and {len(orphans) - 1} more" if len(orphans) > 1 else ""
-        return Log(logging.ERROR,
-                   f"{_describe(job)}{others}, given up on by the consumer, still loading after {now - started:.0f} s "
-                   f"and holding {what} for {now - self.since:.0f} s (--exit-when-stuck {self.exit_s:g}): exiting "
-                   f"with status {EXIT_STUCK}, so that a fresh process takes this one's place (the dataset's "
-                   f"__getitem__ hangs on a sample of it)",
-                   {"event": "stuck_exit", "loading_s": round(now - started, 1), "orphans": len(orphans),
-                    "epoch": job.epoch, "seq": job.seq, "exit_code": EXIT_STUCK})
+        return _said(logging.ERROR, orphans, now, f"and holding {what} for {now - self.since:.0f} s "
+                     f"(--exit-when-stuck {self.exit_s:g}): exiting with status {EXIT_STUCK}, so that a fresh process "
+                     "takes this one's place (the dataset's __getitem__ hangs on a sample of it)",
+                     event="stuck_exit", exit_code=EXIT_STUCK)
+
+
+def _said(level: int, orphans: list[tuple[Any, float]], now: float, rest: str, **fields: Any) -> Log:
+    """A line about the orphans, oldest first: its batch, how many more, how long it has loaded, then ``rest``."""
+    job, started = orphans[0]
+    others = f" and {len(orphans) - 1} more" if len(orphans) > 1 else ""
+    return Log(level, f"{_describe(job)}{others}, given up on by the consumer, still loading after "
+                      f"{now - started:.0f} s {rest}",
+               {"event": fields.pop("event"), "loading_s": round(now - started, 1), "orphans": len(orphans),
+                "epoch": job.epoch, "seq": job.seq, **fields})
