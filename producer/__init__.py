@@ -111,6 +111,7 @@ def _opened(config: ProducerConfig, dataset: Any) -> Any:
     from ferry.common.sampleinfo import seed_process
 
     from ferry.producer.service import Producer
+    from ferry.producer.torch_threads import limit_torch_threads
 
     try:
         if dataset is None and config.dataset:  # without --dataset: a pool serving only what consumers name
@@ -120,9 +121,9 @@ def _opened(config: ProducerConfig, dataset: Any) -> Any:
         if config.collate is not None:  # its spec resolved, its keyword arguments bound
             config = dataclasses.replace(config, collate=bind_hook(config.collate, config.collate_args,
                                                                    "collate function"))
-        if config.exit_with_parent and "torch" in sys.modules:  # a local producer, maybe forked from the trainer:
-            # as DataLoader's workers do; a fork inherits torch's OpenMP pool unusable ("Invalid thread pool!")
-            sys.modules["torch"].set_num_threads(1)
+        # before the loading threads start: one CPU thread per torch operation, as DataLoader's workers (a forked
+        # local producer must not use the OpenMP pool it inherited: "Invalid thread pool!")
+        limit_torch_threads(config.torch_threads)
         seed_process(config.seed, worker_id=config.worker_id, num_workers=config.num_workers, dataset=dataset)
         if config.init is not None:
             init = resolve_callable(config.init, "init function") if isinstance(config.init, str) else config.init

@@ -208,6 +208,12 @@ class ProducerConfig:
         "(gc.freeze()) as the very first thing serve does, so that no collection walks (and so copies) the "
         "parent's pages: set by local mode for a producer forked from the trainer.", False))
     ahead: int | None = option(s.AHEAD)
+    torch_threads: int | None = option(Setting(
+        s.Int(1, 1024), "CPU threads of each torch operation in this producer (torch.set_num_threads), which loads "
+        "--threads samples at once: by default 1, as DataLoader sets in each worker, unless OMP_NUM_THREADS is set "
+        "in its environment (torch then follows it); more only for a few heavy samples at a time "
+        "(producer/torch_threads.py). Local producers: 1.", None, optional=True, flag="--torch-threads",
+        metavar="N"))
 
     @property
     def pool_threads(self) -> int:

@@ -111,6 +111,7 @@ VARIABLES = {
     "FERRY_STUCK_AFTER": ("30", 30.0, "long"),
     "FERRY_EXIT_WHEN_STUCK": ("0", 0.0, "never"),
     "FERRY_DRAIN_TIMEOUT": ("1.5", 1.5, "soon"),
+    "FERRY_TORCH_THREADS": ("2", 2, "0"),
 }
 
 
