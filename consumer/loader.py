@@ -150,8 +150,7 @@ class RemoteLoader:
                                        capacity=self.buffer_batches, log_every=self.log_every,
                                        threads=(self._io.thread, self._staging), on_demand=pipeline.autoscale,
                                        on_load=self._io.report_load,
-                                       local_cpus=usable_cpus() if self._local is not None and not opts.endpoints
-                                       else None)
+                                       local_cpus=usable_cpus())
         device = self.device
         self._parts = EpochParts(
             staged=pipeline.staged, release=self._io.release, flush_credits=self._io.flush_credits,

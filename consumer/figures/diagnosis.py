@@ -8,8 +8,9 @@ times. The reasoning, in order:
 
 1. no batches: nothing to diagnose.
 2. stall <= STALL_LIMIT: not data-bound; more producers will not speed the loop up.
-3. the window was full while the loop waited: batches are in flight but the window is too small for the
-   load latency (Little's law: in flight ~ step rate x batch latency); raise ``buffer_batches``.
+3. the window was full while the loop waited, and held back a producer that would have taken more tasks: batches
+   are in flight but the window is too small for the load latency (Little's law: in flight ~ step rate x batch
+   latency); raise ``buffer_batches``. (Producers that each hold all they take are the bound themselves: 5.)
 4. the consumer is the bound: producers had free slots while work was queued (the io thread did not hand
    it out in time), or the consumer's threads were busy most of the epoch. More producers will not help.
 5. otherwise the producers cannot keep up: at the measured rate per producer, about
@@ -17,7 +18,8 @@ times. The reasoning, in order:
    threads can take in (``batches / their CPU seconds``); past the cap, the consumer is the bound, and the
    verdict says so. A slow link looks like slow producers from here: nothing in these figures is evidence
    for the transport, so the verdict never blames it. When every producer runs on this machine and more are
-   needed than its usable CPUs minus one (the training loop's), the verdict says the machine cannot run them.
+   needed than its usable CPUs minus one (the training loop's), the verdict says the machine cannot run them
+   (producers on ipc or loopback run here too, whoever started them).
 
 :class:`EpochLog` logs one line per epoch: at INFO, and at WARNING only when the stall stays above
 STALL_LIMIT for WARN_AFTER_EPOCHS consecutive epochs of at least MIN_BATCHES batches each.
@@ -131,7 +133,8 @@ def _serial_text(serial: int, producers: int) -> str:
     who = ("it loads" if producers == 1 else "they load") if serial >= producers else \
         f"{serial} of them load{'s' if serial == 1 else ''}"
     return (f"{who} your dataset class one sample at a time, as a DataLoader worker would: if its __getitem__ is "
-            f"thread-safe, producer_threads=4 (--threads 4 by hand) loads 4 at once")
+            f"thread-safe, producer_threads=4 (--threads 4 by hand) loads 4 at once, which helps loads that wait on "
+            f"storage more than they compute")
 
 
 def cpu_seconds(threads: tuple[threading.Thread, ...]) -> float | None:

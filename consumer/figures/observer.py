@@ -43,7 +43,7 @@ class EpochObserver:
                  on_load: Callable[[int | None, float], None] | None = None,
                  local_cpus: int | None = None) -> None:
         self._counters, self._snapshot = counters, snapshot
-        self._local_cpus = local_cpus  # the usable CPUs, when every producer runs on this machine
+        self._local_cpus = local_cpus  # this machine's usable CPUs: said when every producer runs on it
         self._capacity, self._log_every = capacity, log_every
         self._waits = WaitTally({"per_producer": {}})
         self._epoch_log = EpochLog(threads)
@@ -84,7 +84,7 @@ class EpochObserver:
             startup_s=self._epoch_log.startup_s if active is not None and active.run == 1 else 0.0,
             consumer_cpu_s=self._epoch_log.consumer_cpu_s(),
             serial_producers=sum(1 for p in snap["per_producer"].values() if p.get("serial")),
-            local_cpus=self._local_cpus,
+            local_cpus=self._local_cpus if _all_on_this_machine(snap) else None,
         )
 
     def progress(self, now: float, epoch: int, done: int, total: int) -> None:
@@ -121,8 +121,10 @@ class WaitTally:
     """Why the training loop waited in one epoch, for the diagnosis: read from io-thread snapshots.
 
     A wait is counted when ``__next__`` finds nothing staged. It was *window full* when buffered + in flight
-    had reached the capacity (the producers had every task they could get), *idle* when a producer had a
-    free slot while tasks were queued (the transport or the consumer is slow to hand them out).
+    had reached the capacity while a producer held fewer tasks than it takes (its slots and tasks ahead): a
+    larger window would have given it more. With every producer holding all it takes, the producers are the
+    bound, whatever the window. It was *idle* when a producer had a free slot while tasks were queued (the
+    transport or the consumer is slow to hand them out).
     """
 
     def __init__(self, snapshot: dict[str, Any]) -> None:
@@ -131,12 +133,20 @@ class WaitTally:
 
     def note(self, snapshot: dict[str, Any], capacity: int) -> None:
         self.waits += 1
-        free_slot = any(p["in_flight"] < p["slots"] for p in snapshot["per_producer"].values())
+        producers = snapshot["per_producer"].values()
+        free_slot = any(p["in_flight"] < p["slots"] for p in producers)
         if snapshot["buffered"] + snapshot["in_flight"] >= capacity:
-            self.window_full += 1
+            if any(p["in_flight"] < p["slots"] + p["ahead"] for p in producers):  # the window held one back
+                self.window_full += 1
         elif free_slot and snapshot["queued"] > 0:  # with nothing queued: the end of the epoch, not idleness
             self.idle += 1
 
     def batches_by_producer(self, snapshot: dict[str, Any]) -> dict[str, int]:
         """Batches each producer delivered in this epoch."""
         return {name: p["batches"] - self._start_batches.get(name, 0) for name, p in snapshot["per_producer"].items()}
+
+
+def _all_on_this_machine(snapshot: dict[str, Any]) -> bool:
+    """Every producer of ``snapshot`` runs on this machine: local, or over ipc or loopback (not ``remote``)."""
+    producers = snapshot["per_producer"].values()
+    return bool(producers) and not any(p["remote"] for p in producers)
