@@ -1,8 +1,8 @@
+# Not runnable as it is: it needs the trial's dataset and scripts (/tmp/trial-perf) and a checkout of bbc35a4 in its own venv.
 # A/B: the trial's image dataset, 2 producers by hand over tcp, default environment (no OMP_NUM_THREADS):
 # old = the trial's snapshot (bbc35a4, venv trial-perf), new = /work/main (system python), alternating; plus DataLoader W=2.
 cd /tmp/trial-perf; export PYTHONPATH=/tmp/trial-perf; unset OMP_NUM_THREADS
 for r in 1 2 3; do for tree in old new dl; do
-  if [ $tree = old ]; then PY=/work/venvs/trial-perf/bin/python; else PY=/usr/bin/env\ python; fi
   [ $tree = old ] && PY=/work/venvs/trial-perf/bin/python || PY=$(command -v python)
   port=$((47460 + r)); pids=()
   if [ $tree = dl ]; then
