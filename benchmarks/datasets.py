@@ -51,3 +51,23 @@ class UserNpyFolder:
     def __getitem__(self, index: int):
         path, label = self.samples[index]
         return np.load(path), label
+
+
+class UserTorchTransform(UserNpyFolder):
+    """:class:`UserNpyFolder` with the transform users write with torch (as torchvision's): the sample as a float
+    tensor, normalized per channel, flipped at random. Its operations run on torch's threads, which a producer
+    keeps to one per load, as DataLoader's workers (``--torch-threads``, docs/performance.md)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.fingerprint = f"user-torch:{len(self.samples)}"
+
+    def __getitem__(self, index: int):
+        import torch
+
+        path, label = self.samples[index]
+        x = torch.from_numpy(np.load(path)).float()
+        x = (x - x.mean(dim=(-2, -1), keepdim=True)) / (x.std(dim=(-2, -1), keepdim=True) + 1e-6)
+        if torch.rand(()) < 0.5:
+            x = x.flip(-1)
+        return x, label

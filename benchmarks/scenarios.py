@@ -20,7 +20,7 @@ from ferry.common.constants import DEFAULT_SLOTS, DEFAULT_THREADS
 from ferry.common.datasets import NpyFolderDataset, SyntheticDataset, read_npy_into
 from ferry import RemoteLoader
 
-from .datasets import UserNpyFolder
+from .datasets import UserNpyFolder, UserTorchTransform
 from .harness import Figure, Report, Row, alternate, ratio
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -219,18 +219,9 @@ def remote_producers(report: Report, sizes: Sizes, user: UserNpyFolder, root: st
                      sample_mb: float) -> None:
     """Headline row: the user Dataset served by 2 producers started by hand (``python -m ferry.producer``,
     default threads and slots) over tcp 127.0.0.1, as producers on other hosts run: no shared memory, every
-    batch over the socket. Against DataLoader on the same class, P=2."""
-    endpoint = free_endpoint()
-    producers = Producers(endpoint)
-    try:
-        producers.add(2, "benchmarks.datasets:UserNpyFolder", {"root": root}, threads=DEFAULT_THREADS,
-                      slots=DEFAULT_SLOTS)
-        loader = RemoteLoader(endpoint=endpoint, batch_size=32, shuffle=True, no_producer_timeout=120)
-        dl = user_dataloader(user, 2)
-        figs = ferry_vs_dataloader(loader, dl, 2, sizes, WARM_EPOCHS)
-        del dl
-    finally:
-        producers.close()
+    batch over the socket. Against DataLoader on the same class, P=2. For float32, a second row: the same files
+    through a transform written with torch (:class:`UserTorchTransform`), as most users' datasets have."""
+    figs = _remote_vs_dataloader(sizes, "benchmarks.datasets:UserNpyFolder", user, root)
     r = ratio(figs["ferry"], figs["dataloader"])
     target = 2 if dtype == "float32" else 1.5
     report.add(Row("1 seed workload", f"user Dataset (np.load), {dtype} {sample_mb:.3g} MB/sample, "
@@ -240,6 +231,31 @@ def remote_producers(report: Report, sizes: Sizes, user: UserNpyFolder, root: st
                    ratio=r, target=f"≥ {target}", met=r >= target,
                    note="python -m ferry.producer × 2 on 127.0.0.1, default threads and slots; no shared memory",
                    raw={k: v.values for k, v in figs.items()}))
+    if dtype != "float32":
+        return
+    figs = _remote_vs_dataloader(sizes, "benchmarks.datasets:UserTorchTransform", UserTorchTransform(root), root)
+    report.add(Row("1 seed workload", f"user Dataset (np.load + a torch transform), float32 {sample_mb:.3g} "
+                                      "MB/sample, 2 remote producers over tcp",
+                   {"ferry samples/s": figs["ferry"].text(), "dataloader samples/s": figs["dataloader"].text()},
+                   ratio=ratio(figs["ferry"], figs["dataloader"]),
+                   note="normalize and flip in torch in __getitem__; python -m ferry.producer × 2, default threads, "
+                        "slots and torch threads (1 per load, as DataLoader's workers)",
+                   raw={k: v.values for k, v in figs.items()}))
+
+
+def _remote_vs_dataloader(sizes: Sizes, spec: str, dataset: UserNpyFolder, root: str) -> dict[str, Figure]:
+    """2 producers by hand serving ``spec`` over tcp 127.0.0.1, against DataLoader with 2 workers on ``dataset``."""
+    endpoint = free_endpoint()
+    producers = Producers(endpoint)
+    try:
+        producers.add(2, spec, {"root": root}, threads=DEFAULT_THREADS, slots=DEFAULT_SLOTS)
+        loader = RemoteLoader(endpoint=endpoint, batch_size=32, shuffle=True, no_producer_timeout=120)
+        dl = user_dataloader(dataset, 2)
+        figs = ferry_vs_dataloader(loader, dl, 2, sizes, WARM_EPOCHS)
+        del dl
+    finally:
+        producers.close()
+    return figs
 
 
 def fast_path(report: Report, sizes: Sizes, dataset: NpyFolderDataset, user: UserNpyFolder, root: str, dtype: str,
