@@ -111,7 +111,7 @@ VARIABLES = {
     "FERRY_STUCK_AFTER": ("30", 30.0, "long"),
     "FERRY_EXIT_WHEN_STUCK": ("0", 0.0, "never"),
     "FERRY_DRAIN_TIMEOUT": ("1.5", 1.5, "soon"),
-    "FERRY_TORCH_THREADS": ("2", 2, "0"),
+    "FERRY_TORCH_THREADS": ("2", 2, "many"),
 }
 
 
@@ -139,7 +139,7 @@ CONFIGS = [
         transform="tests.transforms:double", metrics_port=9100, shared_memory=("/memfd:ferry (deleted)", "tok"),
         seed=-5, worker_id=2, num_workers=3, init="m:f", collate="m:g", compression="none",
         resolve_interval=0.0, status_file="/tmp/ferry-x/status.json", stuck_after=7.5, drain_timeout=0.25,
-        allow_dataset=("tests.datasets:DictDataset", "m:h"),
+        allow_dataset=("tests.datasets:DictDataset", "m:h"), torch_threads=3,
     ),
     ProducerConfig(endpoints=("tcp://h:1",), dataset="synthetic", heartbeat=1 / 3, seed=0, compression="auto"),
 ]
