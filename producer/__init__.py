@@ -26,6 +26,7 @@ from typing import Any
 from ferry.common.heap import keep_freed_memory
 from ferry.producer.cli import command_line
 from ferry.producer.config import PRODUCER_ENV, ProducerConfig
+from ferry.producer.torch_threads import limit_torch_threads
 
 __all__ = ["serve", "serve_process", "preload", "ProducerConfig", "keep_freed_memory", "command_line", "PRODUCER_ENV"]
 
@@ -51,7 +52,9 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
     ``dataset`` may be a :class:`ferry.common.deferred_pickle.DeferredPickle` (local mode): it is unpickled here,
     once stderr goes where ``config.stderr_path`` says; a :class:`~ferry.common.deferred_pickle.WithHooks` in it
     brings the hooks (``init``, ``collate``, ``transform``) pickled together with the dataset. With
-    ``config.status_file``, the status file says ``starting`` while the dataset opens (producer/status.py).
+    ``config.status_file``, the status file says ``starting`` while the dataset opens (producer/status.py). First
+    of all it sets how many CPU threads torch's operations use in this process (``config.torch_threads``; by
+    default one, as in DataLoader's workers: producer/torch_threads.py).
 
     Raises:
         DatasetSpecError: the dataset spec cannot be resolved, or a dataset argument is refused (a ConfigError
@@ -63,6 +66,10 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
     """
     if config.freeze_inherited:  # before anything allocates: a collection now would walk the parent's objects
         gc.freeze()
+    # one CPU thread per torch operation, as in DataLoader's workers, before the dataset is unpickled or opened and
+    # before any thread starts: a process forked from a trainer must not run an operation on the OpenMP pool it
+    # inherited, and each loading thread takes up the count at its first operation (producer/torch_threads.py)
+    limit_torch_threads(config.torch_threads)
     if config.exit_with_parent:
         _die_with_parent(config.trainer_pid)
     if config.stderr_path is not None:
@@ -111,7 +118,6 @@ def _opened(config: ProducerConfig, dataset: Any) -> Any:
     from ferry.common.sampleinfo import seed_process
 
     from ferry.producer.service import Producer
-    from ferry.producer.torch_threads import limit_torch_threads
 
     try:
         if dataset is None and config.dataset:  # without --dataset: a pool serving only what consumers name
@@ -121,9 +127,6 @@ def _opened(config: ProducerConfig, dataset: Any) -> Any:
         if config.collate is not None:  # its spec resolved, its keyword arguments bound
             config = dataclasses.replace(config, collate=bind_hook(config.collate, config.collate_args,
                                                                    "collate function"))
-        # before the loading threads start: one CPU thread per torch operation, as DataLoader's workers (a forked
-        # local producer must not use the OpenMP pool it inherited: "Invalid thread pool!")
-        limit_torch_threads(config.torch_threads)
         seed_process(config.seed, worker_id=config.worker_id, num_workers=config.num_workers, dataset=dataset)
         if config.init is not None:
             init = resolve_callable(config.init, "init function") if isinstance(config.init, str) else config.init

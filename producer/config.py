@@ -210,8 +210,9 @@ class ProducerConfig:
     ahead: int | None = option(s.AHEAD)
     torch_threads: int | None = option(Setting(
         s.Int(1, 1024), "CPU threads of each torch operation in this producer (torch.set_num_threads), which loads "
-        "--threads samples at once: by default 1, as DataLoader sets in each worker, unless OMP_NUM_THREADS is set "
-        "in its environment (torch then follows it); more only for a few heavy samples at a time "
+        "--threads samples at once: by default 1, as DataLoader sets in each worker, unless OMP_NUM_THREADS or "
+        "MKL_NUM_THREADS is set in its environment (torch then follows it); more only for a few heavy samples at a "
+        "time. Where torch is not loaded yet, set through those variables, which the process keeps "
         "(producer/torch_threads.py). Local producers: 1.", None, optional=True, flag="--torch-threads",
         metavar="N"))
 

@@ -234,10 +234,12 @@ def test_per_producer_figures_name_each_producer_and_what_stats_reads():
     p.admit(b"b", dict(hello("p2", pid=8, slots=1), serial=True), now=2.0)
     p.dispatcher.producers[b"a"].last_heard = 3.0
     assert p.figures(now=3.5) == {
-        "h:7": {"batches": 4, "bytes": 4096, "in_flight": 3, "slots": 3, "ahead": 0, "serial": False, "remote": False,
+        "h:7": {"batches": 4, "bytes": 4096, "in_flight": 3, "slots": 3, "ahead": 0, "window": 3, "serial": False,
+                "remote": False,
                 "joined_s": 2.5,
                 "batches_per_s": 1.6, "silent_s": 0.5},
-        "h:8": {"batches": 0, "bytes": 0, "in_flight": 0, "slots": 1, "ahead": 0, "serial": True, "remote": False,
+        "h:8": {"batches": 0, "bytes": 0, "in_flight": 0, "slots": 1, "ahead": 0, "window": 1, "serial": True,
+                "remote": False,
                 "joined_s": 1.5,
                 "batches_per_s": 0.0, "silent_s": 1.5}}
 

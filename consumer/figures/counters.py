@@ -82,7 +82,9 @@ STATS: tuple[Figure, ...] = (
     Figure("skipped_samples", COUNTER, "samples dropped by on_error='skip'"),
     Figure("uptime_s", GAUGE, "seconds since the loader was built"),
     Figure("per_producer", None, "figures per producer (name -> dict: batches, bytes, in_flight, slots, ahead, "
-                                 "serial, joined_s, batches_per_s since it joined, silent_s since last heard)"),
+                                 "window (the most tasks it holds: slots and ahead, capped), serial, remote (on "
+                                 "another machine: no shared memory, ipc or loopback), joined_s, batches_per_s "
+                                 "since it joined, silent_s since last heard)"),
     Figure("shared_memory", None, "the shared-memory slab: slots, free, lost (None without one)"),
     Figure("shared_batches", COUNTER, "batches received through shared memory"),
     Figure("compressed_bytes", COUNTER, "wire bytes of the compressed frames received"),

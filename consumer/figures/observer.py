@@ -7,6 +7,7 @@ except that ``stats()`` may read the gauge's value from another.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from typing import Any, Callable
 
@@ -44,6 +45,7 @@ class EpochObserver:
                  local_cpus: int | None = None) -> None:
         self._counters, self._snapshot = counters, snapshot
         self._local_cpus = local_cpus  # this machine's usable CPUs: said when every producer runs on it
+        self._host = socket.gethostname()  # what a producer on this machine says in its HELLO
         self._capacity, self._log_every = capacity, log_every
         self._waits = WaitTally({"per_producer": {}})
         self._epoch_log = EpochLog(threads)
@@ -84,7 +86,7 @@ class EpochObserver:
             startup_s=self._epoch_log.startup_s if active is not None and active.run == 1 else 0.0,
             consumer_cpu_s=self._epoch_log.consumer_cpu_s(),
             serial_producers=sum(1 for p in snap["per_producer"].values() if p.get("serial")),
-            local_cpus=self._local_cpus if _all_on_this_machine(snap) else None,
+            local_cpus=self._local_cpus if _all_on_this_machine(snap, self._host) else None,
         )
 
     def progress(self, now: float, epoch: int, done: int, total: int) -> None:
@@ -121,9 +123,9 @@ class WaitTally:
     """Why the training loop waited in one epoch, for the diagnosis: read from io-thread snapshots.
 
     A wait is counted when ``__next__`` finds nothing staged. It was *window full* when buffered + in flight
-    had reached the capacity while a producer held fewer tasks than it takes (its slots and tasks ahead): a
-    larger window would have given it more. With every producer holding all it takes, the producers are the
-    bound, whatever the window. It was *idle* when a producer had a free slot while tasks were queued (the
+    had reached the capacity while tasks were queued and a producer held fewer than it takes (its ``window``:
+    slots and tasks ahead): a larger window would have given it more. With every producer holding all it takes,
+    the producers are the bound, whatever the window. It was *idle* when a producer had a free slot while tasks were queued (the
     transport or the consumer is slow to hand them out).
     """
 
@@ -136,7 +138,7 @@ class WaitTally:
         producers = snapshot["per_producer"].values()
         free_slot = any(p["in_flight"] < p["slots"] for p in producers)
         if snapshot["buffered"] + snapshot["in_flight"] >= capacity:
-            if any(p["in_flight"] < p["slots"] + p["ahead"] for p in producers):  # the window held one back
+            if snapshot["queued"] > 0 and any(p["in_flight"] < p["window"] for p in producers):  # one held back
                 self.window_full += 1
         elif free_slot and snapshot["queued"] > 0:  # with nothing queued: the end of the epoch, not idleness
             self.idle += 1
@@ -146,7 +148,8 @@ class WaitTally:
         return {name: p["batches"] - self._start_batches.get(name, 0) for name, p in snapshot["per_producer"].items()}
 
 
-def _all_on_this_machine(snapshot: dict[str, Any]) -> bool:
-    """Every producer of ``snapshot`` runs on this machine: local, or over ipc or loopback (not ``remote``)."""
-    producers = snapshot["per_producer"].values()
-    return bool(producers) and not any(p["remote"] for p in producers)
+def _all_on_this_machine(snapshot: dict[str, Any], host: str) -> bool:
+    """Every producer of ``snapshot`` runs on this machine: over shared memory, ipc or loopback (not ``remote``) and
+    on this ``host`` (a loopback link may be a tunnel from another one: ``ssh -L``, ``kubectl port-forward``)."""
+    items = snapshot["per_producer"].items()
+    return bool(items) and all(not p["remote"] and name.rpartition(":")[0] == host for name, p in items)
