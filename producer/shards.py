@@ -171,11 +171,12 @@ class ShardRunner:
             if end is not None and end[0] == tag and start >= end[1]:
                 return []  # past where it was seen to end (a task issued before the consumer knew): no re-reading
             cursor = self._cursors.pop(key, None)
+        origin = job.indices[0] * SHARD_STRIDE  # sample_info().index of a streamed sample: shard and position
         if cursor is None or cursor.position != start or cursor.tag != tag:
             _close(cursor)
             cursor = _Cursor(self._open(job), 0, tag)
             try:
-                skipped = sum(1 for _ in itertools.islice(cursor.iterator, start))  # re-issue: skip what was delivered
+                skipped = _skip(cursor.iterator, start, job, origin)  # re-issue or resume: skip what was delivered
             except BaseException:
                 _close(cursor)
                 raise
@@ -185,10 +186,9 @@ class ShardRunner:
                 self._ended(key, tag, skipped)
                 return []
         samples = []
-        base = job.indices[0] * SHARD_STRIDE + start  # sample_info().index of a streamed sample: shard and position
         try:
-            for offset in range(batch_size):
-                with loading(job.seed, job.epoch, base + offset):
+            for offset in range(start, start + batch_size):
+                with loading(job.seed, job.epoch, origin + offset):
                     sample = next(cursor.iterator, _END)
                 if sample is _END:
                     break
@@ -245,6 +245,20 @@ class _Closing:
             close = getattr(it, "close", None)
             if callable(close):
                 close()
+
+
+def _skip(iterator: Iterator[Any], count: int, job: Any, origin: int) -> int:
+    """Read and drop the first ``count`` samples of a stream or shard (``origin``: its first sample's index), each
+    under the :func:`~ferry.common.sampleinfo.sample_info` it had when it was delivered, so that a dataset that draws
+    from it (an augmentation, a shuffle seeded in ``__iter__``) reads the same samples again. Returns how many
+    there were (fewer: the stream ended)."""
+    skipped = 0
+    while skipped < count:
+        with loading(job.seed, job.epoch, origin + skipped):
+            if next(iterator, _END) is _END:
+                break
+        skipped += 1
+    return skipped
 
 
 def _close(cursor: _Cursor | None) -> None:

@@ -35,6 +35,20 @@ class WorkerShards(IterableDataset):
         return self.size
 
 
+class AugmentedShards(WorkerShards):
+    """:class:`WorkerShards` as README tells a user to augment: each sample carries a value drawn from
+    ``ferry.sample_info().seed``, and the epoch ``sample_info()`` gave its ``__iter__`` (where a stream seeds its
+    own shuffle). A stream read again (a resume, a producer lost) must be read under the same values."""
+
+    def __iter__(self):
+        import ferry
+
+        epoch = ferry.sample_info().epoch
+        for sample, i in super().__iter__():
+            noise = int(np.random.default_rng(ferry.sample_info().seed).integers(1 << 20))
+            yield np.array([*sample, epoch, noise], dtype=np.int64), i
+
+
 class RangeStream(IterableDataset):
     """torch's IterableDataset docs, example 2: ``range(start, end)``, split among the workers by
     :func:`split_range` as ``worker_init_fn`` (``producer_init=``): each worker's copy gets its own part.

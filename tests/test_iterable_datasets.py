@@ -17,7 +17,9 @@ from ferry import RemoteLoader
 from ferry.common import protocol
 from ferry.common.codec import decode_tree
 from ferry.common.errors import ConfigError
-from tests.iterable_datasets import RangeStream, WorkerShards, as_lists, dataloader_batches, split_range
+from tests.iterable_datasets import (
+    AugmentedShards, RangeStream, WorkerShards, as_lists, dataloader_batches, split_range,
+)
 
 from .helpers import local_producer_pids, wait_for
 
@@ -126,6 +128,28 @@ def test_resume_mid_epoch_goes_on_after_each_streams_delivered_batches():
             iter(loader)
 
 
+def test_a_resumed_stream_that_draws_from_sample_info_gives_the_uninterrupted_run_s_batches():
+    """The samples skipped on resume are read under the sample_info() they had (a trial's augmented stream failed
+    there: sample_info() was None while a stream was skipped)."""
+    dataset = AugmentedShards(size=24, extra=2)
+    with RemoteLoader(dataset=dataset, local_producers=2, batch_size=3, **QUIET) as loader:
+        loader.set_epoch(1)
+        expected = _run(loader)
+    with RemoteLoader(dataset=dataset, local_producers=2, batch_size=3, **QUIET) as loader:
+        loader.set_epoch(1)
+        head = []
+        for batch in loader:
+            head.append(as_lists(batch))
+            if len(head) == 5:
+                break
+        state = json.loads(json.dumps(loader.state_dict()))
+    with RemoteLoader(dataset=dataset, local_producers=2, batch_size=3, **QUIET) as loader:
+        loader.load_state_dict(state)
+        tail = _run(loader)
+    assert head + tail == expected
+    assert {row[2] for batch in expected for row in batch[0]} == {1}  # the epoch its __iter__ was told
+
+
 def test_a_chain_dataset_is_iterated_as_dataloader_does():
     chained = ChainDataset([WorkerShards(size=10, extra=1), WorkerShards(size=7, extra=2)])
     expected = dataloader_batches(chained, workers=2, batch_size=3)
@@ -229,6 +253,23 @@ def test_a_stream_is_read_as_its_worker_and_resumed_by_skipping():
     assert second == (4, [[1, 3, i] for i in range(4, 8)]) and dataset.opened == 2  # the open cursor went on
     assert again == (4, [[2, 5, i] for i in range(4, 8)])  # another stream at batch 1: opened, 4 samples skipped
     assert get_worker_info() is None, "the WorkerInfo of the stream it read is not left behind"
+
+
+class _SeededStream(IterableDataset):
+    """Samples drawn from sample_info().seed, after a first read of sample_info() in __iter__ itself."""
+
+    def __iter__(self):
+        import ferry
+
+        epoch = ferry.sample_info().epoch
+        for i in range(10):
+            yield np.array([i, epoch, ferry.sample_info().seed % 1000])
+
+
+def test_samples_skipped_to_resume_a_stream_are_read_under_the_sample_info_they_had():
+    in_order = _answers(_SeededStream(), [(0, 1, 0, 4), (0, 1, 1, 4)])
+    resumed = _answers(_SeededStream(), [(0, 1, 1, 4)])  # a fresh reader: opens the stream, skips 4 samples
+    assert resumed == in_order[1:], (resumed, in_order)
 
 
 def test_a_task_past_a_streams_known_end_is_answered_without_reading_it_again():
