@@ -195,6 +195,10 @@ class ShardRunner:
                 samples.append(sample)
         except BaseException:
             _close(cursor)  # a broken iterator: its file closes now, not whenever it is collected
+            # it ends here (its FAIL ends it for the consumer): the tasks past it that were issued before the consumer
+            # knew are answered empty, not by reading it again to the same error, each a skipped sample more. The end
+            # is after the failed sample: its own batch, re-issued, is read and fails again
+            self._ended(key, tag, start + len(samples) + 1)
             raise
         cursor.position += len(samples)
         if len(samples) == batch_size:

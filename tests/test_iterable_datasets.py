@@ -221,8 +221,9 @@ class _Opens(IterableDataset):
             yield np.array([info.id, info.num_workers, i])
 
 
-def _answers(dataset, tasks):
-    """Each (stream, streams, k, batch_size) task through a Batcher: (count, rows) of its answer."""
+def _answers(dataset, tasks, fails=False):
+    """Each (stream, streams, k, batch_size) task through a Batcher: (count, rows) of its answer; with ``fails``, a
+    FAIL is ("FAIL", its first error's message)."""
     import queue
 
     from ferry.common.waker import Waker
@@ -237,6 +238,9 @@ def _answers(dataset, tasks):
             batcher.submit(Job(0, 1, n + 1, 0, k, [stream], "raise", shard=[k, batch_size, 0, 0], streams=streams))
             outcome = done.get(timeout=10)
             header = protocol.parse_header(outcome.frames[0])
+            if fails and header["type"] == protocol.FAIL:
+                out.append(("FAIL", header["errors"][0]["message"]))
+                continue
             assert header["type"] == protocol.BATCH, header
             rows = decode_tree(header["tree"], outcome.frames[1:]).tolist() if header["count"] else []
             out.append((header["count"], rows))
@@ -270,6 +274,27 @@ def test_samples_skipped_to_resume_a_stream_are_read_under_the_sample_info_they_
     in_order = _answers(_SeededStream(), [(0, 1, 0, 4), (0, 1, 1, 4)])
     resumed = _answers(_SeededStream(), [(0, 1, 1, 4)])  # a fresh reader: opens the stream, skips 4 samples
     assert resumed == in_order[1:], (resumed, in_order)
+
+
+class _Breaks(_Opens):
+    """:class:`_Opens` whose stream raises at its sample 5."""
+
+    def __iter__(self):
+        for sample in super().__iter__():
+            if sample[2] == 5:
+                raise ValueError("sample 5 is broken")
+            yield sample
+
+
+def test_tasks_past_where_a_stream_raised_are_answered_empty_without_reading_it_again():
+    up_to_the_failure, past_it, and_again = _Breaks(), _Breaks(), _Breaks()
+    tasks = [(0, 1, 0, 4), (0, 1, 1, 4), (0, 1, 2, 4), (0, 1, 1, 4)]
+    _answers(up_to_the_failure, tasks[:2], fails=True)
+    answers = _answers(past_it, tasks[:3], fails=True)
+    assert answers == [(4, [[0, 1, i] for i in range(4)]), ("FAIL", "sample 5 is broken"), (0, [])]
+    assert past_it.opened == up_to_the_failure.opened, "the task past it (issued before the consumer knew) read nothing"
+    assert _answers(and_again, tasks, fails=True)[3] == ("FAIL", "sample 5 is broken")  # its own batch, re-issued
+    assert and_again.opened == past_it.opened + 1
 
 
 def test_a_task_past_a_streams_known_end_is_answered_without_reading_it_again():
