@@ -91,14 +91,24 @@ def shard_names(dataset: Any) -> list[str]:
 
 
 def announced_shard_lengths(dataset: Any) -> list[int] | None:
-    """Each shard's ``shard_len``, in ``shards()`` order, for a producer's HELLO; None where the dataset has no
-    ``shard_len``, has more than MAX_ANNOUNCED_SHARDS shards, or one of them cannot be counted (logged: the
-    loader's ``len()`` is then not known, and the shard's own error comes when it is read)."""
+    """:func:`shard_lengths` for a producer's HELLO: None as well where the dataset has more than
+    MAX_ANNOUNCED_SHARDS shards."""
+    if not callable(getattr(dataset, "shard_len", None)) or len(shard_names(dataset)) > MAX_ANNOUNCED_SHARDS:
+        return None
+    return shard_lengths(dataset)
+
+
+def shard_lengths(dataset: Any) -> list[int] | None:
+    """Each shard's ``shard_len``, in ``shards()`` order; None where the dataset has no ``shard_len`` or one of its
+    shards cannot be counted (logged, naming the shard: the loader's ``len()`` is then not known, and the shard's
+    own error comes when it is read, as DataLoader's would).
+
+    Raises:
+        ConfigTypeError: a ``shard_len`` that returns something other than an int >= 0.
+    """
     if not callable(getattr(dataset, "shard_len", None)):
         return None
     names = shard_names(dataset)
-    if len(names) > MAX_ANNOUNCED_SHARDS:
-        return None
     lengths = []
     for name in names:
         try:

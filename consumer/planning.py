@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ferry.common.constants import POLL_SLICE_S
 from ferry.common.errors import ConfigError
 from ferry.common.plan import GeneratorOrder, build_plan, plan_length
-from ferry.common.shardplan import build_shard_plan, is_sharded, shard_names
+from ferry.common.shardplan import build_shard_plan, is_sharded, shard_lengths
 from ferry.common.streamplan import AUTOSCALED, StreamPlan, check_iterable_options, is_iterable, iterable_len
 
 __all__ = ["EpochPlanner", "SamplerEpoch"]
@@ -75,6 +75,7 @@ class EpochPlanner:
         self.iterable_len_told: int | None = None
         # each shard's samples, once known: a dataset object's ``shard_len``s, or what its producers announced
         self._shard_lengths: list[int] | None = None
+        self._counted = False  # a local sharded dataset's shard_len was asked
         self.sampler_epoch = SamplerEpoch(opts.sampler, opts.batch_sampler)
         # shuffle=True with generator=: DataLoader's permutations (the default plan only)
         self._order = GeneratorOrder(opts.generator_state) if opts.generator_state is not None else None
@@ -154,8 +155,9 @@ class EpochPlanner:
         """A local sharded dataset object, or a producer that announced one (its HELLO)."""
         dataset = self._opts.dataset
         if dataset is not None and not isinstance(dataset, str):
-            if is_sharded(dataset) and self._shard_lengths is None and callable(getattr(dataset, "shard_len", None)):
-                self._shard_lengths = [int(dataset.shard_len(name)) for name in shard_names(dataset)]
+            if is_sharded(dataset) and not self._counted:
+                self._counted = True  # once: a shard that cannot be counted is logged once, not every epoch
+                self._shard_lengths = shard_lengths(dataset)  # None: no shard_len, or one cannot be counted
             return is_sharded(dataset)
         if self._opts.sampler is None and self._opts.batch_sampler is None:
             return self._dataset(check_health)[1]  # wait for the first producer: it says which kind it serves

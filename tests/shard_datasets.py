@@ -36,6 +36,15 @@ class SizedShards(Shards):
         return self.lengths[int(name[1:])]
 
 
+class UncountableShards(SizedShards):
+    """Its ``shard_len`` raises for shard s1 (a truncated file, say), which reads fine."""
+
+    def shard_len(self, name: str) -> int:
+        if name == "s1":
+            raise ValueError("s1.npz: not a zip file")
+        return super().shard_len(name)
+
+
 def reference(dataset: Any, *, batch_size: int, seed: int = 0, epoch: int = 0, shuffle: bool = True,
               drop_last: bool = False, rank: int = 0, world_size: int = 1) -> list[list[tuple[int, int]]]:
     """The batches a loader must yield, as lists of (shard, position): shards in DistributedSampler's order

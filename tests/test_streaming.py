@@ -6,6 +6,7 @@ are a pure function of (dataset, seed, epoch, rank, world size, batch size, drop
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 
@@ -76,6 +77,20 @@ def test_len_is_known_only_with_shard_lengths():
     with RemoteLoader(dataset=Shards(), local_producers=1, batch_size=4, log_every=None) as loader:
         with pytest.raises(TypeError, match="shard_len"):
             len(loader)
+
+
+def test_a_shard_that_cannot_be_counted_leaves_len_unknown_naming_it_and_the_epoch_runs(caplog):
+    """A trial's trainer died in iter() on its shard_len's error; producers only warned (common/shardplan.py)."""
+    from tests.shard_datasets import UncountableShards
+
+    caplog.set_level(logging.WARNING, logger="ferry")
+    with RemoteLoader(dataset=UncountableShards(), local_producers=1, batch_size=4, shuffle=False,
+                      log_every=None) as loader:
+        with pytest.raises(TypeError, match="shard_len"):
+            len(loader)
+        assert _run(loader) == reference(SizedShards(), batch_size=4, shuffle=False)
+    warned = [r.getMessage() for r in caplog.records if "cannot count shard" in r.getMessage()]
+    assert warned and "'s1'" in warned[0] and "not a zip file" in warned[0], warned
 
 
 def test_torch_iterable_dataset_with_the_two_methods_works():
