@@ -114,6 +114,12 @@ class ShardRunner:
             samples = _Closing(shuffled(samples, buffer, seed=job.seed, epoch=job.epoch, shard=shard), samples)
         return samples
 
+    def _where(self, job: Any) -> str:
+        """What a job's error names first: its shard, and the shard's batch (a shard out of range by its number)."""
+        shard = job.indices[0]
+        name = repr(self._names[shard]) if isinstance(shard, int) and 0 <= shard < len(self._names) else shard
+        return f"shard {name}, its batch {job.shard[0] if job.shard else '?'}"
+
     def _reading(self, job: Any) -> ContextManager[Any]:
         """Around the reading of a job's samples (opening, skipping, the batch)."""
         return contextlib.nullcontext()
@@ -141,7 +147,9 @@ class ShardRunner:
                 outcome = self._answer(job)
             except BaseException as exc:  # never lose a job: a bug here becomes a FAIL the consumer sees
                 self._drop_cursor(key)
-                outcome = self._fail(job, [self._error_record(job.indices[0], exc)])
+                record = self._error_record(job.indices[0], exc)
+                record["message"] = f"{self._where(job)}: {record['message']}"  # the index is the shard's, or stream's
+                outcome = self._fail(job, [record])
             self._finish(job, outcome)
 
     def _answer(self, job: Any) -> Any:

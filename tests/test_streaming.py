@@ -208,6 +208,7 @@ def test_a_shard_that_raises_ends_there_and_the_epoch_goes_on(on_error):
     assert got == expected
     if on_error == "raise":
         assert [position for position, _ in errors] == [failing] and "bad record" in str(errors[0][1])
+        assert "shard 's1', its batch 1: " in str(errors[0][1])  # the index is the shard's: its name says which
     else:
         assert errors == []
 
