@@ -15,6 +15,7 @@ import torch
 from ferry import RemoteLoader
 from ferry.common.datasets import resolve_dataset
 from ferry.common.datasets.tarshards import TarShardsDataset
+from ferry.common.errors import SampleLoadError
 from tests.datasets import PairDataset
 
 from .helpers import REPO, producer_env
@@ -119,6 +120,20 @@ def test_dict_samples_and_clear_errors(tmp_path):
         TarShardsDataset(str(tmp_path / "none-*.tar"))
     with pytest.raises(Exception, match="no shard named"):
         next(TarShardsDataset(str(tmp_path)).iter_shard("missing.tar"))
+
+
+def test_a_shard_cut_short_is_an_error_naming_it_not_a_shorter_shard(packed):
+    """A trial's half-copied shard was read as 28 samples of 50, its last without its label, and failed only in
+    collation, naming nothing."""
+    whole = packed / "shard-00001.tar"
+    data = whole.read_bytes()
+    cut = packed / "shard-00001-cut.tar"
+    cut.write_bytes(data[: (len(data) // 2) // 512 * 512])  # at a block boundary: tarfile reads on without a word
+    dataset = TarShardsDataset(str(packed))
+    for read in (lambda: list(dataset.iter_shard(cut.name)), lambda: dataset.shard_len(cut.name)):
+        with pytest.raises(SampleLoadError, match=f"{cut}.* is cut short"):
+            read()
+    assert len(list(dataset.iter_shard(whole.name))) == 5  # the whole one still reads
 
 
 def test_a_packed_dataset_round_trips_through_tar(tmp_path):

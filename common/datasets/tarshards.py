@@ -94,12 +94,15 @@ class TarShardsDataset:
         """Samples in shard ``name``: from the shard index when it lists the file at its size, else counted from
         the tar's headers (member data is skipped)."""
         if name not in self._lengths:
-            with tarfile.open(self._path(name), "r:") as tar:
+            path = self._path(name)
+            _check_complete(path)
+            with tarfile.open(path, "r:") as tar:
                 self._lengths[name] = len({_key(m.name) for m in tar if m.isfile()})
         return self._lengths[name]
 
     def iter_shard(self, name: str) -> Iterator[Any]:
         path = self._path(name)
+        _check_complete(path)
         with tarfile.open(path, "r|") as tar:  # a stream: one pass, no seeking
             key, members = None, {}
             for member in tar:
@@ -134,6 +137,23 @@ def read_shard_index(folder: str) -> dict[str, tuple[int, int]]:
                 if index.get("__kind__") == INDEX_KIND}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
+
+
+def _check_complete(path: str) -> None:
+    """Raises SampleLoadError where the tar at ``path`` lacks the end every tar writer gives it (two zero blocks of
+    512 bytes, then zeros to a whole record): it was cut short, by a copy or a write that did not finish. Python's
+    tarfile would read such a file as a shorter shard without a word, its last sample perhaps missing members."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        f.seek(max(0, size - _END_BYTES))
+        tail = f.read(_END_BYTES)
+    if size < _END_BYTES or size % tarfile.BLOCKSIZE or tail.count(0) != _END_BYTES:
+        raise SampleLoadError(f"tar-shards: {path} is cut short ({size} bytes, not ending with a tar's two zero "
+                              f"blocks): a copy or a write that did not finish; write or copy it again")
+
+
+#: A tar's end-of-archive: two zero blocks.
+_END_BYTES = 2 * tarfile.BLOCKSIZE
 
 
 def _key(member_name: str) -> str:
