@@ -138,6 +138,7 @@ def test_resume_mid_epoch_mid_shard_is_exact():
         assert after == reference(dataset, batch_size=4, seed=8, epoch=2)
 
 
+@pytest.mark.slow  # 11 s (.ci/run runs -m slow); a local producer killed mid-shard is in the suite
 def test_remote_producers_one_killed_mid_epoch(endpoint, spawn):
     seed = int(os.environ.get("FERRY_TEST_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)

@@ -6,6 +6,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from .helpers import REPO, free_port, producer_env
 
 
@@ -27,6 +29,7 @@ def consecutive_free_ports(count: int) -> int:
     raise AssertionError(f"no {count} consecutive free ports")
 
 
+@pytest.mark.slow  # the example end to end, 8 s (.ci/run runs -m slow); the pool's rules have tests of their own
 def test_three_trials_share_one_pool(spawn):
     first = consecutive_free_ports(3)
     ports = [first, first + 1, first + 2]
