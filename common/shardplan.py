@@ -93,27 +93,27 @@ def shard_names(dataset: Any) -> list[str]:
 def announced_shard_lengths(dataset: Any) -> list[int] | None:
     """:func:`shard_lengths` for a producer's HELLO: None as well where the dataset has more than
     MAX_ANNOUNCED_SHARDS shards."""
-    if not callable(getattr(dataset, "shard_len", None)) or len(shard_names(dataset)) > MAX_ANNOUNCED_SHARDS:
+    if not callable(getattr(dataset, "shard_len", None)):
         return None
-    return shard_lengths(dataset)
+    names = shard_names(dataset)
+    return shard_lengths(dataset, names) if len(names) <= MAX_ANNOUNCED_SHARDS else None
 
 
-def shard_lengths(dataset: Any) -> list[int] | None:
-    """Each shard's ``shard_len``, in ``shards()`` order; None where the dataset has no ``shard_len`` or one of its
-    shards cannot be counted (logged, naming the shard: the loader's ``len()`` is then not known, and the shard's
-    own error comes when it is read, as DataLoader's would).
+def shard_lengths(dataset: Any, names: list[str] | None = None) -> list[int] | None:
+    """Each shard's ``shard_len``, in ``shards()`` order (``names``, where the caller has them already); None where
+    the dataset has no ``shard_len`` or one of its shards cannot be counted (logged, naming the shard: the loader's
+    ``len()`` is then not known, and the shard's own error comes when it is read, as DataLoader's would).
 
     Raises:
         ConfigTypeError: a ``shard_len`` that returns something other than an int >= 0.
     """
     if not callable(getattr(dataset, "shard_len", None)):
         return None
-    names = shard_names(dataset)
     lengths = []
-    for name in names:
+    for name in shard_names(dataset) if names is None else names:
         try:
             n = dataset.shard_len(name)
-        except Exception as exc:  # a user's dataset: any error; it must not stop the producer
+        except Exception as exc:  # a user's dataset: any error; it must stop neither a producer nor the trainer
             logging.getLogger(__name__).warning("cannot count shard %r (%s: %s): len(loader) will not be "
                                                  "known", name, type(exc).__name__, exc)
             return None

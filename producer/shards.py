@@ -115,10 +115,14 @@ class ShardRunner:
         return samples
 
     def _where(self, job: Any) -> str:
-        """What a job's error names first: its shard, and the shard's batch (a shard out of range by its number)."""
+        """What a job's error names first: its source, and that source's batch."""
+        return f"{self._source(job)}, its batch {job.shard[0] if job.shard else '?'}"
+
+    def _source(self, job: Any) -> str:
+        """The job's shard, by name (a shard out of range by its number)."""
         shard = job.indices[0]
-        name = repr(self._names[shard]) if isinstance(shard, int) and 0 <= shard < len(self._names) else shard
-        return f"shard {name}, its batch {job.shard[0] if job.shard else '?'}"
+        return f"shard {self._names[shard]!r}" if isinstance(shard, int) and 0 <= shard < len(self._names) else \
+            f"shard {shard}"
 
     def _reading(self, job: Any) -> ContextManager[Any]:
         """Around the reading of a job's samples (opening, skipping, the batch)."""

@@ -72,8 +72,8 @@ class StreamRunner(ShardRunner):
     def _open(self, job: Any) -> Iterator[Any]:
         return iter(self._dataset)
 
-    def _where(self, job: Any) -> str:
-        return f"stream {job.indices[0]} of {job.streams}, its batch {job.shard[0] if job.shard else '?'}"
+    def _source(self, job: Any) -> str:
+        return f"stream {job.indices[0]} of {job.streams}"
 
     def _reading(self, job: Any) -> ContextManager[Any]:
         """Raises (answered by a FAIL) TypeError for a task without ``streams``, IndexError for a stream outside

@@ -291,9 +291,10 @@ def test_tasks_past_where_a_stream_raised_are_answered_empty_without_reading_it_
     tasks = [(0, 1, 0, 4), (0, 1, 1, 4), (0, 1, 2, 4), (0, 1, 1, 4)]
     _answers(up_to_the_failure, tasks[:2], fails=True)
     answers = _answers(past_it, tasks[:3], fails=True)
-    assert answers == [(4, [[0, 1, i] for i in range(4)]), ("FAIL", "stream 0 of 1, its batch 1: sample 5 is broken"), (0, [])]
+    failed = ("FAIL", "stream 0 of 1, its batch 1: sample 5 is broken")
+    assert answers == [(4, [[0, 1, i] for i in range(4)]), failed, (0, [])]
     assert past_it.opened == up_to_the_failure.opened, "the task past it (issued before the consumer knew) read nothing"
-    assert _answers(and_again, tasks, fails=True)[3] == ("FAIL", "stream 0 of 1, its batch 1: sample 5 is broken")  # its own batch, re-issued
+    assert _answers(and_again, tasks, fails=True)[3] == failed  # its own batch, re-issued
     assert and_again.opened == past_it.opened + 1
 
 

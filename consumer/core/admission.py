@@ -239,9 +239,9 @@ class Peers:
 
     def figures(self, now: float) -> dict[str, dict[str, Any]]:
         """Per producer (by name): batches and bytes received, tasks in flight, slots, tasks it takes ahead of them,
-        the most tasks it holds at once (``window``: slots and ahead, at most MAX_SLOTS), whether it loads one sample at a time (a user's dataset class, no ``--threads``), whether it runs on another
-        machine (neither shared memory, ipc nor loopback), seconds since it joined,
-        its batches per second since then (a slow one among fast ones stands out), seconds since it was last heard
+        the most tasks it holds at once (``window``: slots and ahead, at most MAX_SLOTS), whether it loads one
+        sample at a time (a user's dataset class, no ``--threads``), whether it runs on another machine (neither
+        shared memory, ipc nor loopback), seconds since it joined, its batches per second since then (a slow one among fast ones stands out), seconds since it was last heard
         (a frozen one stands out before the liveness window drops it)."""
         return {p.name: {"batches": p.batches, "bytes": p.bytes, "in_flight": len(p.in_flight), "slots": p.slots,
                          "ahead": p.ahead, "window": p.window, "serial": p.serial, "remote": p.remote,

@@ -125,8 +125,8 @@ class WaitTally:
     A wait is counted when ``__next__`` finds nothing staged. It was *window full* when buffered + in flight
     had reached the capacity while tasks were queued and a producer held fewer than it takes (its ``window``:
     slots and tasks ahead): a larger window would have given it more. With every producer holding all it takes,
-    the producers are the bound, whatever the window. It was *idle* when a producer had a free slot while tasks were queued (the
-    transport or the consumer is slow to hand them out).
+    the producers are the bound, whatever the window. It was *idle* when a producer had a free slot while tasks
+    were queued (the transport or the consumer is slow to hand them out).
     """
 
     def __init__(self, snapshot: dict[str, Any]) -> None:

@@ -67,7 +67,7 @@ def producer_config(local: Any, transport: Any, dataset: Any, dataset_args: dict
         dataset_args=dict(dataset_args or {}), exit_with_parent=True, trainer_pid=os.getpid(),
         # one whose loading threads are all held by loads given up on exits, to be replaced (producer/stuck.py)
         exit_when_stuck=transport.task_timeout,
-        torch_threads=1,  # as DataLoader's workers, whatever OMP_NUM_THREADS the trainer has (producer/torch_threads.py)
+        torch_threads=1,  # as DataLoader's workers, whatever OMP_NUM_THREADS the trainer has (torch_threads.py)
         num_workers=num_workers, drain_timeout=LOCAL_DRAIN_TIMEOUT_S,
         shared_memory=(slab.path, slab.token) if slab is not None else None,
         **shared_values(ProducerConfig, local, transport),
