@@ -64,7 +64,8 @@ class Batcher:
 
     def __init__(self, dataset: Any, *, threads: int, batch_workers: int, done: "queue.SimpleQueue[Outcome]",
                  waker: Waker, collate_fn: Any = None, compressor: Any = None,
-                 shared: "tuple[SamplePool | None, BufferPool] | None" = None) -> None:
+                 shared: "tuple[SamplePool | None, BufferPool] | None" = None,
+                 seed_per_sample: bool | None = None) -> None:
         """``shared``: the sample pool and the buffer pool of another batcher, to use instead of its own (a
         producer pool's datasets share them: producer/pool.py); ``close()`` then leaves them to their owner. A
         sample pool of None there: this batcher's own, of one thread (a dataset whose loads must not overlap)."""
@@ -97,6 +98,9 @@ class Batcher:
                                   compress=lambda job, spec, frames: self._compress(job, spec, frames, None, 0)[:2])
         # a map-style dataset whose samples load one at a time (a sharded or iterable one's run on the batch pool)
         self.serial = serial and self._shards is None
+        # each sample under generators seeded from (seed, epoch, index): only where loads never overlap, since the
+        # generators are the process's (--seed-per-sample: by default where loads are serial; 1 made them serial)
+        self._seed_globals = self.serial and seed_per_sample is not False
 
     @property
     def samples(self) -> SamplePool:
@@ -104,6 +108,7 @@ class Batcher:
         return self._samples
 
     def submit(self, job: Job) -> None:
+        job.seed_globals = self._seed_globals
         with self._lock:
             self.pending += 1
         if self._shards is not None:

@@ -135,6 +135,7 @@ class ProducerConfig:
         "else taken as a string; repeatable (the variable: a JSON object).", {}, flag="--dataset-arg",
         env="FERRY_DATASET_ARGS", metavar="KEY=VALUE"))
     threads: int | None = option(s.THREADS)
+    seed_per_sample: bool | None = option(s.SEED_PER_SAMPLE)
     slots: int = option(s.SLOTS)
     heartbeat: float = option(s.HEARTBEAT)
     liveness: int = option(s.LIVENESS)

@@ -24,6 +24,7 @@ class Job:
     on_error: str
     slot: Any = None  # a ferry.common.shm.SlotWriter: the consumer's shared memory to write this batch into
     seed: int = 0  # the loader's seed: sample_info().seed derives from (seed, epoch, index)
+    seed_globals: bool = False  # load each sample under process generators seeded from it (its batcher decides)
     shard: Any = None  # a sharded dataset's task: [k, batch_size, drop_last] of shard indices[0] (producer/shards.py)
     streams: int | None = None  # an iterable dataset's task (with shard): stream indices[0] of this many (streams.py)
     frame_bytes: int = DEFAULT_FRAME_BYTES  # array leaves up to this travel as one frame (the consumer's WELCOME)

@@ -55,14 +55,14 @@ def loads_concurrently(dataset: Any, threads: int | None) -> bool:
 
 
 def load_sample(dataset: Any, index: int, job: Any) -> Any:
-    with loading(job.seed, job.epoch, index):
+    with loading(job.seed, job.epoch, index, seed_globals=job.seed_globals):
         return _retry_ast_race(dataset.__getitem__, index)
 
 
 def load_item(dataset: Any, item: int | list[int], job: Any) -> Any:
     """An unbatched loader's sample: ``dataset[item]``, ``item`` an index or the list of indices a sampler
     yielded (as DataLoader passes it); :func:`ferry.sample_info` names the first index of a list."""
-    with loading(job.seed, job.epoch, item[0] if isinstance(item, list) else item):
+    with loading(job.seed, job.epoch, item[0] if isinstance(item, list) else item, seed_globals=job.seed_globals):
         return _retry_ast_race(dataset.__getitem__, item)
 
 
@@ -87,7 +87,7 @@ def read_row(dataset: Any, index: int, out: np.ndarray, job: Any, fresh: bool) -
     it is fresh shared memory."""
     if fresh:
         _populate_row(out)
-    with loading(job.seed, job.epoch, index):
+    with loading(job.seed, job.epoch, index, seed_globals=job.seed_globals):
         return _retry_ast_race(dataset.read_into, index, out)
 
 

@@ -85,14 +85,17 @@ class DatasetPool:
         threads: ``--threads``: the sample pool's threads, shared by every dataset's batcher (None: DEFAULT_THREADS).
             A dataset whose loads must not overlap (a user's class without ``--threads``:
             :func:`~ferry.producer.loading.loads_concurrently`) gets a pool of one thread of its own instead.
+        seed_per_sample: ``--seed-per-sample``; True makes every dataset's loads one at a time.
         buffers: the buffer pool's bound.
         make_batcher: builds a batcher for a dataset with its collate function, sharing ``(samples, buffers)``.
         wake: wakes the main loop (the service's waker), called when a named dataset's opening ends.
     """
 
     def __init__(self, own: Any, *, label: str, allowed: tuple[str, ...], threads: int | None, buffers: int,
-                 make_batcher: Callable[..., Batcher], wake: Callable[[], None], own_collate: Any = None) -> None:
+                 make_batcher: Callable[..., Batcher], wake: Callable[[], None], own_collate: Any = None,
+                 seed_per_sample: bool | None = None) -> None:
         self.allowed = allowed
+        self._seed_per_sample = seed_per_sample  # True: every dataset's loads one at a time (ferry.common.settings)
         self._make = make_batcher
         self._wake = wake  # wakes the main loop when an opening ends (from the ferry-open thread)
         # named datasets open one at a time off the main loop; key -> (spec, args, future of (dataset, announced))
@@ -164,8 +167,10 @@ class DatasetPool:
 
     def _pools(self, dataset: Any) -> tuple[SamplePool | None, BufferPool]:
         """The sample pool and buffer pool a dataset's batcher uses: the shared ones, but a dataset whose loads must
-        not overlap (:func:`~ferry.producer.loading.loads_concurrently`) gets None, a pool of one thread of its own."""
-        return (self._samples if loads_concurrently(dataset, self._threads) else None), self.buffers
+        not overlap (:func:`~ferry.producer.loading.loads_concurrently`, or ``--seed-per-sample 1``, whose seeds are
+        process-wide) gets None, a pool of one thread of its own."""
+        concurrent = loads_concurrently(dataset, self._threads) and self._seed_per_sample is not True
+        return (self._samples if concurrent else None), self.buffers
 
     def bind(self, old: Served | None, new: Served | None) -> None:
         """A connection moves from ``old`` to ``new`` (either None: none)."""

@@ -97,9 +97,11 @@ class Producer:
             dataset, label=config.dataset_label, allowed=config.allow_dataset, threads=config.threads,
             buffers=(config.slots + config.tasks_ahead) * connections + 2, own_collate=config.collate,
             wake=self._waker.wake,
+            seed_per_sample=config.seed_per_sample,
             make_batcher=lambda ds, collate, shared: Batcher(
                 ds, collate_fn=collate, threads=config.pool_threads, batch_workers=workers, done=self._done,
-                waker=self._waker, compressor=self._compressor, shared=shared))
+                waker=self._waker, compressor=self._compressor, shared=shared,
+                seed_per_sample=config.seed_per_sample))
         own = datasets.own
         # the datasets its consumers name, and a TASK's turn among theirs: at most --slots run at once (sharing.py)
         self._sharing = Sharing(datasets, limit=config.slots)
