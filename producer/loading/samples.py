@@ -1,6 +1,6 @@
 """What a loading thread does with one sample: load it (under :func:`ferry.sample_info`), write its arrays into
 their row of the batch's destination as soon as it is loaded, and describe a failure, naming the sample's
-file where the dataset says which. The :class:`~ferry.producer.batcher.Batcher` runs these on its pools.
+file where the dataset says which. The :class:`~ferry.producer.loading.batcher.Batcher` runs these on its pools.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from ferry.common.datasets import Transformed
 from ferry.common.remote_errors import exception_classes
 from ferry.common.sampleinfo import loading
 from ferry.common.shm import populate
-from ferry.producer.collate import RowLayout
+from ferry.producer.loading.collate import RowLayout
 
 __all__ = ["load_sample", "load_item", "load_row", "read_row", "written_first", "BatchFailed", "sample_file",
            "error_record", "loads_concurrently"]
 
-# a Job (ferry.producer.batcher) is passed in as ``job``: these functions read its ``seed`` and ``epoch``
+# a Job (ferry.producer.loading.batcher) is passed in as ``job``: these functions read its ``seed`` and ``epoch``
 
 
 #: CPython 3.11's AST constructor keeps a recursion counter that threads compiling at once can upset (gh-106905);
