@@ -123,7 +123,7 @@ MAX_FRAMES = 1024
 MAX_NDIM = 16
 #: Tasks a producer holds for one consumer session at most; a consumer asking for more is broken.
 MAX_PENDING_TASKS = 2 * MAX_SLOTS
-#: Datasets a pool producer keeps open for its consumers besides its own (producer/pool.py): each holds its files,
+#: Datasets a pool producer keeps open for its consumers besides its own (producer/loading/pool.py): each holds its files,
 #: index and batch workers; a job naming one more closes one no connection uses, or is refused.
 MAX_NAMED_DATASETS = 8
 #: Invalid messages a producer takes from one consumer session before it drops that session (its work) and says
@@ -200,7 +200,7 @@ MAX_ADDRESSES_PER_NAME = 256
 #: The live probe fails once a producer's main loop has not turned for this long. [Unit: second]
 DEFAULT_STUCK_AFTER_S = 20.0
 #: A producer all of whose loading threads (or slots) are held this long by loads its consumers gave up on exits
-#: with status 5 (producer/stuck.py), for its supervisor to start a fresh one; as long as a consumer's own
+#: with status 5 (producer/core/stuck.py), for its supervisor to start a fresh one; as long as a consumer's own
 #: task_timeout by default. [Unit: second]
 DEFAULT_EXIT_WHEN_STUCK_S = DEFAULT_TASK_TIMEOUT_S
 #: A producer rewrites its status file (--status-file) at most this far apart: every second, or a quarter of

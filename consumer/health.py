@@ -82,7 +82,7 @@ class LoaderHealth:
                    f"--allow-dataset <spec>)." if health.refused else "")
         rejected = (f" It rejected {health.rejected} producer HELLO(s), the latest: {health.last_rejection}."
                     if health.rejected and not health.refused else "")
-        # why the last one went: a producer still running but holding back (a load that hangs, producer/stuck.py)
+        # why the last one went: a producer still running but holding back (a load that hangs, producer/core/stuck.py)
         # says so in its own log; this names the loss it follows
         lost = f" The last one lost: {health.last_loss}." if health.producers_seen and health.last_loss else ""
         return NoProducersError(

@@ -112,7 +112,7 @@ class RemoteLoader:
         mp_context: str | None = UNSET, producer_transform: Any = UNSET, shared_memory: bool = UNSET,
         collate_fn: Any = UNSET, producer_init: Any = UNSET,
         collate_args: dict[str, Any] | None = UNSET, producer_transform_args: dict[str, Any] | None = UNSET,
-        producer_ahead: int | None = UNSET,
+        producer_ahead: int | None = UNSET, seed_per_sample: bool | None = UNSET,
         heartbeat: float = UNSET, liveness: int = UNSET, task_timeout: float = UNSET, max_batch_bytes: int = UNSET,
         max_attempts: int = UNSET, compression: str | None = UNSET, weight: float = UNSET,
         curve_secret_key: str | None = UNSET, curve_authorized_keys: str | None = UNSET,

@@ -40,7 +40,7 @@ def preload() -> None:
     start on the same cores): the consumer's local mode calls it before it forks its producers."""
     import importlib
 
-    for name in ("ferry.common.datasets", "ferry.common.sampleinfo", "ferry.producer.service"):
+    for name in ("ferry.common.datasets", "ferry.common.sampleinfo", "ferry.producer.io.service"):
         importlib.import_module(name)
 
 
@@ -108,7 +108,7 @@ def serve_process(config: ProducerConfig, dataset: Any = None) -> None:
 
 
 def _opened(config: ProducerConfig, dataset: Any) -> Any:
-    """The dataset opened, the hooks bound and run, and the :class:`~ferry.producer.service.Producer` built.
+    """The dataset opened, the hooks bound and run, and the :class:`~ferry.producer.io.service.Producer` built.
 
     Raises:
         DatasetOpenError: anything raised in the way that is not a configuration error (see :func:`serve`).
@@ -117,7 +117,7 @@ def _opened(config: ProducerConfig, dataset: Any) -> Any:
     from ferry.common.errors import ConfigError, DatasetOpenError, DatasetSpecError, MissingExtraError
     from ferry.common.sampleinfo import seed_process
 
-    from ferry.producer.service import Producer
+    from ferry.producer.io.service import Producer
 
     try:
         if dataset is None and config.dataset:  # without --dataset: a pool serving only what consumers name

@@ -8,6 +8,7 @@ never ran.
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -34,3 +35,9 @@ def module(name: str, extra: str) -> None:
         __import__(name)
     except ImportError:
         cannot_run(f"{name} is not installed (pip install 'ferry[{extra}]')")
+
+
+def tool(name: str, package: str) -> None:
+    """The command ``name`` on PATH, which Debian's ``package`` installs."""
+    if shutil.which(name) is None:
+        cannot_run(f"{name} is not installed (apt-get install {package})")

@@ -142,11 +142,13 @@ def test_real_run_is_diagnosed_as_producer_bound_and_warned_on_the_second_epoch(
     assert "bound by the producers" in verdicts[1].getMessage()
 
 
+@pytest.mark.slow  # a measurement: a stall figure against a bound (.ci/run runs -m slow)
 def test_a_model_bound_run_logs_no_warning(caplog):
-    """Acceptance 7: 60 batches at a normal step time (30 ms of 'model'), producers far faster than that. The
+    """Acceptance 7: 60 batches at a normal step time (50 ms of 'model'), producers far faster than that. The
     dataset's length is known up front, so the first __next__ also waits for the producers to start (spawned:
-    a fresh interpreter each): start-up, which must not count as stall. (At 20 ms, a full run on the loaded 2-core
-    machine once saw the two producers deliver 42 batches/s in epoch 0 against the loop's 48: 12.7 % stall.)"""
+    a fresh interpreter each): start-up, which must not count as stall. It measures, so it is in the slow set: in
+    the default suite, on the loaded 2-core machine, the two producers once delivered 42 batches/s in epoch 0
+    against the loop's 48 (20 ms steps: 12.7 % stall), and once 11.2 % at 30 ms."""
     caplog.set_level(logging.DEBUG, logger="ferry")
     with RemoteLoader(dataset=PairDataset(length=240, shape=(4,)), local_producers=2, mp_context="spawn",
                       batch_size=4, heartbeat=0.2, timeout=30) as loader:
@@ -154,7 +156,7 @@ def test_a_model_bound_run_logs_no_warning(caplog):
             loader.set_epoch(epoch)
             steps = 0
             for _ in loader:
-                time.sleep(0.03)  # the model's step: the workload, not a wait for anything
+                time.sleep(0.05)  # the model's step: the workload, not a wait for anything
                 steps += 1
             assert steps == 60
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]

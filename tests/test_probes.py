@@ -17,7 +17,7 @@ import pytest
 from ferry import RemoteLoader
 from ferry.common.datasets import SyntheticDataset
 from ferry.producer import ProducerConfig
-from ferry.producer.service import Producer
+from ferry.producer.io.service import Producer
 from ferry.producer.status import probe_file
 
 from .helpers import REPO, free_port, producer_env, wait_for

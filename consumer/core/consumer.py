@@ -93,7 +93,7 @@ class ConsumerCore:
         self._epoch = 0
         self._out: list[Action] = []
         # what every PING tells the producers: the demand gauge's value ("needed") and the loop's recent stall,
-        # which a pool producer exports per job (producer/sharing.py); set by the io thread's report_load
+        # which a pool producer exports per job (producer/core/sharing.py); set by the io thread's report_load
         self.load: dict[str, float] = {}
         self.dispatcher.occupancy(now)
 

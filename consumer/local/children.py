@@ -22,7 +22,7 @@ STDERR_TAIL_CHARS = 2000
 
 def describe_exit(code: int) -> str:
     """``exit code 1``, or ``killed by SIGKILL`` for a negative (signal) code; a producer's exit for stuck loads
-    (producer/stuck.py) says so."""
+    (producer/core/stuck.py) says so."""
     from ferry.producer.exits import EXIT_STUCK
 
     if code == EXIT_STUCK:

@@ -65,7 +65,7 @@ def producer_config(local: Any, transport: Any, dataset: Any, dataset_args: dict
     return ProducerConfig(
         endpoints=(endpoint,), dataset=dataset if isinstance(dataset, str) else type(dataset).__qualname__,
         dataset_args=dict(dataset_args or {}), exit_with_parent=True, trainer_pid=os.getpid(),
-        # one whose loading threads are all held by loads given up on exits, to be replaced (producer/stuck.py)
+        # one whose loading threads are all held by loads given up on exits, to be replaced (producer/core/stuck.py)
         exit_when_stuck=transport.task_timeout,
         torch_threads=1,  # as DataLoader's workers, whatever OMP_NUM_THREADS the trainer has (torch_threads.py)
         num_workers=num_workers, drain_timeout=LOCAL_DRAIN_TIMEOUT_S,

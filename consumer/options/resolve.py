@@ -211,6 +211,7 @@ def _local(given: Mapping[str, Any], dataset: Any) -> LocalOptions | None:
                               f"mp_context={given['mp_context']!r} (DataLoader refuses multiprocessing_context "
                               f"with num_workers=0 too)")
         for name, flag in (("collate_fn", "--collate package.module:function"),
+                           ("seed_per_sample", "--seed-per-sample 0|1"),
                            ("producer_init", "--init package.module:function"),
                            ("collate_args", "--collate-arg KEY=VALUE"),
                            ("producer_transform_args", "--transform-arg KEY=VALUE")):
