@@ -34,7 +34,7 @@ import torch
 
 from ferry.common import validate as check
 from ferry.common.constants import DEFAULT_BUFFER_BATCHES, DEFAULT_LOG_EVERY_S
-from ferry.common.errors import ConfigError, LoaderClosedError
+from ferry.common.errors import ConfigError, ConfigTypeError, LoaderClosedError
 
 from ferry.consumer.core import sequencer_for
 from ferry.consumer.epoch import EpochIterator, EpochParts, RunCounter
@@ -90,6 +90,15 @@ class RemoteLoader:
     device, pin_memory, device_transform, on_error, log_every = Option(), Option(), Option(), Option(), Option()
     endpoints = Option(lambda loader: loader._endpoints)  # bound: the given ones and local mode's ipc socket
     local, transport, curve = Option(), Option(), Option()  # the groups as resolved (local and curve: None if off)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "RemoteLoader":
+        if args:  # DataLoader's call shape, RemoteLoader(ds, batch_size=8): say what to write instead
+            raise ConfigTypeError(
+                f"RemoteLoader takes keyword arguments only, and got {len(args)} positional "
+                f"({', '.join(type(a).__name__ for a in args[:3])}): write RemoteLoader(dataset=ds, batch_size=..., "
+                f"local_producers=N), or port with `from ferry import DataLoader`, which takes DataLoader's own "
+                f"arguments as they are (DataLoader(ds, 8, shuffle=True, num_workers=4); docs/porting.md)")
+        return super().__new__(cls)
 
     def __init__(
         self, *,
