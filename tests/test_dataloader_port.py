@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -20,7 +23,7 @@ from ferry import ConfigError, ConfigTypeError, RemoteLoader
 from ferry.consumer.dataloader.engine import FERRY_KEYWORDS
 
 from . import port_datasets as pdata
-from .helpers import LeakCheck
+from .helpers import LeakCheck, free_port
 
 QUIET = {"log_every": None, "heartbeat": 0.2}
 
@@ -214,3 +217,13 @@ def test_close_leaves_nothing():
     leaks.assert_clean()
     with pytest.raises(ferry.LoaderClosedError):
         iter(loader)
+
+
+def test_the_training_scripts_namedtuple_comes_back_as_its_own():
+    """Point 9: a namedtuple class of the training script (``__main__``) from a producer that imported the script by
+    its file's name (``--dataset train:Samples``) came back as a look-alike class, not the script's own."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "main_namedtuple_trainer.py")
+    done = subprocess.run([sys.executable, script, f"tcp://127.0.0.1:{free_port()}"], capture_output=True, text=True,
+                          timeout=90)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"own": True, "indices": [[0, 1], [2, 3]]}
