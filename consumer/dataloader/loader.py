@@ -84,15 +84,22 @@ class DataLoader(torch.utils.data.DataLoader):
         curve_authorized_keys: str | None = UNSET,
     ) -> None:
         given = locals()
-        defaults = type(self).__init__.__kwdefaults__
+        defaults = _FERRY_DEFAULTS
         # given Ferry options are instance attributes of their keyword's name: Lightning re-instantiates a loader from
         # its attributes (those that differ from the signature's defaults); the others read the class's defaults
         ferry = {name: given[name] for name in FERRY_KEYWORDS if given[name] is not defaults[name]}
-        super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
-                         drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
-                         prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+        # by keyword: a framework that records the arguments of torch's __init__ (Lightning) must not see a sampler
+        # passed positionally here and again by keyword when it re-instantiates the loader with its own
+        super().__init__(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
+                         num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, drop_last=drop_last,
+                         timeout=timeout, worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
+                         generator=generator, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
         self.__dict__.update(ferry)
+        saved = self.__dict__.get("__pl_saved_kwargs")
+        if isinstance(saved, dict):  # Lightning recorded torch's __init__ call, not this one (its hook began before
+            for name, value in ferry.items():  # ferry.DataLoader was imported): the re-instantiation keeps Ferry's
+                saved.setdefault(name, value)
         self._ferry = ferry
         self._prefetch_given = prefetch_factor is not None
         self._plans = GivenPlans()
@@ -270,7 +277,9 @@ class DataLoader(torch.utils.data.DataLoader):
         return f"<ferry.DataLoader [{where}] num_workers={self.num_workers}>"
 
 
+#: Ferry's options' defaults, read before a framework may wrap __init__ (Lightning does, for the length of a hook)
+_FERRY_DEFAULTS = {name: DataLoader.__init__.__kwdefaults__[name] for name in FERRY_KEYWORDS}
 # Ferry's options not given read their signature's default (given ones are instance attributes: see __init__)
-for _name in FERRY_KEYWORDS:
-    setattr(DataLoader, _name, DataLoader.__init__.__kwdefaults__[_name])
-del _name
+for _name, _default in _FERRY_DEFAULTS.items():
+    setattr(DataLoader, _name, _default)
+del _name, _default

@@ -1,0 +1,72 @@
+"""Frameworks that take a DataLoader take ``ferry.DataLoader`` (issue 30): PyTorch Lightning's ``Trainer.fit`` (which
+re-instantiates the loader with a ``DistributedSampler`` under DDP, from its ``__pl_saved_*`` arguments when built in
+a hook, from its attributes when given to ``fit``) and Hugging Face Accelerate's ``prepare()`` (through
+``ferry.accelerate.prepare``, which keeps Ferry's producers in the loader accelerate rebuilds). Each trains 2 epochs
+under a 2-process DDP (CPU, gloo, ``torchrun``) with the real package, and every rank's batches equal that framework's
+with torch's DataLoader, each sample loaded by Ferry (``ferry.sample_info()`` set), none by torch's workers.
+
+Marker ``frameworks`` (about a minute: four torchrun runs of two processes each): ``.ci/run`` installs the pinned
+versions (pyproject's ``frameworks`` extra, with torch==2.13.0 kept) and runs ``pytest -m frameworks``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from . import needs
+from .helpers import REPO, free_port
+
+pytestmark = [pytest.mark.frameworks, pytest.mark.timeout(600)]
+
+TRAINER = os.path.join(REPO, "tests", "framework_trainer.py")
+
+
+def run(framework: str, kind: str, out: str) -> list[dict]:
+    """Each rank's recorded run of ``framework`` over ``kind``'s loader, under torchrun with 2 processes."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                           f"--master_port={free_port()}", TRAINER, framework, kind, out],
+                          capture_output=True, text=True, timeout=500, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    ranks = []
+    for rank in range(2):
+        with open(os.path.join(out, f"{framework}-{kind}-{rank}.json")) as f:
+            ranks.append(json.load(f))
+    return ranks
+
+
+def batches(run: dict) -> list[list[list[int]]]:
+    return [[b["indices"] for b in run[epoch]] for epoch in ("0", "1")]
+
+
+def loaded_by_ferry(run: dict) -> set[bool]:
+    return {b["ferry"] for epoch in ("0", "1") for b in run[epoch]}
+
+
+def test_lightning_fit_under_ddp(tmp_path):
+    needs.module("pytorch_lightning", "frameworks")
+    theirs, ours = run("lightning", "torch", str(tmp_path)), run("lightning", "ferry", str(tmp_path))
+    for rank in range(2):
+        for way in ("hook", "given"):  # built in train_dataloader(), and given to fit()
+            expected, got = theirs[rank][way], ours[rank][way]
+            assert batches(got) == batches(expected)
+            assert batches(got)[0] != batches(got)[1]  # DistributedSampler's set_epoch: another order
+            assert loaded_by_ferry(got) == {True} and loaded_by_ferry(expected) == {False}
+            assert got["loader0"] == ["DataLoader", "DistributedSampler", ["log_every"]]
+    indices = [sorted(i for b in ours[rank]["hook"]["0"] for i in b["indices"]) for rank in range(2)]
+    assert sorted(indices[0] + indices[1]) == list(range(22))  # each rank its share, the two make the epoch
+
+
+def test_accelerate_prepare_under_ddp(tmp_path):
+    needs.module("accelerate", "frameworks")
+    theirs, ours = run("accelerate", "torch", str(tmp_path)), run("accelerate", "ferry", str(tmp_path))
+    for rank in range(2):
+        expected, got = theirs[rank]["prepared"], ours[rank]["prepared"]
+        assert batches(got) == batches(expected) and batches(got)[0] != batches(got)[1]
+        assert loaded_by_ferry(got) == {True} and loaded_by_ferry(expected) == {False}
+        assert got["producers"] == 2
+    assert batches(ours[0]["prepared"]) != batches(ours[1]["prepared"])
