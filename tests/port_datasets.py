@@ -43,3 +43,28 @@ class Indexed(Dataset):
 
     def __getitem__(self, index: int):
         return Sample(index, torch.full((2,), float(index)))
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """An iterable of ``size`` numbers, split by worker as DataLoader's documentation splits one."""
+
+    def __init__(self, size: int = 10) -> None:
+        self.size = size
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        return iter(range(worker, self.size, workers))
+
+
+class Bulk(Dataset):
+    """A map-style dataset with ``__getitems__``: a batch's samples in one call, as DataLoader's fetcher asks."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index: int):
+        return torch.tensor([index])
+
+    def __getitems__(self, indices):
+        return [torch.tensor([index * 10]) for index in indices]

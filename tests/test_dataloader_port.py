@@ -219,6 +219,25 @@ def test_close_leaves_nothing():
         iter(loader)
 
 
+def test_a_class_named_by_the_scripts_file_is_the_scripts_own(monkeypatch):
+    """The unit of the test below: ``train:Pair`` from a producer that imported ``python train.py`` as ``train`` is
+    ``__main__``'s Pair (run by path: no spec), and ``pkg.train:Pair`` for ``python -m pkg.train``; nothing else."""
+    import collections
+    import types
+
+    from ferry.common.batch_types import find_class, namedtuple_class
+
+    script = types.ModuleType("__main__")
+    script.__file__, script.__spec__ = "/somewhere/train.py", None
+    script.Pair = collections.namedtuple("Pair", ["index", "value"])
+    monkeypatch.setitem(sys.modules, "__main__", script)
+    assert namedtuple_class("train:Pair", ["index", "value"], 2, "batch") is script.Pair
+    assert find_class("other:Pair") is None and find_class("pkg.train:Pair") is None
+    script.__spec__ = types.SimpleNamespace(name="pkg.train")
+    assert find_class("pkg.train:Pair") is script.Pair and find_class("train:Pair") is None
+
+
+@pytest.mark.slow
 def test_the_training_scripts_namedtuple_comes_back_as_its_own():
     """Point 9: a namedtuple class of the training script (``__main__``) from a producer that imported the script by
     its file's name (``--dataset train:Samples``) came back as a look-alike class, not the script's own."""
@@ -227,3 +246,56 @@ def test_the_training_scripts_namedtuple_comes_back_as_its_own():
                           timeout=90)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"own": True, "indices": [[0, 1], [2, 3]]}
+
+
+# --- the other shapes DataLoader takes -------------------------------------------------------------------------------
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_iterable_dataset_as_dataloader_reads_it(num_workers):
+    expected = [b.tolist() for b in torch.utils.data.DataLoader(pdata.Stream(10), batch_size=3,
+                                                                 num_workers=num_workers)]
+    with ferry.DataLoader(pdata.Stream(10), batch_size=3, num_workers=num_workers, **QUIET) as loader:
+        assert [b.tolist() for b in loader] == expected
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_unbatched_and_getitems_as_dataloader(num_workers):
+    dataset = pdata.Indexed(5)
+    expected = [tuple(s) for s in torch.utils.data.DataLoader(dataset, batch_size=None)]
+    with ferry.DataLoader(dataset, batch_size=None, num_workers=num_workers, **QUIET) as loader:
+        got = [tuple(s) for s in loader]
+    assert [(int(i), v.tolist()) for i, v in got] == [(int(i), v.tolist()) for i, v in expected]
+    if num_workers == 0:  # DataLoader's fetcher calls __getitems__ for a batch (a producer loads one at a time)
+        bulk = [b.tolist() for b in ferry.DataLoader(pdata.Bulk(), batch_size=4)]
+        assert bulk == [b.tolist() for b in torch.utils.data.DataLoader(pdata.Bulk(), batch_size=4)]
+
+
+def test_a_generator_is_drawn_as_dataloader_draws_it_and_resumed_past():
+    """With generator=g: each iter() draws from g as DataLoader does (g advances); a resume sets g where the saved
+    pass left it, so the passes after it draw what they drew."""
+    dataset = pdata.Indexed(9)
+    reference = torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=True,
+                                            generator=torch.Generator().manual_seed(4))
+    expected = [indices(reference) for _ in range(3)]
+    loader = ferry.DataLoader(dataset, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(4))
+    it = iter(loader)
+    first = [next(it)]
+    state = loader.state_dict()
+    assert indices(first + list(it)) == expected[0] and [indices(loader) for _ in range(2)] == expected[1:]
+    resumed = ferry.DataLoader(dataset, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(99))
+    resumed.load_state_dict(state)
+    assert [indices(resumed) for _ in range(3)] == [expected[0][1:]] + expected[1:]
+
+
+def test_what_dataloader_refuses_and_what_ferry_cannot_do():
+    with pytest.raises(ConfigError, match="timeout"):  # DataLoader refuses it at iter() without workers
+        ferry.DataLoader(pdata.Indexed(), timeout=5)
+    with pytest.raises(ConfigError, match="dataset object"):
+        ferry.DataLoader("npy-folder", num_workers=1)
+
+
+def test_dropping_the_loader_stops_its_producers():
+    leaks = LeakCheck()
+    loader = ferry.DataLoader(pdata.Indexed(6), batch_size=3, num_workers=2, **QUIET)
+    assert len(list(loader)) == 2
+    del loader
+    leaks.assert_clean()

@@ -85,6 +85,9 @@ class DataLoader(torch.utils.data.DataLoader):
     ) -> None:
         given = locals()
         defaults = _FERRY_DEFAULTS
+        if isinstance(dataset, str):
+            raise ConfigError(f"ferry.DataLoader takes a dataset object, as DataLoader does, not a spec string "
+                              f"({dataset!r}): a spec is RemoteLoader's (RemoteLoader(dataset={dataset!r}, ...))")
         # given Ferry options are instance attributes of their keyword's name: Lightning re-instantiates a loader from
         # its attributes (those that differ from the signature's defaults); the others read the class's defaults
         ferry = {name: given[name] for name in FERRY_KEYWORDS if given[name] is not defaults[name]}
