@@ -24,6 +24,7 @@ which runs before ``multiprocessing`` stops the daemonic children and joins the 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import multiprocessing.util
 import types
@@ -332,3 +333,9 @@ class RemoteLoader:
         s = self.stats()
         return (f"<RemoteLoader [{s['producers']} producers | buffered {s['buffered']}, in flight "
                 f"{s['in_flight']} of {self.buffer_batches} | {s['batches']} batches] {', '.join(self.endpoints)}>")
+
+
+# help() and inspect.signature(RemoteLoader) show __init__'s keywords, not the (*args, **kwargs) of __new__, whose only
+# job is to answer DataLoader's positional call shape with what to write instead
+RemoteLoader.__signature__ = inspect.signature(RemoteLoader.__init__).replace(  # type: ignore[attr-defined]
+    parameters=[p for p in inspect.signature(RemoteLoader.__init__).parameters.values() if p.name != "self"])

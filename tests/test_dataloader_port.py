@@ -20,7 +20,7 @@ import torch.utils.data
 
 import ferry
 from ferry import ConfigError, ConfigTypeError, RemoteLoader
-from ferry.consumer.dataloader.engine import FERRY_KEYWORDS
+from ferry.consumer.dataloader.engine import OWN_KEYWORDS
 
 from . import port_datasets as pdata
 from .helpers import LeakCheck, free_port
@@ -49,7 +49,7 @@ def test_signature_is_torchs_then_ferrys_own():
     assert [(p.name, p.kind, p.default) for p in ours[:len(theirs)]] == \
         [(p.name, p.kind, p.default) for p in theirs]
     extra = ours[len(theirs):]
-    assert [p.name for p in extra] == list(FERRY_KEYWORDS)
+    assert [p.name for p in extra] == list(OWN_KEYWORDS)
     assert all(p.kind is p.KEYWORD_ONLY for p in extra)
     remote = inspect.signature(RemoteLoader.__init__).parameters
     differs = {p.name for p in extra if remote[p.name].default is not p.default and remote[p.name].default != p.default}

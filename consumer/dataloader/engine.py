@@ -29,13 +29,13 @@ from ferry.common.variables import ENDPOINT_VARIABLE
 from ferry.consumer.options import UNSET, LocalOptions
 from ferry.consumer.planning import GivenPlans
 
-__all__ = ["FERRY_KEYWORDS", "engine_keywords", "loads_in_process"]
+__all__ = ["OWN_KEYWORDS", "engine_keywords", "loads_in_process"]
 
 #: ferry.DataLoader's own keyword-only options: RemoteLoader's, less those DataLoader has under a name of its own
 #: (``num_workers``, ``worker_init_fn``, ``multiprocessing_context``, ``collate_fn``, ``batch_size`` …) and less
 #: the rank sharding (``rank``, ``world_size``: a DataLoader's share is its sampler's) and ``local_producers="auto"``'s
 #: bounds (``num_workers`` is a count).
-FERRY_KEYWORDS = (
+OWN_KEYWORDS = (
     "endpoint", "seed", "buffer_batches", "no_producer_timeout", "dataset_args", "dataset_len", "iterable_streams",
     "device", "device_transform", "on_error", "log_every", "metrics_port", "local", "transport", "curve",
     "producer_threads", "producer_slots", "producer_transform", "shared_memory", "collate_args",

@@ -26,7 +26,7 @@ import torch.utils.data
 from ferry.common.constants import DEFAULT_LOG_EVERY_S
 from ferry.common.errors import ConfigError, LoaderClosedError
 
-from ferry.consumer.dataloader.engine import FERRY_KEYWORDS, engine_keywords, loads_in_process
+from ferry.consumer.dataloader.engine import OWN_KEYWORDS, engine_keywords, loads_in_process
 from ferry.consumer.dataloader.inprocess import InProcessPass, IterablePass
 from ferry.consumer.dataloader.passes import Pass, draw_base_seed, draw_pass, pass_state, replay_pass
 from ferry.consumer.options import UNSET, CurveOptions, LocalOptions, TransportOptions, resolve_options
@@ -90,7 +90,7 @@ class DataLoader(torch.utils.data.DataLoader):
                               f"({dataset!r}): a spec is RemoteLoader's (RemoteLoader(dataset={dataset!r}, ...))")
         # given Ferry options are instance attributes of their keyword's name: Lightning re-instantiates a loader from
         # its attributes (those that differ from the signature's defaults); the others read the class's defaults
-        ferry = {name: given[name] for name in FERRY_KEYWORDS if given[name] is not defaults[name]}
+        ferry = {name: given[name] for name in OWN_KEYWORDS if given[name] is not defaults[name]}
         # by keyword: a framework that records the arguments of torch's __init__ (Lightning) must not see a sampler
         # passed positionally here and again by keyword when it re-instantiates the loader with its own
         super().__init__(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
@@ -281,7 +281,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
 
 #: Ferry's options' defaults, read before a framework may wrap __init__ (Lightning does, for the length of a hook)
-_FERRY_DEFAULTS = {name: DataLoader.__init__.__kwdefaults__[name] for name in FERRY_KEYWORDS}
+_FERRY_DEFAULTS = {name: DataLoader.__init__.__kwdefaults__[name] for name in OWN_KEYWORDS}
 # Ferry's options not given read their signature's default (given ones are instance attributes: see __init__)
 for _name, _default in _FERRY_DEFAULTS.items():
     setattr(DataLoader, _name, _default)
