@@ -97,7 +97,13 @@ def _plan(loader: Any, number: int) -> EpochPlan:
     if batch_sampler is None:  # unbatched: each item of the sampler is one dataset[item]
         return EpochPlan.unbatched_items(number, loader.sampler)
     if type(batch_sampler) is BatchSampler:  # torch's own: consecutive runs of its sampler, read once, in numpy
-        indices = np.fromiter((int(i) for i in batch_sampler.sampler), dtype=np.int64)
+        items = list(batch_sampler.sampler)
+        try:
+            indices = np.array(items, dtype=np.int64)  # ints: about 0.1 s for ImageNet's 1.28 M (int() each: 0.4 s)
+        except (TypeError, ValueError):
+            indices = np.fromiter((int(i) for i in items), dtype=np.int64, count=len(items))
+        if indices.ndim != 1:  # a sampler of lists is a batch sampler's job: read it as DataLoader's BatchSampler does
+            return EpochPlan.from_batches(number, batch_sampler)
         return EpochPlan.from_indices(number, indices, batch_sampler.batch_size, batch_sampler.drop_last)
     return EpochPlan.from_batches(number, batch_sampler)
 
