@@ -101,11 +101,23 @@ def test_start_up_before_the_first_batch_is_not_stall():
     assert "not data-bound" in text and "stall 2.0 %" in text and "10.0 s of start-up not counted" in text
 
 
-def test_an_empty_epoch_is_logged_at_info(caplog):
-    caplog.set_level(logging.INFO, logger="ferry")
+def test_an_empty_epoch_is_logged_at_debug(caplog):
+    caplog.set_level(logging.DEBUG, logger="ferry")
     text = EpochLog().end_epoch(0, figures(batches=0, wait_s=0.0, active_s=0.0))
     assert "nothing to diagnose" in text
-    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG]
+
+
+def test_only_an_epoch_with_something_to_act_on_is_logged_above_debug(caplog):
+    """Issue 30, point 7: a line every epoch, even for a toy loop. Now INFO only for a data-bound epoch of a loop that
+    does something with its batches; a loop not data-bound, one of few batches, or one whose steps take no time
+    (a toy loop: 100 batches, 10 us of work each) is at DEBUG."""
+    caplog.set_level(logging.DEBUG, logger="ferry")
+    epochs = EpochLog()
+    cases = [figures(), figures(wait_s=0.5), figures(batches=19), figures(batches=100, wait_s=5.0, active_s=0.001)]
+    for epoch, f in enumerate(cases):
+        epochs.end_epoch(epoch, f)
+    assert [r.levelno for r in caplog.records] == [logging.INFO, logging.DEBUG, logging.DEBUG, logging.DEBUG]
 
 
 def test_warning_only_after_two_stalled_epochs_of_at_least_20_batches(caplog):
@@ -115,7 +127,7 @@ def test_warning_only_after_two_stalled_epochs_of_at_least_20_batches(caplog):
     for epoch, f in enumerate([stalled, fine, stalled, short, stalled, stalled, stalled, fine, stalled]):
         epochs.end_epoch(epoch, f)
     levels = [r.levelno == logging.WARNING for r in caplog.records]
-    assert levels == [False, False, False, False, False, True, True, False, False]
+    assert levels == [False, False, False, True, True, False]  # the data-bound epochs: 0, 2, 4, 5, 6, 8
     assert all("ferry: epoch" in r.getMessage() for r in caplog.records)
 
 

@@ -118,8 +118,10 @@ class SpecLauncher(_Launcher):
         argv, env = command_line(self.configured(index, generation), log_level, environ=os.environ)
         capture = self.capture(index, generation)
         try:
+            # a session (process group) of its own: the terminal's Ctrl-C is the trainer's, never its producers'
+            # (even before the producer ignores SIGINT itself: ferry.producer.ignore_sigint)
             process = subprocess.Popen([sys.executable, "-m", "ferry.producer", *argv], env=env,
-                                       stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                       stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         except BaseException:
             capture.close()
             raise

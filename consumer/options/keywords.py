@@ -169,8 +169,10 @@ KEYWORDS: dict[str, Setting] = {
     "on_error": Setting(s.Choice(("raise", "skip")), "``\"raise\"`` (RemoteSampleError in the loop) or "
                         "``\"skip\"`` (drop the failed samples)."),
     "log_every": Setting(s.Real(0), "seconds between one-line progress logs (logger ``ferry.consumer``, INFO); "
-                         "None: never. Each epoch's diagnosis is logged at INFO; at WARNING only when the stall stays "
-                         "above 10 % for two epochs in a row (see :mod:`ferry.consumer.figures.diagnosis`).",
+                         "None: never. An epoch's diagnosis is logged only when it has something to act on: at INFO for a "
+                         "data-bound epoch (stall above 10 %, 20 batches or more, steps of 1 ms or more), at WARNING "
+                         "when that lasts two epochs in a row, else at DEBUG (see "
+                         ":mod:`ferry.consumer.figures.diagnosis`; ``diagnosis()`` gives it any time).",
                          unit="second", optional=True),
     "metrics_port": s.METRICS_PORT,
     "local": Setting(s.Kind(), "a :class:`LocalOptions`: start producer processes here (local mode). Needs "
