@@ -70,3 +70,35 @@ def test_accelerate_prepare_under_ddp(tmp_path):
         assert loaded_by_ferry(got) == {True} and loaded_by_ferry(expected) == {False}
         assert got["producers"] == 2
     assert batches(ours[0]["prepared"]) != batches(ours[1]["prepared"])
+
+
+@pytest.mark.parametrize("imported_in_the_hook", [False, True])
+def test_lightning_reinstantiation_keeps_ferrys_options(imported_in_the_hook):
+    """The unit under the DDP test: Lightning's own re-instantiation (``_update_dataloader``) of a ferry.DataLoader
+    built while its hook wraps DataLoaders' ``__init__``: with a DistributedSampler, Ferry's options kept, whether
+    ferry.DataLoader was imported before the hook began (its own __init__ wrapped) or in it (only torch's wrapped)."""
+    needs.module("pytorch_lightning", "frameworks")
+    import importlib
+
+    import torch
+    from lightning_fabric.utilities.data import _replace_dunder_methods
+    from pytorch_lightning.utilities.data import _update_dataloader
+    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+
+    from . import port_datasets as pdata
+
+    module = "ferry.consumer.dataloader.loader"
+    importlib.import_module(module)
+    saved = {name: sys.modules.pop(name) for name in list(sys.modules)
+             if name.startswith("ferry.consumer.dataloader")} if imported_in_the_hook else {}
+    try:
+        with _replace_dunder_methods(DataLoader, "dataset"), _replace_dunder_methods(BatchSampler):
+            loader = importlib.import_module(module).DataLoader(pdata.Indexed(8), batch_size=2, shuffle=True,
+                                                                num_workers=1, log_every=None, heartbeat=0.5)
+        sampler = DistributedSampler(loader.dataset, num_replicas=2, rank=1, shuffle=True)
+        again = _update_dataloader(loader, sampler)
+        assert type(again).__module__ == module and again.sampler is sampler and again.batch_size == 2
+        assert again.ferry_options == {"log_every": None, "heartbeat": 0.5} and again.num_workers == 1
+        assert isinstance(again, torch.utils.data.DataLoader)
+    finally:
+        sys.modules.update(saved)

@@ -18,6 +18,7 @@ What each DataLoader option becomes: consumer/dataloader/engine.py and docs/port
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -98,21 +99,23 @@ class DataLoader(torch.utils.data.DataLoader):
                          timeout=timeout, worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
                          generator=generator, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
+        # written to __dict__, not through setattr: a framework that records the attributes set after torch's
+        # __init__ to set them again on the loader it re-instantiates (Lightning) must not copy this one's state
         self.__dict__.update(ferry)
+        self.__dict__.update(
+            _ferry=ferry, _prefetch_given=prefetch_factor is not None, _plans=GivenPlans(),
+            _engine=None,  # the RemoteLoader, from the first iter() that needs producers
+            _closed=False,
+            _seed=None,  # the per-sample seeds' base: `seed`, else the first pass's base seed
+            _next_pass=0,
+            _current=None,  # the newest pass (a Pass; None for an iterable dataset)
+            _in_process=None,  # its iterator, when this process loads it
+            _resume=None,  # a state load_state_dict gave, for the next iter()
+        )
         saved = self.__dict__.get("__pl_saved_kwargs")
         if isinstance(saved, dict):  # Lightning recorded torch's __init__ call, not this one (its hook began before
             for name, value in ferry.items():  # ferry.DataLoader was imported): the re-instantiation keeps Ferry's
                 saved.setdefault(name, value)
-        self._ferry = ferry
-        self._prefetch_given = prefetch_factor is not None
-        self._plans = GivenPlans()
-        self._engine: Any = None  # the RemoteLoader, from the first iter() that needs producers
-        self._closed = False
-        self._seed: int | None = None  # the per-sample seeds' base: `seed`, else the first pass's base seed
-        self._next_pass = 0
-        self._current: Pass | None = None  # the newest pass
-        self._in_process: Any = None  # its iterator, when this process loads it
-        self._resume: dict[str, Any] | None = None  # a state load_state_dict gave, for the next iter()
         self._check_ferry_options()
 
     @property
@@ -173,6 +176,9 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def _in_process_pass(self, current: Pass | None, first: int) -> Any:
         pin = bool(self.pin_memory) and torch.cuda.is_available()
+        if self.pin_memory and not pin:  # DataLoader's own warning, at the same moment (the engine warns likewise)
+            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device pinned "
+                          "memory won't be used.", stacklevel=3)
         device = torch.device(self._ferry["device"]) if self._ferry.get("device") is not None else None
         transform = self._ferry.get("device_transform")
         if current is None:
