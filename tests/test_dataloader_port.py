@@ -299,3 +299,16 @@ def test_dropping_the_loader_stops_its_producers():
     assert len(list(loader)) == 2
     del loader
     leaks.assert_clean()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_iterable_dataset_resumes_mid_pass(num_workers):
+    options = dict(batch_size=2, num_workers=num_workers, **QUIET)
+    with ferry.DataLoader(pdata.Stream(11), **options) as loader:
+        whole = [b.tolist() for b in loader]
+        it = iter(loader)
+        head = [next(it).tolist() for _ in range(2)]
+        state = json.loads(json.dumps(loader.state_dict()))
+    with ferry.DataLoader(pdata.Stream(11), **options) as resumed:
+        resumed.load_state_dict(state)
+        assert head + [b.tolist() for b in resumed] == whole

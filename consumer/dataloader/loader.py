@@ -145,19 +145,20 @@ class DataLoader(torch.utils.data.DataLoader):
             raise LoaderClosedError("this DataLoader is closed")
         resume, self._resume = self._resume, None
         first = 0
-        if resume is not None and resume.get("pass") is not None:
-            current = replay_pass(self, resume["pass"])
+        if resume is not None and resume.get("pass") is not None:  # an iterable dataset's stream is read again
+            number = int(resume["pass"]["pass"])
+            current = None if self._is_iterable() else replay_pass(self, resume["pass"])
             first = int(resume.get("batches_delivered", 0))
         else:
             if not self.persistent_workers or self._next_pass == 0 and self._seed is None:
                 base_seed = draw_base_seed(self.generator)  # DataLoader's first draw of every iteration
                 if self._seed is None:
                     self._seed = self._ferry.get("seed", base_seed) & _SEED_MASK
-            current = None if self._is_iterable() else draw_pass(self, self._next_pass)
+            number = self._next_pass
+            current = None if self._is_iterable() else draw_pass(self, number)
             resume = None
         if self._seed is None:
             self._seed = self._ferry.get("seed", 0) & _SEED_MASK
-        number = current.number if current is not None else self._next_pass
         self._current, self._next_pass = current, number + 1
         if loads_in_process(self):
             self._in_process = self._in_process_pass(current, first)
