@@ -5,8 +5,9 @@ stops in it.
 A map-style sample is loaded under the generators a producer would seed for it (torch's CPU generator, numpy's
 global one and Python's ``random``, from ``(seed, epoch, index)``: :func:`ferry.common.sampleinfo.loading`), so
 its pixels are those of the same loader with any number of producers; the training process's own generator
-states are put back after each sample (:func:`ferry.common.sampleinfo.kept_generators`), as a library leaves its
-host's generators alone. ``ferry.sample_info()`` describes the sample while it loads, as in a producer. A dataset
+states are put back after each batch (:func:`ferry.common.sampleinfo.kept_generators`), as a library leaves its
+host's generators alone. With ``seed_per_sample=False`` nothing is seeded or put back: the samples draw from the
+trainer's generators, as in DataLoader's own single process. ``ferry.sample_info()`` describes the sample while it loads, as in a producer. A dataset
 with ``__getitems__`` (a batch in one call) gets it, as DataLoader's fetcher calls it, under the seeds of the
 batch's first index. An iterable dataset is read as DataLoader's single process reads it (``iter(dataset)``, batches
 of ``batch_size``), without per-sample seeds (docs/datasets.md#iterable-datasets).
@@ -53,6 +54,15 @@ class InProcessPass:
         return _staged(batch, self._pin, self._device, self._transform)
 
     def _load(self, indices: list[int]) -> Any:
+        """The batch, its samples loaded under their seeds and collated right after, as a producer does (a
+        ``collate_fn`` that draws, mixup's, then draws what it draws there); the trainer's generator states are put
+        back once the batch is made (once a batch: saving and restoring them costs about as much as seeding)."""
+        if not self._seed_globals:
+            return self._batch(indices)
+        with kept_generators():
+            return self._batch(indices)
+
+    def _batch(self, indices: list[int]) -> Any:
         dataset, epoch = self._dataset, self._plan.epoch
         if self._plan.unbatched == "list":  # a sampler's list of indices, given whole to dataset[list]
             return self._collate(self._one(lambda: dataset[indices], epoch, indices[0]))
@@ -64,7 +74,7 @@ class InProcessPass:
         return self._collate([self._one(lambda i=i: dataset[i], epoch, i) for i in indices])
 
     def _one(self, load: Callable[[], Any], epoch: int, index: int) -> Any:
-        with kept_generators(), loading(self._seed, epoch, index, seed_globals=self._seed_globals):
+        with loading(self._seed, epoch, index, seed_globals=self._seed_globals):
             return load()
 
 
