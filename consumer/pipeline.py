@@ -99,6 +99,7 @@ class Pipeline:
         #: local_producers="auto": called with each demand sample on the training thread (else None)
         self.autoscale: Autoscaler | None = None
         self.io: IoThread | None = None
+        self.slot: int | None = None  # this loader's endpoint slot in the process (consumer/io/ports.py)
         self.staging: threading.Thread | None = None
         self.metrics: Any = None
         try:
@@ -124,7 +125,7 @@ class Pipeline:
             from ferry.common.security import CurveServer
 
             curve = CurveServer.load(opts.curve.secret_key, opts.curve.authorized_keys)
-        transport, local, endpoints = opts.transport, opts.local, list(opts.endpoints)
+        transport, local, endpoints = opts.transport, opts.local, self._slotted(opts)
         window = Window.of(opts.buffer_batches)  # every size derived from buffer_batches (consumer/window.py)
         if local is not None:
             # its producers read FERRY_KEEP_FREED_MEMORY (common/heap.py): a bad value is one ConfigError here,
@@ -180,6 +181,25 @@ class Pipeline:
 
             self.metrics = MetricsServer(opts.metrics_port, figures, "ferry_consumer", declared=STATS)
 
+    def _slotted(self, opts: LoaderOptions) -> list[str]:
+        """The tcp and ipc endpoints to bind: as given with ``endpoint=``; the default's or ``FERRY_ENDPOINT``'s in
+        a slot of this process's own (consumer/io/ports.py), logged when it is not the first."""
+        if not (opts.shared_endpoints and opts.endpoints):
+            return list(opts.endpoints)
+        from ferry.consumer.io.ports import in_slot, take_slot
+        from ferry.consumer.options.resolve import env_int
+
+        self.slot = take_slot()
+        endpoints = [in_slot(e, self.slot, max(1, env_int("LOCAL_WORLD_SIZE", 1))) for e in opts.endpoints]
+        if self.slot:
+            import logging
+
+            logging.getLogger("ferry.consumer").info(
+                "ferry: another loader of this process holds %s; this one binds %s (a process's loaders take the "
+                "next slot in the order they are built: give endpoint= to choose)", ", ".join(opts.endpoints),
+                ", ".join(endpoints))
+        return endpoints
+
     def shutdown(self) -> None:
         """Stop everything, in the order of the module docstring."""
         if self.metrics is not None:
@@ -203,3 +223,8 @@ class Pipeline:
                     break
         if self.local is not None:
             self.local.close()
+        if self.slot is not None:  # its ports are free once the io thread closed the ROUTER
+            from ferry.consumer.io.ports import release_slot
+
+            release_slot(self.slot)
+            self.slot = None
