@@ -85,6 +85,21 @@ def resolve_device(device: Any, pin_memory: bool | None) -> tuple[torch.device |
     return device, pin_memory
 
 
+def own_canaries(opts: LoaderOptions, dataset: Any, length: int | None) -> tuple[Any, ...] | None:
+    """The trainer's own canary samples (:mod:`ferry.common.canary`), which remote producers' must match: loaded here
+    from a map-style dataset object when producers on other hosts may join (a tcp or ipc endpoint of the script's
+    or the environment's) and no local producers fork from this process (a handle a ``__getitem__`` opened here, an
+    HDF5 file, would be inherited). A sample that raises here is left out (this process may lack what producers
+    have). None: not loaded, the first remote producer's are the reference instead."""
+    if (dataset is None or isinstance(dataset, str) or not opts.endpoints or opts.local is not None or not length
+            or is_sharded(dataset) or is_iterable(dataset)):
+        return None
+    from ferry.common.canary import canary_indices, probe
+
+    return tuple(c for c in probe(dataset, canary_indices(length), in_trainer=True)
+                 if not c.structure.startswith("raised "))
+
+
 class Pipeline:
     """Local producers -> io thread -> ``handoff`` -> staging thread -> ``staged`` (the training thread's)."""
 
@@ -120,6 +135,7 @@ class Pipeline:
             fingerprint = dataset_fingerprint(dataset)
             if opts.local is not None and opts.local.transform is not None:  # what its producers will announce
                 fingerprint = transformed_fingerprint(fingerprint, opts.local.transform, opts.local.transform_args)
+        canaries = own_canaries(opts, dataset, dataset_len)
         curve = None
         if opts.curve is not None:
             from ferry.common.security import CurveServer
@@ -157,7 +173,7 @@ class Pipeline:
                        dataset_spec=dataset if isinstance(dataset, str) and local is None else None,
                        dataset_args=opts.dataset_args if isinstance(dataset, str) and local is None else None,
                        weight=transport.weight,
-                       local_producers=self.local.count if self.local is not None else 0,
+                       local_producers=self.local.count if self.local is not None else 0, canaries=canaries,
                        **compression_welcome(transport.compression)),
             endpoints=self.endpoints, handoff=self.handoff, counters=counters, curve=curve,
             slab=self.local.slab if self.local is not None else None,

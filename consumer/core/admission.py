@@ -2,7 +2,8 @@
 
 :class:`Peers` decides, over the :class:`~ferry.consumer.core.dispatcher.Dispatcher`'s registry of producers, and
 returns what the core must then do (answer WELCOME or REJECT, log, set a lost producer's slots aside). A HELLO is admitted when
-* its dataset is the one this consumer serves: the length and fingerprint it was given (``dataset=`` an
+* its dataset is the one this consumer serves: its canary samples (ferry.common.canary) hold what the trainer's own
+  do, or else what the first announcing producer's did; and the length and fingerprint it was given (``dataset=`` an
   object), or else those of the first producer admitted; with ``dataset=`` a spec string, only producers
   announcing that spec are admitted, and the first of them sets the length and fingerprint (the consumer
   does not build the dataset, which may be costly or need files it does not have; ``dataset_args`` are not
@@ -43,6 +44,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ferry.common.canary import Canary, from_wire, mismatch
 from ferry.common.constants import MAX_TRACKED_PEERS
 from ferry.common.pool import NAME, REJECT, answer_hello
 
@@ -100,8 +102,12 @@ class Admission:
 class Peers:
     def __init__(self, dispatcher: Dispatcher, *, dataset_len: int | None, fingerprint: str | None,
                  shm_token: str | None, now: float, dataset_spec: str | None = None,
-                 dataset_args: dict[str, Any] | None = None) -> None:
+                 dataset_args: dict[str, Any] | None = None, canaries: tuple[Canary, ...] | None = None) -> None:
         self.dispatcher = dispatcher
+        # what a producer's canary samples must match (ferry.common.canary): the trainer's own, or else the first
+        # announcing producer's, and whose they are, in words
+        self.canaries = list(canaries) if canaries is not None else None
+        self._canaries_of = "this trainer's" if canaries is not None else ""
         self.dataset_spec = dataset_spec  # admit only producers announcing this spec (pools: named to them)
         self.dataset_args = dict(dataset_args or {})  # named with the spec to pool producers
         self.refused = ""  # the latest producer's refusal to load the dataset we named, in words
@@ -192,6 +198,14 @@ class Peers:
             return (f"dataset fingerprint {dataset['fingerprint']!r} (spec {dataset['spec']!r}) differs from "
                     f"{self.fingerprint!r}" + (f" of the first producer {first}" if first else "")
                     + _module_hint(dataset["fingerprint"], self.fingerprint))
+        announced = dataset.get("canary")
+        if announced is not None:  # a remote producer's samples (a loader's own local producers announce none)
+            if self.canaries is None:
+                self.canaries, self._canaries_of = from_wire(announced), f"the first producer's ({name})"
+            else:
+                reason = mismatch(self.canaries, from_wire(announced), self._canaries_of)
+                if reason is not None:
+                    return f"its data differs: {reason}"
         lengths = dataset.get("shard_lens")
         if lengths is not None and self.shard_lengths is not None and lengths != self.shard_lengths:
             return (f"its shards hold other sample counts than the first producer's{f' ({first})' if first else ''}, "
