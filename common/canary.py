@@ -23,12 +23,13 @@ dataset and load none. This module imports neither numpy nor torch itself.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 __all__ = ["Canary", "CANARY_SEED", "MAX_CANARIES", "canary_indices", "structure", "probe", "mismatch",
-           "as_wire", "from_wire"]
+           "as_wire", "from_wire", "code_digest"]
 
 #: The loader seed canary samples are loaded under (the trainer's own seed is not known when a producer opens).
 CANARY_SEED = 0
@@ -185,3 +186,32 @@ def valid_wire(value: Any, max_text: int) -> bool:
             and all(isinstance(c, list) and len(c) == 3 and isinstance(c[0], int) and not isinstance(c[0], bool)
                     and 0 <= c[0] < (1 << 63) and isinstance(c[1], str) and len(c[1]) <= max_text
                     and (c[2] is None or (isinstance(c[2], str) and len(c[2]) <= 64)) for c in value))
+
+
+def code_digest(spec: str) -> str | None:
+    """A digest of the source file of a ``package.module:callable`` spec's module, found without importing anything
+    (the module's ``__file__`` where it is loaded already, else on ``sys.path``); None for a built-in name or a
+    module not found. Two producers (or a producer and the trainer) whose digests differ run other code for the same
+    spec: a stale producer left over from another version, which the canary samples catch where their outputs
+    differ, and which the consumer warns about where they do not."""
+    module, colon, _ = spec.partition(":")
+    if not colon or not module:
+        return None
+    path = getattr(sys.modules.get(module), "__file__", None) or _module_file(module)
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as source:
+            return hashlib.blake2b(source.read(), digest_size=16).hexdigest()
+    except OSError:
+        return None
+
+
+def _module_file(module: str) -> str | None:
+    parts = module.split(".")
+    for root in sys.path:
+        base = os.path.join(root or os.getcwd(), *parts)
+        for path in (base + ".py", os.path.join(base, "__init__.py")):
+            if os.path.isfile(path):
+                return path
+    return None

@@ -88,6 +88,7 @@ def _dataset(v: Any) -> bool:
         and ("sized" not in v or (v.get("iterable") is True and isinstance(v["sized"], bool)))
         and ("args" not in v or valid_named({"spec": v["spec"] or "-", "args": v["args"]}))
         and ("canary" not in v or valid_wire(v["canary"], MAX_STRUCTURE_CHARS))
+        and ("code" not in v or (isinstance(v["code"], str) and len(v["code"]) <= 64))
     )
 
 

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from ferry.common import compression as comp
+from ferry.common.canary import code_digest
 from ferry.common.constants import JOIN_TIMEOUT_S, LEAVE_WAIT_S, STAGED_BATCHES
 from ferry.common.datasets import dataset_fingerprint, transformed_fingerprint
 from ferry.common.errors import ConfigError
@@ -174,6 +175,7 @@ class Pipeline:
                        dataset_args=opts.dataset_args if isinstance(dataset, str) and local is None else None,
                        weight=transport.weight,
                        local_producers=self.local.count if self.local is not None else 0, canaries=canaries,
+                       code=code_digest(dataset) if isinstance(dataset, str) and local is None else None,
                        **compression_welcome(transport.compression)),
             endpoints=self.endpoints, handoff=self.handoff, counters=counters, curve=curve,
             slab=self.local.slab if self.local is not None else None,

@@ -114,3 +114,30 @@ def test_with_only_a_spec_the_first_producers_samples_are_the_reference(endpoint
         assert "the first producer's" in _refused(other)
         assert sum(len(y) for _, y in loader) == 16
         assert first.proc.poll() is None
+
+
+def test_a_producer_running_other_code_for_the_spec_is_warned_about(tmp_path):
+    """Its samples agree (else it would be refused), but its module's source is not this trainer's copy: a producer
+    left from another version. Warned about, loudly, naming it."""
+    from ferry.common.canary import code_digest
+    from ferry.consumer.core.greeting import Greeting  # noqa: F401  (the warning is logged there)
+
+    module = tmp_path / "stale_data.py"
+    module.write_text("VERSION = 1\n")
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        mine = code_digest("stale_data:Make")
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert mine is not None and code_digest("synthetic") is None
+    peers = Peers(Dispatcher(4, 3), dataset_len=None, fingerprint=None, shm_token=None, now=0.0,
+                  dataset_spec="stale_data:Make", code=mine)
+    hello = {"producer": "p", "nonce": "n", "host": "h", "pid": 7, "slots": 1,
+             "dataset": {"spec": "stale_data:Make", "len": 4, "fingerprint": "f", "code": "0" * 32}}
+    admission = peers.admit(b"a", hello, 1.0)
+    assert admission.reject is None
+    assert "producer h:7 runs other code for dataset 'stale_data:Make' than this trainer's copy" in admission.warning
+    same = dict(hello, producer="q", nonce="m", pid=8, dataset=dict(hello["dataset"], code=mine))
+    assert peers.admit(b"b", same, 1.0).warning == ""

@@ -97,17 +97,23 @@ class Admission:
     adopted: str = ""  # this producer's dataset became the consumer's: its length and fingerprint, in words
     naming: bool = False  # a pool producer not serving our dataset yet: WELCOME it naming ours, do not register
     refused: bool = False  # the producer said it cannot load the dataset we named (reject says why)
+    warning: str = ""  # admitted, but something to tell the user (another version of the dataset's code)
 
 
 class Peers:
     def __init__(self, dispatcher: Dispatcher, *, dataset_len: int | None, fingerprint: str | None,
                  shm_token: str | None, now: float, dataset_spec: str | None = None,
-                 dataset_args: dict[str, Any] | None = None, canaries: tuple[Canary, ...] | None = None) -> None:
+                 dataset_args: dict[str, Any] | None = None, canaries: tuple[Canary, ...] | None = None,
+                 code: str | None = None) -> None:
         self.dispatcher = dispatcher
         # what a producer's canary samples must match (ferry.common.canary): the trainer's own, or else the first
         # announcing producer's, and whose they are, in words
         self.canaries = list(canaries) if canaries is not None else None
         self._canaries_of = "this trainer's" if canaries is not None else ""
+        # the digest of the spec's module source (ferry.common.canary.code_digest): this trainer's copy, or else the
+        # first announcing producer's; a producer with another runs other code for the same spec
+        self.code = code
+        self._code_of = "this trainer's copy" if self.code is not None else ""
         self.dataset_spec = dataset_spec  # admit only producers announcing this spec (pools: named to them)
         self.dataset_args = dict(dataset_args or {})  # named with the spec to pool producers
         self.refused = ""  # the latest producer's refusal to load the dataset we named, in words
@@ -149,6 +155,7 @@ class Peers:
         if reason is not None:
             return self._reject(name, reason)
         dataset = hello["dataset"]
+        warning = self._check_code(dataset, name)
         adopted = "" if known else (f"{dataset['len']} samples, fingerprint {dataset['fingerprint']!r}, "
                                     f"spec {dataset['spec']!r}")
         identity = (hello["producer"], hello["nonce"])
@@ -178,7 +185,22 @@ class Peers:
             self.dispatcher.add(joined)
             self.seen += 1
         return Admission(name, joined=joined, losses=tuple(loss for loss in losses if loss is not None),
-                         live=len(self.dispatcher.producers), adopted=adopted)
+                         live=len(self.dispatcher.producers), adopted=adopted, warning=warning if joined else "")
+
+    def _check_code(self, dataset: dict[str, Any], name: str) -> str:
+        """A warning when the producer's code for the spec differs from the reference's (its samples agree, or it
+        would have been refused), or ""."""
+        code = dataset.get("code")
+        if code is None:
+            return ""
+        if self.code is None:
+            self.code, self._code_of = code, f"the first producer's ({name})"
+            return ""
+        if code == self.code:
+            return ""
+        return (f"producer {name} runs other code for dataset {dataset['spec']!r} than {self._code_of} (the "
+                "module's source differs): a producer left from another version? Its canary samples agree, so it "
+                "is admitted; restart it with this version to be sure")
 
     def _reject(self, name: str, why: str, refused: bool = False) -> Admission:
         self.rejected += 1

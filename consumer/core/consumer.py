@@ -70,6 +70,7 @@ class CoreConfig:
     # the trainer's own canary samples (ferry.common.canary.Canary), which a producer's must match; None: those of
     # the first producer admitted that announces some
     canaries: tuple[Any, ...] | None = None
+    code: str | None = None  # the digest of dataset_spec's module source in this trainer's copy (common/canary.py)
 
 
 class ConsumerCore:
@@ -85,7 +86,7 @@ class ConsumerCore:
         self.peers = Peers(self.dispatcher, dataset_len=config.dataset_len, fingerprint=config.fingerprint,
                            shm_token=slab.token if slab is not None else None, now=now,
                            dataset_spec=config.dataset_spec, dataset_args=config.dataset_args,
-                           canaries=config.canaries)
+                           canaries=config.canaries, code=config.code)
         self.slots = SlotLedger(slab)
         # HELLOs, strangers and invalid messages: who is welcomed, named our dataset, rejected (core/greeting.py)
         self.greeting = Greeting(config, session=session, peers=self.peers, counters=counters,

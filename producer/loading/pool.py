@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ferry.common.canary import as_wire, canary_indices, probe
+from ferry.common.canary import as_wire, canary_indices, code_digest, probe
 from ferry.common.constants import DEFAULT_THREADS, MAX_DATASET_LEN, MAX_NAMED_DATASETS
 from ferry.common.datasets import BUILTINS, dataset_fingerprint, resolve_dataset
 from ferry.common.pool import dataset_key
@@ -76,7 +76,8 @@ def announcement(dataset: Any, label: str, args: dict[str, Any] | None = None, *
                 **({"shard_lens": shard_lengths} if shard_lengths is not None else {}),
                 **(iterable_fields(dataset) if iterable else {}),
                 **({"args": dict(args)} if args is not None else {}),
-                **({"canary": as_wire(probe(dataset, canary_indices(length)))} if probed else {})}
+                **({"canary": as_wire(probe(dataset, canary_indices(length)))} if probed else {}),
+                **({"code": code} if (code := code_digest(label)) is not None else {})}
     return announce, MAX_DATASET_LEN if iterable else length, iterable
 
 
