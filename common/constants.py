@@ -5,8 +5,16 @@ Invariants that these bounds protect are written next to them. Times are in seco
 
 PROTOCOL_VERSION = 1
 
-#: The consumer's default ROUTER endpoint. With torchrun, the port is shifted by LOCAL_RANK.
-DEFAULT_ENDPOINT = "tcp://*:5555"
+#: The consumer's default ROUTER endpoint: this machine only, since without CURVE anyone who reaches the port may
+#: feed the trainer. With torchrun, the port is shifted by LOCAL_RANK; a process's second loader takes the next slot
+#: (consumer/io/ports.py).
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+#: The default with CURVE on: every interface, since only producers with an authorized key get in.
+DEFAULT_CURVE_ENDPOINT = "tcp://*:5555"
+#: A loader waiting for remote producers says so after this long without one, with the command that starts one,
+#: and again every WAITING_NOTICE_EVERY_S while it waits. [Unit: second]
+WAITING_NOTICE_S = 3.0
+WAITING_NOTICE_EVERY_S = 30.0
 
 # --- liveness (the Paranoid Pirate pattern) ---------------------------------------------------------
 #: Each side sends PING this often. [Unit: second]

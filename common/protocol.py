@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 import msgpack
 
+from ferry.common.canary import MAX_STRUCTURE_CHARS, valid_wire
 from ferry.common.constants import (MAX_ANNOUNCED_SHARDS, MAX_CLASS_PATH, MAX_DATASET_LEN, MAX_EXC_CLASSES,
                                     MAX_HEADER_BYTES, MAX_SLOTS, MAX_STREAMS, MAX_TASK_INDICES, MAX_TEXT,
                                     PROTOCOL_VERSION)
@@ -86,6 +87,8 @@ def _dataset(v: Any) -> bool:
         and ("iterable" not in v or v["iterable"] is True)
         and ("sized" not in v or (v.get("iterable") is True and isinstance(v["sized"], bool)))
         and ("args" not in v or valid_named({"spec": v["spec"] or "-", "args": v["args"]}))
+        and ("canary" not in v or valid_wire(v["canary"], MAX_STRUCTURE_CHARS))
+        and ("code" not in v or (isinstance(v["code"], str) and len(v["code"]) <= 64))
     )
 
 

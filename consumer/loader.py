@@ -155,7 +155,9 @@ class RemoteLoader:
         self._health = LoaderHealth(self._io, self._local, pipeline.staging_failure, self.endpoints,
                                     self.no_producer_timeout, pipeline.stop,
                                     start_hint_for(self.endpoints, opts.dataset, opts.dataset_args,
-                                                   local=self._local is not None))
+                                                   local=self._local is not None,
+                                                   collate=opts.local.collate if opts.local else None,
+                                                   collate_args=opts.local.collate_args if opts.local else None))
         self._observer = EpochObserver(self._counters, self._io.snapshot,
                                        capacity=self.buffer_batches, log_every=self.log_every,
                                        threads=(self._io.thread, self._staging), on_demand=pipeline.autoscale,

@@ -98,6 +98,7 @@ class Producer:
             buffers=(config.slots + config.tasks_ahead) * connections + 2, own_collate=config.collate,
             wake=self._waker.wake,
             seed_per_sample=config.seed_per_sample,
+            canaries=not config.exit_with_parent,  # a loader's local producers are its own copies: none to check
             make_batcher=lambda ds, collate, shared: Batcher(
                 ds, collate_fn=collate, threads=config.pool_threads, batch_workers=workers, done=self._done,
                 waker=self._waker, compressor=self._compressor, shared=shared,

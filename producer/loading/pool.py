@@ -23,6 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ferry.common.canary import as_wire, canary_indices, code_digest, probe
 from ferry.common.constants import DEFAULT_THREADS, MAX_DATASET_LEN, MAX_NAMED_DATASETS
 from ferry.common.datasets import BUILTINS, dataset_fingerprint, resolve_dataset
 from ferry.common.pool import dataset_key
@@ -39,9 +40,9 @@ __all__ = ["Served", "DatasetPool", "DatasetRefused", "announcement"]
 
 def _open(spec: str, args: dict[str, Any]) -> tuple[Any, tuple[dict[str, Any], int, bool]]:
     """On the ``ferry-open`` thread: the dataset built and what a HELLO will say of it (its fingerprint may read
-    every file's size)."""
+    every file's size; its canary samples are loaded)."""
     dataset = resolve_dataset(spec, args)
-    return dataset, announcement(dataset, spec, args)
+    return dataset, announcement(dataset, spec, args, canaries=True)
 
 
 class DatasetRefused(Exception):
@@ -61,17 +62,22 @@ class Served:
     links: int = 0  # connections bound to it
 
 
-def announcement(dataset: Any, label: str, args: dict[str, Any] | None = None) -> tuple[dict[str, Any], int, bool]:
+def announcement(dataset: Any, label: str, args: dict[str, Any] | None = None, *,
+                 canaries: bool = False) -> tuple[dict[str, Any], int, bool]:
     """What a HELLO says of ``dataset`` (its ``dataset`` field; ``args`` echoed for a named one), the bound on a
-    TASK's indices, and whether it is iterable."""
+    TASK's indices, and whether it is iterable. ``canaries``: a map-style dataset's canary samples are loaded and
+    described (:mod:`ferry.common.canary`), for the consumer to check its data against its own."""
     sharded, iterable = is_sharded(dataset), is_iterable(dataset)
     length = (len(shard_names(dataset)) if sharded else (iterable_len(dataset) or 0) if iterable else len(dataset))
     shard_lengths = announced_shard_lengths(dataset) if sharded else None
+    probed = canaries and not (sharded or iterable)
     announce = {"spec": label, "len": length, "fingerprint": dataset_fingerprint(dataset),
                 **({"sharded": True} if sharded else {}),
                 **({"shard_lens": shard_lengths} if shard_lengths is not None else {}),
                 **(iterable_fields(dataset) if iterable else {}),
-                **({"args": dict(args)} if args is not None else {})}
+                **({"args": dict(args)} if args is not None else {}),
+                **({"canary": as_wire(probe(dataset, canary_indices(length)))} if probed else {}),
+                **({"code": code} if (code := code_digest(label)) is not None else {})}
     return announce, MAX_DATASET_LEN if iterable else length, iterable
 
 
@@ -93,8 +99,9 @@ class DatasetPool:
 
     def __init__(self, own: Any, *, label: str, allowed: tuple[str, ...], threads: int | None, buffers: int,
                  make_batcher: Callable[..., Batcher], wake: Callable[[], None], own_collate: Any = None,
-                 seed_per_sample: bool | None = None) -> None:
+                 seed_per_sample: bool | None = None, canaries: bool = True) -> None:
         self.allowed = allowed
+        self._canaries = canaries  # announce the own dataset's canary samples (not a loader's local producer)
         self._seed_per_sample = seed_per_sample  # True: every dataset's loads one at a time (ferry.common.settings)
         self._make = make_batcher
         self._wake = wake  # wakes the main loop when an opening ends (from the ferry-open thread)
@@ -180,7 +187,7 @@ class DatasetPool:
             new.links += 1
 
     def _served(self, key: str, dataset: Any, label: str, args: dict[str, Any] | None, collate: Any) -> Served:
-        announce, bound, iterable = announcement(dataset, label, args)
+        announce, bound, iterable = announcement(dataset, label, args, canaries=self._canaries)
         batcher = self._make(dataset, collate, self._pools(dataset))
         return Served(key, dataset, batcher, announce, bound, iterable)
 
