@@ -61,9 +61,12 @@ def test_lightning_fit_under_ddp(tmp_path):
     assert sorted(indices[0] + indices[1]) == list(range(22))  # each rank its share, the two make the epoch
 
 
-def test_accelerate_prepare_under_ddp(tmp_path):
+@pytest.mark.parametrize("way", ["ferry", "ferry-helper"])
+def test_accelerate_prepare_under_ddp(tmp_path, way):
+    """``accelerator.prepare(loader)`` as it is (a ferry.DataLoader prepared in place), and the helper that returns
+    accelerate's shard: each rank's batches are accelerate's with torch's DataLoader, every sample loaded by Ferry."""
     needs.module("accelerate", "frameworks")
-    theirs, ours = run("accelerate", "torch", str(tmp_path)), run("accelerate", "ferry", str(tmp_path))
+    theirs, ours = run("accelerate", "torch", str(tmp_path)), run("accelerate", way, str(tmp_path))
     for rank in range(2):
         expected, got = theirs[rank]["prepared"], ours[rank]["prepared"]
         assert batches(got) == batches(expected) and batches(got)[0] != batches(got)[1]

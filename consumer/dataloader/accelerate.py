@@ -4,7 +4,13 @@
 it wraps the sampler in its own ``BatchSamplerShard`` (each process's share of every batch), keeps the sampler's
 generator in step across processes, and builds a ``DataLoaderShard`` over a new *torch* ``DataLoader`` of the same
 dataset and arguments. Handed a ferry.DataLoader, that trains on torch's workers, not on Ferry's producers, without a
-word. :func:`prepare` calls ``accelerator.prepare`` as it is, then replaces the torch DataLoader inside each
+word. So a ferry.DataLoader answers accelerate's own question, ``_is_accelerate_prepared``, read first thing in
+``Accelerator.prepare_data_loader`` (:func:`prepared_in_place`): asked there, it lets the accelerator prepare a plain
+torch twin of itself (accelerate's whole path, its arguments untouched), keeps Ferry's producers in the
+``DataLoaderShard`` that comes back, and answers True: accelerate then hands back the ferry.DataLoader itself, which
+iterates through that shard from then on. ``accelerator.prepare(loader)`` thus needs nothing of Ferry's. As a
+helper for code that wants the shard itself, :func:`prepare` calls ``accelerator.prepare`` as it is, then replaces
+the torch DataLoader inside each
 ``DataLoaderShard`` that came from a ferry.DataLoader (its ``base_dataloader``, to which the shard hands every
 iteration and attribute) with a ferry.DataLoader of the very arguments accelerate gave it (its
 ``BatchSamplerShard``, its generator, the original's ``num_workers``, ``collate_fn`` …) and the original's Ferry
@@ -15,13 +21,16 @@ sampler decides them, drawn as DataLoader draws), with accelerate's device place
 
 from __future__ import annotations
 
+import copy
+import sys
 from typing import Any
 
+import torch.utils.data
 from torch.utils.data import BatchSampler, IterableDataset
 
 from ferry.consumer.dataloader.loader import DataLoader
 
-__all__ = ["prepare"]
+__all__ = ["prepare", "prepared_in_place"]
 
 
 def prepare(accelerator: Any, *objects: Any, **kwargs: Any) -> Any:
@@ -66,3 +75,33 @@ def _keep_producers(shard: Any, original: DataLoader) -> Any:
         persistent_workers=base.persistent_workers, pin_memory_device=base.pin_memory_device,
         in_order=base.in_order, **original.ferry_options)
     return shard
+
+
+def prepared_in_place(loader: DataLoader, caller: Any) -> bool:
+    """``loader._is_accelerate_prepared``, as asked from the frame ``caller``. Asked by accelerate's
+    ``Accelerator.prepare_data_loader`` for the first time: the accelerator prepares a torch twin of ``loader`` (a
+    copy of it as a plain torch DataLoader: every attribute accelerate reads, nothing started), the shard it returns
+    gets Ferry's producers (:func:`_keep_producers`) and becomes ``loader``'s, and the answer is True, so that
+    accelerate returns ``loader`` itself. Asked by anything else: whether it was prepared so."""
+    shard = loader.__dict__.get("_accelerate_shard")
+    if shard is not None or not _asked_by_accelerate(caller):
+        return shard is not None or bool(loader.__dict__.get("_accelerate_mark"))
+    accelerator = caller.f_locals["self"]
+    twin = copy.copy(loader)
+    twin.__class__ = torch.utils.data.DataLoader  # the same attributes, read by accelerate as a torch DataLoader's
+    prepared = accelerator.prepare_data_loader(twin, device_placement=caller.f_locals.get("device_placement"),
+                                               slice_fn_for_dispatch=caller.f_locals.get("slice_fn_for_dispatch"))
+    if prepared in accelerator._dataloaders:  # the loader itself stands for it (accelerate appends it next)
+        accelerator._dataloaders.remove(prepared)
+    loader.__dict__["_accelerate_shard"] = _keep_producers(prepared, loader)
+    return True
+
+
+def _asked_by_accelerate(caller: Any) -> bool:
+    """Whether ``caller`` is ``Accelerator.prepare_data_loader`` of the accelerate this process imported."""
+    accelerate = sys.modules.get("accelerate")
+    if accelerate is None or caller is None or caller.f_code.co_name != "prepare_data_loader":
+        return False
+    if caller.f_globals.get("__name__") != "accelerate.accelerator":
+        return False
+    return isinstance(caller.f_locals.get("self"), getattr(accelerate, "Accelerator", ()))

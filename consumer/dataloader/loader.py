@@ -138,9 +138,44 @@ class DataLoader(torch.utils.data.DataLoader):
             raise ConfigError(f"timeout={self.timeout} applies to producers: with num_workers=0 the calling process "
                               f"loads each batch itself (DataLoader refuses a timeout without workers too)")
 
+    # --- Hugging Face Accelerate ----------------------------------------------------------------------
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """accelerate's question, read first in ``Accelerator.prepare_data_loader``: answered there by preparing
+        this loader in place, accelerate's batches loaded by Ferry's producers (consumer/dataloader/accelerate.py)."""
+        import sys
+
+        from ferry.consumer.dataloader.accelerate import prepared_in_place
+
+        return prepared_in_place(self, sys._getframe(1))
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:  # accelerate marks what it prepared
+        self.__dict__["_accelerate_mark"] = bool(value)
+
+    @property
+    def _accelerated(self) -> Any:
+        """accelerate's DataLoaderShard this loader iterates through once an accelerator prepared it, or None."""
+        return self.__dict__.get("_accelerate_shard")
+
+    def set_epoch(self, epoch: int) -> None:
+        """Once an accelerator prepared this loader: accelerate's shard's ``set_epoch`` (its sampler's). Otherwise a
+        pass is drawn at each iter() as DataLoader draws it: give the epoch to your sampler."""
+        if self._accelerated is None:
+            raise AttributeError("ferry.DataLoader has no set_epoch, as torch's DataLoader has none: call "
+                                 "sampler.set_epoch(epoch) (a DistributedSampler's)")
+        self._accelerated.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        if self._accelerated is not None:  # this process's share of the batches, as accelerate counts them
+            return len(self._accelerated)
+        return super().__len__()
+
     # --- iteration ----------------------------------------------------------------------------------
     def __iter__(self) -> Any:
         """A new pass: drawn as DataLoader draws it (or the pass a loaded state was saved in, from its batch on)."""
+        if self._accelerated is not None:  # accelerate's shard of the batches, loaded by a ferry.DataLoader of its own
+            return iter(self._accelerated)
         if self._closed:
             raise LoaderClosedError("this DataLoader is closed")
         resume, self._resume = self._resume, None
@@ -208,9 +243,12 @@ class DataLoader(torch.utils.data.DataLoader):
 
     # --- state --------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader is: the pass being iterated (what it drew, to draw it again), the batches of it the loop
+        """Where the loader is (once an accelerator prepared it, where the ferry.DataLoader inside accelerate's shard
+        is): the pass being iterated (what it drew, to draw it again), the batches of it the loop
         got, and the per-sample seeds' base. Small and JSON-serialisable (a generator state a pass drew from is
         about 7 KB of text)."""
+        if self._accelerated is not None:
+            return self._accelerated.base_dataloader.state_dict()
         state: dict[str, Any] = {"kind": STATE_KIND, "seed": self._seed, "next_pass": self._next_pass}
         position = self._position()
         if position is not None:
@@ -242,6 +280,9 @@ class DataLoader(torch.utils.data.DataLoader):
         Raises:
             ConfigError: not a ferry.DataLoader's state, or its per-sample seed differs from this loader's own.
         """
+        if self._accelerated is not None:
+            self._accelerated.base_dataloader.load_state_dict(state)
+            return
         if not isinstance(state, dict) or state.get("kind") != STATE_KIND:
             raise ConfigError("load_state_dict takes what ferry.DataLoader.state_dict() returned (a RemoteLoader's "
                               "state is RemoteLoader's own)")
@@ -261,6 +302,8 @@ class DataLoader(torch.utils.data.DataLoader):
     def stats(self) -> dict[str, Any]:
         """The engine's figures (RemoteLoader.stats()); before the first iter(), or loading in this process, only
         ``local_producers`` (0) and ``in_process``."""
+        if self._accelerated is not None:
+            return self._accelerated.base_dataloader.stats()
         if self._engine is not None:
             return {**self._engine.stats(), "in_process": False}
         return {"local_producers": 0, "in_process": loads_in_process(self)}
@@ -274,6 +317,8 @@ class DataLoader(torch.utils.data.DataLoader):
         self._closed = True
         if self._engine is not None:
             self._engine.close()
+        if self._accelerated is not None:
+            self._accelerated.base_dataloader.close()
 
     def __enter__(self) -> "DataLoader":
         return self
