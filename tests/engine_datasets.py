@@ -14,6 +14,7 @@ class SlowPairs(PairDataset):
     know that one is in progress."""
 
     fingerprint = "engine-slow-pairs"
+    canary = False  # a sample may take a minute: a stand-in for a load that hangs, never loaded at start
 
     def __init__(self, length: int = 50, delay: float = 0.0, loading: str = "") -> None:
         super().__init__(length=length, delay=delay)
