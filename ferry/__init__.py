@@ -36,6 +36,7 @@ from ferry.common.errors import (
     ProducerStartupError,
     PoisonTaskError,
     ProtocolError,
+    RelayError,
     RemoteSampleError,
     SampleIndexError,
     SampleLoadError,
@@ -74,6 +75,7 @@ __all__ = [
     "BatchTypeError",
     "CollateError",
     "VersionMismatch",
+    "RelayError",
 ]
 
 
