@@ -78,7 +78,7 @@ ferry_loader <- function(connection = NULL, port = NULL, token = "", host = "127
     close(loader$con)
     loader$con <- NULL
     stop(.ferry_condition(paste0("the relay refused this client: ", reply$texts$reason),
-                          c("ferry_refused", "RelayError")))
+                          c("refused", "RelayError")))
   }
   if (reply$type != "welcome") stop("ferry: the relay answered a hello with ", reply$type)
   f <- reply$fields
@@ -328,7 +328,7 @@ ferry_start_relay <- function(args, connection = tempfile("ferry-relay-", fileex
     more <- readBin(con, "raw", n - length(got))
     if (length(more) == 0L) {
       stop(.ferry_condition("the relay closed the connection, or sent nothing within the timeout",
-                            c("ferry_connection_lost", "RelayError")))
+                            c("connection_lost", "RelayError")))
     }
     got <- c(got, more)
   }
@@ -342,7 +342,7 @@ ferry_start_relay <- function(args, connection = tempfile("ferry-relay-", fileex
   n <- readBin(con, "integer", 1L, size = 4L, endian = "big")
   if (length(n) == 0L) {
     stop(.ferry_condition("the relay closed the connection, or sent nothing within the timeout",
-                          c("ferry_connection_lost", "RelayError")))
+                          c("connection_lost", "RelayError")))
   }
   message <- .ferry_parse_header(rawToChar(.ferry_exact(con, n)))
   message$texts <- list()
@@ -403,7 +403,7 @@ ferry_start_relay <- function(args, connection = tempfile("ferry-relay-", fileex
     stop("ferry: this client cannot read dtype ", part$dtype, " (it asks the relay for ", .FERRY_DTYPES, ")"))
   if (length(v) != n) {
     stop(.ferry_condition(sprintf("array %s came short: %d of %d values", part$name, length(v), n),
-                          c("ferry_connection_lost", "RelayError")))
+                          c("connection_lost", "RelayError")))
   }
   if (length(part$dims) >= 2L) dim(v) <- part$dims
   v
