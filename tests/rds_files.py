@@ -10,12 +10,16 @@ import math
 import os
 import shutil
 import subprocess
+import time
+from typing import Any
 
 import numpy as np
 
+from ferry.common.datasets import RdsFolderDataset
+
 from . import needs
 
-__all__ = ["rscript", "write_class_folders", "expected_sample", "run_r"]
+__all__ = ["rscript", "write_class_folders", "expected_sample", "run_r", "SlowRdsFolder"]
 
 
 def rscript() -> str:
@@ -52,3 +56,17 @@ def expected_sample(c: int, i: int, shape: tuple[int, ...], dtype: str = "float3
     """What sample (class ``c``, file ``i``) must hold: R's ``array(values, dim = shape)``, indexed alike."""
     values = c * 1e6 + i * 1e4 + np.arange(math.prod(shape), dtype=np.float64)
     return values.reshape(shape, order="F").astype(dtype)
+
+
+
+class SlowRdsFolder(RdsFolderDataset):
+    """``rds-folder`` whose every sample takes ``delay`` seconds more (storage slower than this machine's page cache),
+    so that a producer killed mid-epoch is killed with tasks in flight. Same samples, same fingerprint."""
+
+    def __init__(self, root: str, shape: Any, dtype: str = "float32", delay: float = 0.0) -> None:
+        super().__init__(root, shape, dtype)
+        self.delay = float(delay)
+
+    def read_into(self, index: int, out: np.ndarray) -> int:
+        time.sleep(self.delay)
+        return super().read_into(index, out)

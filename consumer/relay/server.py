@@ -109,12 +109,12 @@ class Relay:
         self.connection_file = connection_file or (os.path.join(self._private, "connection") if self._private
                                                    else None)
         self._wrote_connection_file = False
+        self._write_connection_file()  # the socket listens already: a client that comes before run() waits in its backlog
 
     # --- lifecycle ---
     def run(self) -> None:
         """Serve until :meth:`stop` (or a client's ``bye`` with ``stop 1``), then shut down."""
         try:
-            self._write_connection_file()
             self._loading.start()
             self._selector.register(self._listener, selectors.EVENT_READ, "listen")
             self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")

@@ -110,13 +110,15 @@ ferry_next <- function(loader) {
   .ferry_open(loader)
   if (!loader$active) .ferry_start(loader)
   item <- .ferry_next_item(loader)
+  # a batch's arrays are read before its credit goes back: the credit frees its payload file for the next batch
+  batch <- if (item$type == "batch") .ferry_batch(loader, item) else NULL
   .ferry_consumed(loader)
   if (item$type == "end") {
     loader$active <- FALSE
     return(NULL)
   }
   if (item$type == "error") stop(.ferry_error(item))
-  .ferry_batch(loader, item)
+  batch
 }
 
 #' A new pass over the next epoch (Python's `iter(loader)`), as a list that `for` walks: one element per batch,
