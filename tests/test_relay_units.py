@@ -16,9 +16,10 @@ import torch
 from ferry.common.constants import RELAY_MAX_HEADER_BYTES, RELAY_PROTOCOL_VERSION
 from ferry.common.errors import RelayError
 from ferry.consumer.relay.client import _tree
-from ferry.consumer.relay.core import (
-    Close, Done, ErrorReport, Item, LoadState, PassStarted, PullItem, Pulled, RelayCore, RunLoader, Send, SendItem,
-    SendStats, SetEpoch, StartPass, Stop,
+from ferry.consumer.relay.core import RelayCore
+from ferry.consumer.relay.events import (
+    Close, Done, ErrorReport, Item, LoadState, PassStarted, PullItem, Pulled, RunLoader, Send, SendItem, SendStats,
+    SetEpoch, StartPass, Stop,
 )
 from ferry.consumer.relay.framing import (
     LENGTH, Header, MessageReader, Part, decode_name, encode, encode_name, parse_header, text_parts,

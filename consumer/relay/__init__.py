@@ -7,9 +7,10 @@ bytes (or, for a client on the same machine that asks for it, a file it reads th
 ``clients/r``; :mod:`.client` is Python's, the reference the tests use.
 
 Rooms: :mod:`.framing` (the format), :mod:`.leaves` (a batch as parts: dtypes and order for the client),
-:mod:`.core` (every decision: credits, held items, reconnects; no sockets, threads or clock), :mod:`.loading` (the
-thread that owns the loader's iteration), :mod:`.payload` (the payload files), :mod:`.server` (the socket loop
-that applies the core's actions) and :mod:`.client`.
+:mod:`.core` (every decision: credits, held items, reconnects; no sockets, threads or clock) and :mod:`.events` (what
+it takes and gives), :mod:`.loading` (the thread that owns the loader's iteration), :mod:`.messages` (an item as its
+message), :mod:`.payload` (the payload files), :mod:`.server` (the socket loop that applies the core's actions) and
+:mod:`.client`.
 """
 
 from ferry.consumer.relay.server import Relay

@@ -15,7 +15,7 @@ import traceback
 from typing import Any, Callable
 
 from ferry.common.constants import JOIN_TIMEOUT_S
-from ferry.consumer.relay.core import (
+from ferry.consumer.relay.events import (
     Done, ErrorReport, Item, LoadState, PassStarted, PullItem, Pulled, SetEpoch, StartPass,
 )
 

@@ -26,12 +26,11 @@ from typing import Any
 
 from ferry.common.constants import RELAY_DEFAULT_WINDOW, RELAY_HEARTBEAT_S, RELAY_PROTOCOL_VERSION
 from ferry.common.errors import ConfigError, RelayError
-from ferry.consumer.relay.core import (
-    Close, Item, Log, RelayCore, RunLoader, Send, SendItem, SendStats, Stop, refusal,
-)
+from ferry.consumer.relay.core import RelayCore
+from ferry.consumer.relay.events import Close, Log, RunLoader, Send, SendItem, SendStats, Stop, refusal
 from ferry.consumer.relay.framing import MessageReader, encode, text_parts
-from ferry.consumer.relay.leaves import ClientFormat, Leaf, inline_bytes, leaves_of
-from ferry.consumer.relay.loading import LoaderThread, report
+from ferry.consumer.relay.loading import LoaderThread
+from ferry.consumer.relay.messages import item_message
 from ferry.consumer.relay.payload import PayloadFiles
 
 __all__ = ["Relay", "LOOPBACK"]
@@ -271,7 +270,7 @@ class Relay:
                 parts, data = text_parts(action.texts)
                 self._queue(action.conn, [encode(action.type, action.fields, parts), *data])
             elif isinstance(action, SendItem):
-                self._queue(action.conn, self._item_message(action))
+                self._queue(action.conn, item_message(action, self._payload))
             elif isinstance(action, SendStats):
                 figures = {"relay": action.figures, "loader": self.loader.stats()}
                 parts, data = text_parts({"stats": json.dumps(figures, default=str)})
@@ -291,46 +290,6 @@ class Relay:
             return
         conn.out.extend(memoryview(p) if not isinstance(p, memoryview) else p for p in pieces if len(p))
         self._flush(conn)
-
-    def _item_message(self, action: SendItem) -> list[Any]:
-        """An item as its message: header, then the bytes of its parts on the stream (see docs/relay-protocol.md)."""
-        item: Item = action.item
-        fields: dict[str, Any] = {"pass": item.pass_no, "item": item.number, "epoch": item.epoch}
-        if item.kind == "end":
-            return [encode("end", fields)]
-        if item.kind == "batch":
-            try:
-                return self._batch_message(action, fields)
-            except RelayError as exc:  # a leaf that cannot travel: the client gets why, at the batch's place
-                item = Item(item.pass_no, item.number, "error", item.epoch, item.index, item.state,
-                            error=report(exc, consumed=True))
-        error = item.error
-        assert error is not None
-        parts, data = text_parts({"message": error.message, "traceback": error.traceback})
-        fields.update({"index": item.index, "class": error.cls, "classes": ",".join(error.classes),
-                       "consumed": int(error.consumed)})
-        return [encode("error", fields, parts), *data]
-
-    def _batch_message(self, action: SendItem, fields: dict[str, Any]) -> list[Any]:
-        item = action.item
-        leaves = leaves_of(item.tree, ClientFormat(action.order, action.dtypes))
-        fields.update({"index": item.index, "order": action.order})
-        on_stream: list[Leaf] = leaves
-        arrays = [leaf for leaf in leaves if leaf.part.kind == "array"]
-        if action.payload == "file" and self._payload is not None and arrays and item.slot >= 0:
-            try:
-                fields["file"] = self._payload.write(item.slot, arrays, action.order)
-                on_stream = [leaf for leaf in leaves if leaf.part.kind != "array"]
-            except OSError as exc:
-                log.warning("ferry relay: cannot write batch %d into %s (%s): it goes inline", item.index,
-                            self._private, exc)
-        pieces: list[Any] = [encode("batch", fields, [leaf.part for leaf in leaves])]
-        for leaf in on_stream:
-            if leaf.part.kind == "array":
-                pieces.append(inline_bytes(leaf, action.order))
-            elif leaf.part.kind in ("text", "raw"):
-                pieces.append(leaf.value)
-        return pieces
 
     def __repr__(self) -> str:
         return f"<Relay {self.host}:{self.port} {self.core._figures()}>"
