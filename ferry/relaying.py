@@ -29,7 +29,9 @@ examples:
   # any RemoteLoader keyword, as JSON:
   ferry relay --connection-file /tmp/relay.conn --dataset synthetic --local-producers 1 \\
       --options '{"batch_size": 8, "drop_last": true, "buffer_batches": 4, "transport": null}'
-  ferry relay ... --option rank=1 --option world_size=2 --object sampler=mypkg.sampling:make_sampler
+  # rank 1 of 2 (DistributedSampler's share), a collate_fn found by its import path:
+  ferry relay --connection-file /tmp/relay.conn --dataset mypkg.data:Train --local-producers 2 \
+      --option rank=1 --option world_size=2 --object collate_fn=mypkg.batching:pad_collate
 
 In R (clients/r/ferry.R):
   source("clients/r/ferry.R")

@@ -190,3 +190,27 @@ def test_the_command_serves_on_loopback_and_stops_on_sigterm_leaving_nothing(tmp
     assert process.returncode == 0, err
     assert f"serving on 127.0.0.1:{info['port']}" in out
     assert not connection.exists() and not os.path.exists(info["payload"])
+
+
+def test_every_example_of_ferry_relay_help_parses_into_loader_keywords():
+    import shlex
+
+    from ferry.cli import build_parser
+    from ferry.relaying import EPILOG, loader_keywords
+
+    text = EPILOG.replace("\\\n", " ")
+    examples = [line.strip() for line in text.splitlines() if line.strip().startswith("ferry relay")]
+    assert len(examples) >= 4
+    parser = build_parser()
+    for example in examples:
+        words = [w for w in shlex.split(example.split("#")[0]) if w != "..."]
+        args = parser.parse_args(words[1:])
+        keywords = loader_keywords(args) if "--object" not in example else {}
+        assert args.connection_file == "/tmp/relay.conn", example
+        for endpoint in keywords.get("endpoint", ()):
+            assert not endpoint.startswith(("tcp://*", "tcp://0.0.0.0")), example  # a private address, as the rest
+    first = loader_keywords(parser.parse_args(shlex.split(examples[0].split("#")[0])[1:]))
+    assert first["dataset_args"] == {"root": "/data/tiles", "shape": "13,299,299", "dtype": "uint8"}
+    assert first["local_producers"] == 2 and first["shuffle"] is True and first["seed"] == 0
+    json_one = [e for e in examples if "--options" in e][0]
+    assert loader_keywords(parser.parse_args(shlex.split(json_one)[1:]))["buffer_batches"] == 4

@@ -3,7 +3,9 @@
 #   ferry:   batches from `ferry relay`, whose local producers read the files in parallel (rds-folder).
 # Each batch prints its load wait, as the seed's script does; a model step stands in for the GPU's (R waits for
 # the GPU without using a CPU, so Sys.sleep is what a GPU step costs the loader).
-#   Rscript examples/r-satellite/train.R ROOT [BATCH] [PRODUCERS] [STEP_S] [DTYPE]
+#   Rscript examples/r-satellite/train.R ROOT [BATCH] [PRODUCERS] [STEP_S] [DTYPE] [SLOTS]
+# SLOTS: batches each producer builds at once (1: the first batch of an epoch comes after one batch's work, as
+# readRDS's does, instead of after several built side by side; the epoch takes as long either way on busy cores)
 args <- commandArgs(trailingOnly = TRUE)
 here <- dirname(normalizePath(sub("^--file=", "", grep("^--file=", commandArgs(FALSE), value = TRUE))))
 source(file.path(here, "..", "..", "clients", "r", "R", "ferry.R"))
@@ -12,6 +14,7 @@ batch_size <- if (length(args) >= 2) as.integer(args[2]) else 32L
 producers <- if (length(args) >= 3) as.integer(args[3]) else 2L
 step_s <- if (length(args) >= 4) as.numeric(args[4]) else 0.05
 dtype <- if (length(args) >= 5) args[5] else "float64"
+slots <- if (length(args) >= 6) as.integer(args[6]) else 1L
 files <- unlist(lapply(c("0", "1"), function(class) sort(list.files(file.path(root, class), full.names = TRUE))))
 labels <- rep(0:1, each = length(files) / 2)
 side <- as.integer(round(sqrt(length(readRDS(files[1])) / 13)))
@@ -40,7 +43,8 @@ readrds_epoch <- function(epoch) {
 connection <- ferry_start_relay(c(
   "--dataset", "rds-folder", "--dataset-arg", paste0("root=", root),
   "--dataset-arg", paste0("shape=", paste(shape, collapse = ",")), "--dataset-arg", paste0("dtype=", dtype),
-  "--local-producers", producers, "--batch-size", batch_size, "--shuffle", "--drop-last",
+  "--local-producers", producers, "--option", paste0("producer_slots=", slots), "--batch-size", batch_size,
+  "--shuffle", "--drop-last",
   "--option", "log_every=null"))
 loader <- ferry_loader(connection)
 
@@ -59,13 +63,21 @@ ferry_epoch_waits <- function(epoch) {
   waits
 }
 
-readrds <- c()
-ferry <- c()
+readrds <- list()
+ferry <- list()
 for (epoch in 0:1) {  # in turn, so that both see the same machine
-  readrds <- c(readrds, readrds_epoch(epoch))
-  ferry <- c(ferry, ferry_epoch_waits(epoch))
+  readrds[[epoch + 1]] <- readrds_epoch(epoch)
+  ferry[[epoch + 1]] <- ferry_epoch_waits(epoch)
 }
 ferry_close(loader, stop_relay = TRUE)
+for (epoch in 0:1) {  # epoch 0's first Ferry batch includes the producers' start
+  r <- readrds[[epoch + 1]]
+  f <- ferry[[epoch + 1]]
+  cat(sprintf("epoch %d: mean load wait per batch: readRDS %.3f s, ferry %.3f s: %.1fx less\n", epoch, mean(r),
+              mean(f), mean(r) / mean(f)))
+}
+r <- unlist(readrds)
+f <- unlist(ferry)
 cat(sprintf("mean load wait per batch: readRDS %.3f s, ferry %.3f s (%d producers, batch %d, %s): %.1fx less\n",
-            mean(readrds), mean(ferry), producers, batch_size, dtype, mean(readrds) / mean(ferry)))
-cat(sprintf("median: readRDS %.3f s, ferry %.3f s\n", median(readrds), median(ferry)))
+            mean(r), mean(f), producers, batch_size, dtype, mean(r) / mean(f)))
+cat(sprintf("median: readRDS %.3f s, ferry %.3f s\n", median(r), median(f)))
