@@ -246,13 +246,18 @@ print.ferry_loader <- function(x, ...) {
 #' a signal; it outlives this R process (a new one goes on where this one was).
 ferry_start_relay <- function(args, connection = tempfile("ferry-relay-", fileext = ".conn"), command = "ferry",
                               log = tempfile("ferry-relay-", fileext = ".log"), timeout = 120) {
-  system2(command, c("relay", "--connection-file", shQuote(connection), args), wait = FALSE,
-          stdout = log, stderr = log)
+  status <- paste0(connection, ".exit")  # written by the shell when the relay exits: a start that fails says so now
+  unlink(c(connection, status))
+  line <- paste(c(shQuote(command), "relay", "--connection-file", shQuote(connection), vapply(args, shQuote, "")),
+                collapse = " ")
+  system2("sh", c("-c", shQuote(sprintf("%s >%s 2>&1; echo $? >%s", line, shQuote(log), shQuote(status)))),
+          wait = FALSE)
   deadline <- Sys.time() + timeout
   while (!file.exists(connection)) {
-    if (Sys.time() > deadline) {
-      stop("ferry_start_relay: no connection file after ", timeout, " s; the relay's output:\n",
-           paste(if (file.exists(log)) readLines(log) else "", collapse = "\n"))
+    if (file.exists(status) || Sys.time() > deadline) {
+      stop("ferry_start_relay: ", if (file.exists(status)) "the relay exited" else
+             paste("no connection file after", timeout, "s"), "; its output:\n",
+           paste(if (file.exists(log)) readLines(log, warn = FALSE) else "", collapse = "\n"))
     }
     Sys.sleep(0.1)
   }
