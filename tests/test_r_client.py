@@ -132,7 +132,7 @@ def tiles(tmp_path):
 @pytest.mark.slow
 def test_r_gets_two_epochs_exactly_dataloaders_through_a_producer_killed_mid_epoch(tmp_path, tiles):
     relay = RelayProcess(tmp_path, "--dataset", "tests.rds_files:SlowRdsFolder", "--dataset-arg", f"root={tiles}",
-                         "--dataset-arg", "shape=3,4,5", "--dataset-arg", "delay=0.05", *FLAGS)
+                         "--dataset-arg", "shape=3,4,5", "--dataset-arg", "delay=0.3", *FLAGS)
     out = str(tmp_path / "r")
     try:
         loop = r_loop(relay.connection, out, 2, "drop-after-13")
