@@ -4,7 +4,7 @@ The relay runs a :class:`~ferry.consumer.loader.RemoteLoader` (local producers, 
 option) and serves its batches, in order, to one client over TCP on the loopback interface, with the framing of
 docs/relay-protocol.md: a versioned, length-prefixed header naming each array's dtype and dimensions, then the raw
 bytes (or, for a client on the same machine that asks for it, a file it reads them from). R's client is
-``clients/r``; :mod:`.client` is Python's, the reference the tests use.
+``clients/r``; :mod:`.client` is Python's, the reference the tests use. Design: docs/ARCHITECTURE.md#relay.
 
 Rooms: :mod:`.framing` (the format), :mod:`.leaves` (a batch as parts: dtypes and order for the client),
 :mod:`.core` (every decision: credits, held items, reconnects; no sockets, threads or clock) and :mod:`.events` (what
