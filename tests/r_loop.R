@@ -1,9 +1,10 @@
 # The R side of tests/test_r_client.py: a training loop's data side, as an R torch user writes it.
-#   Rscript tests/r_loop.R CONNECTION OUT EPOCHS [resume] [drop-after-N]
+#   Rscript tests/r_loop.R CONNECTION OUT EPOCHS [resume] [drop-after-N] [step-S]
 # Each batch: its arrays appended to OUT/x.bin and OUT/y.bin as R holds them (column-major doubles), a line
 # "epoch batch n_x n_y dims" in OUT/log, then the state after it in OUT/state (renamed into place: whole or absent).
 # Epoch 0 runs with while/ferry_next, later ones with for/ferry_epoch. "resume": start from OUT/state.
 # "drop-after-N": after N batches, cut the connection without a word and reconnect (ferry_reconnect).
+# "step-S": a model step of S seconds after each batch.
 args <- commandArgs(trailingOnly = TRUE)
 here <- dirname(normalizePath(sub("^--file=", "", grep("^--file=", commandArgs(FALSE), value = TRUE))))
 source(file.path(here, "..", "clients", "r", "R", "ferry.R"))
@@ -13,6 +14,7 @@ epochs <- as.integer(args[3])
 resume <- "resume" %in% args
 drop_after <- if (any(startsWith(args, "drop-after-"))) as.integer(sub("drop-after-", "", grep("^drop-after-", args,
                                                                                                    value = TRUE))) else -1L
+step <- if (any(startsWith(args, "step-"))) as.numeric(sub("step-", "", grep("^step-", args, value = TRUE))) else 0
 loader <- ferry_loader(connection, window = 2L)
 first <- 0L
 k <- 0L
@@ -39,6 +41,7 @@ record <- function(epoch, batch) {
   writeLines(unclass(state), file.path(out, "state.tmp"))
   file.rename(file.path(out, "state.tmp"), file.path(out, "state"))
   taken <<- taken + 1L
+  Sys.sleep(step)
   if (taken == drop_after) {
     close(loader$con)  # the connection breaks; this loop keeps its place
     loader$con <- NULL
