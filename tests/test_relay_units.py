@@ -247,6 +247,14 @@ def test_an_error_of_a_command_is_its_reply_and_after_the_end_a_command_sets_the
     assert c.state == {"epoch": 3, "batches_delivered": 5}
 
 
+def test_a_malformed_command_closes_that_connection_and_the_relay_goes_on():
+    c = core()
+    admit(c)
+    assert "invalid credit" in refused(c.received("a", Header("credit", {"pass": "1"}), {}, 0.0))
+    assert c.client is None
+    assert of(admit(c, "b"), Send)[0].type == "welcome"  # the next client is served
+
+
 def test_pings_stats_and_bye_with_stop():
     c = core()
     admit(c)

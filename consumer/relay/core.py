@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ferry.common.constants import RELAY_PROTOCOL_VERSION
+from ferry.common.errors import RelayError
 from ferry.consumer.relay.events import (
     Close, Done, ErrorReport, Item, LoadState, Log, PassStarted, PullItem, Pulled, RunLoader, Send, SendItem, SendStats,
     SetEpoch, StartPass, Stop, refusal,
@@ -111,6 +112,13 @@ class RelayCore:
         client = self.client
         if client is None or client.conn is not conn:
             return refusal(conn, "this connection is not the relay's client")
+        try:
+            return self._command(conn, header, texts, now)
+        except RelayError as exc:  # a malformed line (a credit without n): this client does not speak the protocol
+            self.closed(conn, now)
+            return refusal(conn, f"invalid {header.type}: {exc}")
+
+    def _command(self, conn: Any, header: Header, texts: dict[str, str], now: float) -> list[Any]:
         kind = header.type
         if kind == "credit":
             return self._credit(header.integer("n"), header.integer("pass"), now)
