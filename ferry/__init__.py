@@ -38,6 +38,7 @@ from ferry.common.errors import (
     ProducerStartupError,
     PoisonTaskError,
     ProtocolError,
+    RelayError,
     RemoteSampleError,
     SampleIndexError,
     SampleLoadError,
@@ -77,6 +78,7 @@ __all__ = [
     "BatchTypeError",
     "CollateError",
     "VersionMismatch",
+    "RelayError",
 ]
 
 
