@@ -134,7 +134,7 @@ def test_a_producer_killed_mid_epoch_changes_no_pixel(spawn, endpoint):
         producers = {p.pid: p for p in (spawn(endpoint, "tests.random_datasets:GlobalAugmented",
                                               {"length": 60, "delay": 0.01}, threads=None, slots=1)
                                         for _ in range(3))}
-        wait_for(lambda: loader.stats()["producers"] == 3, 30, "3 producers")
+        wait_for(lambda: loader.stats()["producers"] == 3, 60, "3 producers")
         rows: dict[int, torch.Tensor] = {}
         victim = None
         for x, y in loader:

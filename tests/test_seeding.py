@@ -123,7 +123,7 @@ def test_sample_info_augmentation_survives_a_producer_killed_mid_epoch(spawn, en
         producers = {p.pid: p for p in (spawn(endpoint, "tests.random_datasets:Augmented",
                                               {"length": 96, "delay": 0.02}, threads=1, slots=1)
                                         for _ in range(3))}
-        wait_for(lambda: loader.stats()["producers"] == 3, 30, "3 producers")
+        wait_for(lambda: loader.stats()["producers"] == 3, 60, "3 producers")
         got, victim = [], None
         for x, y in loader:
             got.append([x.clone(), y.clone()])
