@@ -257,6 +257,25 @@ class RemoteLoader:
         many producers would remove the stall. See :mod:`ferry.consumer.figures.diagnosis`."""
         return self._observer.diagnosis(self._active)
 
+    # --- producers ----------------------------------------------------------------------------------
+    def producer_gone(self, name: str, why: str = "its supervisor reported it gone") -> None:
+        """Tell the loader that the producer process ``name`` has died, so that the tasks it held are issued again
+        at once instead of after the liveness window (``heartbeat × liveness``, 5 s by default). For whatever
+        supervises producers and learns of a death first: an engine (``ferry.ray`` calls it when a producer's actor
+        dies), a script that killed one. The same event as a local producer's death: its tasks go back to the
+        front of the queue, charged an attempt (a crash may be a sample's fault), and what it still sends is
+        dropped. Safe from any thread; a name no live producer has changes nothing.
+
+        Args:
+            name: the producer's ``host:pid``, as it says in its HELLO and as ``stats()["per_producer"]`` keys it.
+            why: said in the loader's log line about the loss.
+
+        Only a call in the training process can do this: the loader takes no such news from the network, where
+        a peer without credentials could use it to make it drop every producer.
+        """
+        self._check_open()
+        self._io.producer_gone(check.text("name", name), str(why))
+
     # --- figures, state -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Figures of this loader (lifetime counters; ``epoch_*`` for the current epoch)."""
