@@ -84,6 +84,7 @@ class RemoteLoader:
     batch_size, shuffle, seed, drop_last = Option(), Option(), Option(), Option()
     sampler, batch_sampler, rank, world_size = Option(), Option(), Option(), Option()  # None: not given
     dataset, generator = Option(), Option()  # as given: an object or a spec string; the user's torch.Generator
+    dataset_args = Option()  # a spec's keyword arguments, as given (None: none)
     collate_fn = Option(lambda loader: loader._options.local.collate if loader._options.local else None)
     buffer_batches, in_order, no_producer_timeout = Option(), Option(), Option()  # math.inf: wait forever
     timeout = Option()  # DataLoader's: seconds for each batch; 0: no limit
