@@ -8,7 +8,8 @@ ends says how (returned, raised, or its process died: ``ActorDiedError``, or ``A
 restarts it). A death is seen within a turn of the wait, and its ``Gone`` reaches the loader's io thread as a
 command: its tasks are issued again at once.
 
-The fleet is changed only here, under ``lock``; ``stats()`` reads it under the same lock from other threads.
+The fleet and the actor handles are changed only here, under ``lock``; ``stats()`` and ``handles()`` read them under
+the same lock from other threads.
 Ray calls happen after the lock is released (decide under the lock, act after).
 
 Shutdown (``close``): the fleet stops every actor (``stop()``: BYE, drain); each ``serve()`` that returns has its
@@ -95,6 +96,11 @@ class Crew:
             self._thread.join(timeout)
         return not self._thread.is_alive()
 
+    def handles(self) -> dict[int, Any]:
+        """The actor handle of each place that has one now."""
+        with self.lock:
+            return {place: calls.actor for place, calls in self._calls.items()}
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
@@ -146,7 +152,8 @@ class Crew:
     def _apply(self, action: Action) -> None:
         if isinstance(action, Start):
             actor = self._make_actor(action.place)
-            self._calls[action.place] = calls = _Calls(actor)
+            with self.lock:  # handles() reads it
+                self._calls[action.place] = calls = _Calls(actor)
             self._call(calls, WHERE)
             self._call(calls, SERVE)
         elif isinstance(action, Serve):
@@ -159,7 +166,8 @@ class Crew:
             if calls is not None:
                 self._call(calls, STOP)
         elif isinstance(action, Kill):
-            calls = self._calls.pop(action.place, None)
+            with self.lock:
+                calls = self._calls.pop(action.place, None)
             if calls is not None:
                 self._ray.kill(calls.actor, no_restart=True)
         elif isinstance(action, Gone):
@@ -231,8 +239,8 @@ class Crew:
                 self._ray.kill(calls.actor, no_restart=True)
             except Exception as exc:  # a driver already disconnected: its actors go with it
                 log.debug("ferry.ray: kill failed: %s", exc)
-        self._calls.clear()
         with self.lock:
+            self._calls.clear()
             self.fleet.members.clear()
 
 

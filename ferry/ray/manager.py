@@ -151,6 +151,14 @@ class RayProducers:
             return {"target": fleet.target, "serving": len(fleet.serving), "failure": fleet.failure,
                     "actors": actors}
 
+    def actors(self) -> dict[str, Any]:
+        """The serving actors' handles, by their producer's name (``host:pid``): for a script's own calls to them
+        (``figures()``), or to kill one on purpose (``ray.kill``: the manager tells the loader and replaces it)."""
+        handles = self._crew.handles()
+        with self._crew.lock:
+            names = {m.place: m.name for m in self._crew.fleet.serving}
+        return {names[place]: handle for place, handle in handles.items() if place in names}
+
     # --- lifecycle -----------------------------------------------------------------------------------------
     def close(self) -> None:
         """Stop every actor (BYE, drain), kill it, remove the authorized key. Idempotent."""
