@@ -19,6 +19,7 @@ Rows give each figure's median (min..max) per system, with Ferry's and Ray Data'
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -60,9 +61,7 @@ def run_one(system: str, root: str, cpus: int = 2) -> dict:
 
 
 def ray_data_scenario(report: Report, sizes) -> None:
-    try:
-        import ray  # noqa: F401  (only whether it is there: the runs import it in their own processes)
-    except ImportError:
+    if importlib.util.find_spec("ray") is None:  # the runs import it in their own processes
         print("  (scenario 8 skipped: Ray is not installed: pip install 'ferry[ray]')", flush=True)
         report.notes.append("scenario 8 skipped: Ray is not installed")
         return
@@ -82,7 +81,8 @@ def ray_data_scenario(report: Report, sizes) -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     load = f"load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after"
-    case = f"{sizes.ray_samples} float32 tiles {'x'.join(map(str, sizes.seed_shape))}, torch transform, batch 32, 2 CPUs"
+    shape = "x".join(map(str, sizes.seed_shape))
+    case = f"{sizes.ray_samples} float32 tiles {shape}, torch transform, batch 32, 2 CPUs"
     rows = (("epoch 0 from construction", "epoch0_sps", "samples/s", 1.0, False),
             ("warm epoch", "warm_sps", "samples/s", 1.0, False),
             ("time to first batch", "first_s", "ms", 1e3, True),

@@ -76,10 +76,7 @@ def run_dataloader(dataset: SeedTiles, args: argparse.Namespace, started: float)
     def epoch(e: int) -> Iterator[list[int]]:
         sampler.set_epoch(e)
         return (batch[2].tolist() for batch in loader)
-    try:
-        return measure(epoch, args.epochs, started, len(dataset), args.seed)
-    finally:
-        del loader  # its persistent workers stop with its iterator
+    return measure(epoch, args.epochs, started, len(dataset), args.seed)  # its workers stop with it, here
 
 
 def run_ferry(dataset: SeedTiles, args: argparse.Namespace, started: float) -> dict:

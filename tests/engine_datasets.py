@@ -35,3 +35,12 @@ class SlowPairs(PairDataset):
 def storage_not_mounted(worker_id: int) -> None:
     """An init hook that fails as one whose storage is not there yet."""
     raise OSError(f"worker {worker_id}: /data is not mounted yet")
+
+
+def fails_once(worker_id: int) -> None:
+    """An init hook that fails as storage not mounted yet (the producer exits 4) the first time it runs, and passes
+    after: the file named by ``TEST_FAILS_ONCE_FILE`` marks that first time."""
+    marker = os.environ["TEST_FAILS_ONCE_FILE"]
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise OSError(f"worker {worker_id}: /data is not mounted yet (its first start)")

@@ -11,6 +11,7 @@ namespaces, removes the namespaces and the folder, and says what it had to kill.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import shutil
@@ -69,11 +70,7 @@ class RayCluster:
         if os.geteuid() != 0:
             cannot_run("a Ray cluster of network namespaces needs root")
         ray = ray_command()
-        try:
-            import ray as _  # noqa: F401
-        except ImportError:
-            ray = None
-        if ray is None:
+        if ray is None or importlib.util.find_spec("ray") is None:
             cannot_run("Ray is not installed (pip install 'ferry[ray]'; .ci/run installs it)")
         self.net = make_network([HEAD, WORKER])
         common = ["--num-cpus", str(NODE_CPUS), "--object-store-memory", str(OBJECT_STORE_BYTES),

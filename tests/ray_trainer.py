@@ -6,12 +6,14 @@ DataLoader over the same dataset (tests.engine_datasets:SlowPairs).
 
 1. *kill*: 2 producer actors (SPREAD: one per node), CURVE keys taken from the loader. An intruder actor, started by
    hand with a key pair the loader never authorized and a dataset of the same fingerprint but other values, tries
-   to join for the whole run. Mid-epoch, with tasks at the victim, one actor is ``ray.kill``ed; the time from the
-   kill to its tasks' re-issue is measured (``stats()["reissued"]``), and the reason the loader gives for the loss.
+   to join for the whole phase. Mid-epoch, with tasks at the victim, one actor is ``ray.kill``ed for good, later
+   another with a restart (``no_restart=False``); the time from each kill to its tasks' re-issue is measured
+   (``stats()["reissued"]``), and the reasons the loader gives for the losses. Then one more actor, whose dataset
+   fails to open the first time (exit status 4): Ray restarts it, and it serves.
 2. *demand*: ``producers="auto"`` between 1 and 3, an epoch whose loop first takes a batch every ``--fast-step``
-   seconds (it needs about 10 producers of 5 batches/s: more than it may have), then after ``--more-s`` seconds one batch every ``--slow-step`` seconds (it needs
-   one) for ``--less-s`` seconds: every change of the actors' target, of the loader's live producers and of its
-   demand gauge is recorded with its time. Then the samples lose their delay (DIR/fast) and the epoch ends.
+   seconds (it needs about 10 producers of 5 batches/s: more than it may have), then after ``--more-s`` seconds one
+   batch every ``--slow-step`` seconds (it needs one) for ``--less-s`` seconds: every change of the actors' target,
+   of the loader's live producers and of its demand gauge is recorded with its time. Then the samples lose their delay (DIR/fast) and the epoch ends.
 
 Everything it saw goes to DIR/result.json (and DIR/status.json while it runs); an AssertionError (exit 1) names
 the first batch that differs from DataLoader's.
@@ -95,11 +97,9 @@ def kill_phase(args, loader: RemoteLoader, control: Control) -> None:
         nodes = sorted({a["node"] for a in producers.stats()["actors"]})
         control.note(kill_nodes=nodes, kill_names=names,
                      authorized_during=sorted(os.listdir(loader.curve.authorized_keys)))
-        measured: dict = {}
+        kills: dict = {}
 
-        def each(seq: int) -> None:
-            if seq != 8:
-                return
+        def kill_busiest(seq: int, no_restart: bool) -> None:
             stats = loader.stats()
             victim = max(stats["per_producer"], key=lambda n: stats["per_producer"][n]["in_flight"])
             held = stats["per_producer"][victim]["in_flight"]
@@ -107,19 +107,35 @@ def kill_phase(args, loader: RemoteLoader, control: Control) -> None:
             handle = producers.actors()[victim]
             before = stats["reissued"]
             killed = time.monotonic()
-            ray.kill(handle)
+            ray.kill(handle, no_restart=no_restart)
             while loader.stats()["reissued"] == before:
                 assert time.monotonic() - killed < 30, "the killed actor's tasks were never issued again"
                 time.sleep(POLL_S)
-            measured.update(victim=victim, held=held, reissue_s=round(time.monotonic() - killed, 3))
-            control.note(kill=measured)
+            kills["dead" if no_restart else "restarted"] = {
+                "seq": seq, "victim": victim, "held": held, "reissue_s": round(time.monotonic() - killed, 3)}
+            control.note(kill=kills)
+
+        def each(seq: int) -> None:
+            if seq in (8, 24):
+                kill_busiest(seq, no_restart=seq == 8)  # first for good (then replaced), then one Ray restarts
         count = check_epoch(loader, length, batch, 1, each)
-        replaced = producers.wait_serving(timeout=60)
         deadline = time.monotonic() + 60
-        while loader.stats()["producers"] < 2:  # the replacement's producer admitted, not only its actor started
-            assert time.monotonic() < deadline, f"the replacement never joined: {loader.stats()['per_producer']}"
+        while loader.stats()["producers"] < 2:  # the replacement's and the restarted one's producers admitted
+            assert time.monotonic() < deadline, f"only {loader.stats()['per_producer']} after the kills"
             time.sleep(0.05)
-        control.note(kill_batches=count, kill=measured, kill_after=replaced, kill_stats=producers.stats())
+        control.note(kill_batches=count, kill=kills, kill_after=producers.wait_serving(timeout=60),
+                     kill_stats=producers.stats())
+        # an actor whose dataset fails to open the first time (exit status 4): Ray restarts it, and it serves
+        once = os.path.join(args.control, "failed-once")
+        with RayProducers(loader, producers=1, max_restarts=2,
+                          producer_options={"threads": 1, "init": "tests.engine_datasets:fails_once"},
+                          actor_options={"runtime_env": {"env_vars": {"TEST_FAILS_ONCE_FILE": once}}}) as restarted:
+            names = restarted.wait_serving(timeout=120)
+            deadline = time.monotonic() + 60
+            while loader.stats()["producers"] < 3:
+                assert time.monotonic() < deadline, f"the restarted actor never joined: {loader.stats()['per_producer']}"
+                time.sleep(0.05)
+            control.note(fails_once=names, failed_once=os.path.exists(once), fails_once_stats=restarted.stats())
 
 
 def demand_phase(args, loader: RemoteLoader, control: Control) -> None:
@@ -193,8 +209,8 @@ def main() -> None:
         """A loader of its own per phase (its dataset's length is fixed by the first producer). Liveness 20 × 0.5 s:
         the heartbeat alone would take 10 s to give up on a killed producer."""
         return RemoteLoader(endpoint=f"tcp://{args.bind}:{free_port()}", dataset=SPEC,
-                            dataset_args={"length": length, "delay": delay, **more}, batch_size=4, shuffle=True, seed=SEED,
-                            heartbeat=0.5, liveness=20, no_producer_timeout=120, timeout=120, buffer_batches=8,
+                            dataset_args={"length": length, "delay": delay, **more}, batch_size=4, shuffle=True,
+                            seed=SEED, heartbeat=0.5, liveness=20, no_producer_timeout=120, timeout=120, buffer_batches=8,
                             curve=keys, log_every=None)
 
     with loader_of(KILL_SAMPLES, 0.02) as loader:

@@ -3,7 +3,9 @@ training script on the head node (tests/ray_trainer.py) whose producers are Ray 
 ``ferry.ray.RayProducers``, every batch compared with torch's DataLoader.
 
 * an epoch exact with a busy producer actor ``ray.kill``ed: its tasks issued again within 1 s, the loader told by
-  the manager (its log names the actor's death), not by the heartbeat (10 s here); the actor replaced;
+  the manager (its log names the actor's death), not by the heartbeat (10 s here); the actor replaced; another one
+  killed with a restart: told too, and serving again; one whose dataset fails to open at first (exit status 4):
+  restarted by Ray, it serves;
 * an intruder actor with a key pair the loader never authorized and a dataset of the same fingerprint but other
   values: denied at the CURVE handshake, it delivers nothing;
 * ``producers="auto"``: a loop that needs more producers than it has, then one: the actors follow the loader's
@@ -86,17 +88,27 @@ def test_ray_actors_serve_an_exact_epoch_through_a_kill_follow_demand_and_keep_a
         assert code == 0, report
         result = json.loads((control / "result.json").read_text())
 
-        # the kill: two actors, one per node; the victim's tasks issued again within 1 s, told by the manager
+        # the kills: two actors, one per node; a victim's tasks issued again within 1 s, told by the manager
         assert result["kill_nodes"] == sorted(cluster.net.addr[n] for n in (HEAD, WORKER)), result["kill_nodes"]
-        kill = result["kill"]
-        assert kill["held"] >= 1 and kill["reissue_s"] < 1.0, kill
-        assert f"producer {kill['victim']} lost (its Ray actor died" in output, report
-        assert len(result["kill_after"]) == 2 and kill["victim"] not in result["kill_after"], result["kill_after"]
+        dead, restarted = result["kill"]["dead"], result["kill"]["restarted"]
+        assert dead["held"] >= 1 and dead["reissue_s"] < 1.0, dead
+        assert f"producer {dead['victim']} lost (its Ray actor died: ActorDiedError" in output, report
+        assert "is dead for good (ActorDiedError" in output and "a new one starts in 1 s" in output, report
+        # killed with a restart: the loader told too (well before its 10 s heartbeat window), the actor served again
+        assert restarted["held"] >= 1 and restarted["reissue_s"] < 5.0, restarted
+        assert f"producer {restarted['victim']} lost (its Ray actor died" in output, report
+        assert "Ray restarts it" in output, report
+        after = result["kill_after"]
+        assert len(after) == 2 and not {dead["victim"], restarted["victim"]} & set(after), after
         assert result["kill_batches"] == 40
+        # exit status 4 (its dataset did not open): the process ended, Ray restarted the actor, and it serves
+        assert result["failed_once"] and len(result["fails_once"]) == 1, result
+        assert "DatasetOpenError" in output and "(exit status 4)" in output, report
 
         # the intruder: denied at the handshake, never admitted, nothing delivered; its own actor stopped with 0
         assert result["denials"] >= 1 and result["intruder_sent"] == 0 and result["intruder_code"] == 0, result
-        assert result["kill_producers_seen"] == 3, result  # the two actors and the victim's replacement
+        # the two actors, the dead one's replacement, the restarted one's new process, the one that failed once
+        assert result["kill_producers_seen"] == 5, result
         assert result["intruder"] not in result["kill_per_producer"]
 
         # demand: up to the most while the loop needs more, down to one when it needs one; no flapping

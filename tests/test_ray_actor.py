@@ -16,7 +16,6 @@ import threading
 
 import pytest
 import zmq.auth
-from zmq.utils.garbage import gc as zmq_gc
 
 from ferry import ConfigError, ProducerExitError, RemoteLoader
 from ferry.producer import ProducerConfig
@@ -24,7 +23,7 @@ from ferry.ray import ProducerActor
 from ferry.ray.handover import loader_keys, reachable_endpoint
 
 from .datasets import PairDataset
-from .helpers import REPO, LeakCheck, assert_epoch_matches, producer_env, wait_for
+from .helpers import REPO, LeakCheck, assert_epoch_matches, producer_env, warm_zero_copy
 
 
 class Exits(ProducerActor):
@@ -56,8 +55,7 @@ def run_serve(actor: ProducerActor) -> tuple[threading.Thread, list]:
 
 
 def test_serve_returns_0_when_stopped_and_the_epoch_stays_exact(endpoint):
-    zmq_gc.start()  # pyzmq's thread and socket for zero-copy sends: made at a process's first one, kept for its life
-    zmq_gc._push_socket
+    warm_zero_copy()
     check = LeakCheck()
     dataset = PairDataset(length=24, delay=0.01)
     with RemoteLoader(endpoint=endpoint, batch_size=4, shuffle=True, seed=3, heartbeat=0.2, max_attempts=1,

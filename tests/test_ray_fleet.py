@@ -46,6 +46,8 @@ def test_a_death_that_ray_restarts_is_told_then_served_again_and_never_replaced(
     actions = fleet.died(1, restarting=True, why="ActorUnavailableError: exit 5", now=5.0)
     assert without_logs(actions) == [Gone("node1:101", "its Ray actor died: ActorUnavailableError: exit 5"), Serve(1)]
     assert fleet.members[1].state == RESTARTING and not fleet.due and fleet.count == 2
+    # the calls made while Ray restarts it fail too: asked again, quietly, nothing more told
+    assert fleet.died(1, restarting=True, why="ActorUnavailableError: restarting", now=6.0) == [Serve(1)]
     fleet.located(1, "node1:333", "10.0.0.1")
     assert fleet.members[1].state == SERVING and fleet.members[1].name == "node1:333"
 

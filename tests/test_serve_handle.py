@@ -13,13 +13,12 @@ import signal
 import threading
 import time
 
-from zmq.utils.garbage import gc as zmq_gc
 
 from ferry import RemoteLoader
 from ferry.producer import ProducerConfig, ServeHandle, serve
 
 from .datasets import PairDataset
-from .helpers import LeakCheck, assert_epoch_matches, wait_for
+from .helpers import LeakCheck, assert_epoch_matches, wait_for, warm_zero_copy
 
 SEED = 5
 
@@ -38,8 +37,7 @@ class Serving:
 
 
 def test_a_handle_stops_serve_on_its_thread_by_the_drain_path_and_leaves_the_process_signals_alone(endpoint):
-    zmq_gc.start()  # pyzmq's thread and socket for zero-copy sends: made at a process's first one, kept for its life
-    zmq_gc._push_socket
+    warm_zero_copy()
     before = LeakCheck()
     handlers = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
     dataset = PairDataset(length=48, delay=0.02)

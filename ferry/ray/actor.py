@@ -33,7 +33,7 @@ from typing import Any
 
 from ferry.common.errors import ProducerExitError
 from ferry.producer import ProducerConfig, ServeHandle, serve
-from ferry.producer.exits import EXIT_OK, EXIT_REJECTED, REPEATS_ON_RESTART, failure_status
+from ferry.producer.exits import EXIT_CRASH, EXIT_OK, EXIT_REJECTED, REPEATS_ON_RESTART, failure_status
 
 __all__ = ["ProducerActor"]
 
@@ -83,7 +83,7 @@ class ProducerActor:
         except Exception as exc:  # what the command line reports and exits with (producer/cli.py)
             code = failure_status(exc)
             log.error("ferry producer actor: %s: %s (exit status %d)", type(exc).__name__, exc, code,
-                      exc_info=code not in REPEATS_ON_RESTART)
+                      exc_info=code == EXIT_CRASH)  # a traceback for a bug, one line for the rest, as the CLI
             return ProducerExitError(f"{type(exc).__name__}: {exc}", code) if code in REPEATS_ON_RESTART else code
         if code == EXIT_REJECTED:
             return ProducerExitError("every consumer rejected this producer permanently (another dataset, length or "

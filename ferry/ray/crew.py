@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ferry.common.errors import ProducerExitError
+from ferry.common.errors import LoaderClosedError, ProducerExitError
 
 from ferry.ray.fleet import Action, Fleet, Gone, Kill, Log, Serve, Start, Stop
 from ferry.ray.handover import Handover
@@ -94,6 +94,9 @@ class Crew:
         self.command(lambda now: self.fleet.close())
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("ferry.ray: the producer actors did not all stop within %g s; they end with this driver",
+                        timeout)
         return not self._thread.is_alive()
 
     def handles(self) -> dict[int, Any]:
@@ -172,7 +175,10 @@ class Crew:
                 self._ray.kill(calls.actor, no_restart=True)
         elif isinstance(action, Gone):
             if self._gone is not None:
-                self._gone(action.name, action.why)
+                try:
+                    self._gone(action.name, action.why)
+                except LoaderClosedError:  # the script closed its loader first: nobody to tell
+                    pass
         elif isinstance(action, Log):
             log.log(action.level, "%s", action.message)
 

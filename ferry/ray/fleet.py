@@ -251,6 +251,8 @@ class Fleet:
         if member.state == STOPPING:
             del self.members[place]
             return [Kill(place)]  # while Ray would restart it, or to let go of its handle
+        if restarting and member.state == RESTARTING:  # the calls made while Ray restarts it fail: ask again
+            return [Serve(place)]
         if restarting:
             member.state, member.name = RESTARTING, ""
             return [*actions, Log(logging.WARNING, f"ferry.ray: producer actor {place} died ({why}); Ray restarts it"),
