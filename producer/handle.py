@@ -3,8 +3,9 @@
 ``serve(config, dataset, stop=handle)`` runs until ``handle.set()``: the same stop as SIGTERM's (the main loop
 leaves its poll, says BYE to every consumer, which re-issue what it held without charging an attempt, drains for
 at most ``drain_timeout`` seconds and returns 0). It is event-like, as :class:`threading.Event`: ``set`` and
-``is_set`` (no ``wait``: nothing here may take a lock). A handle set before ``serve`` built its producer stops it as soon as it is built. SIGTERM and
-SIGINT set the same handle where ``serve`` runs on the main thread, so there is one way to stop a producer.
+``is_set`` (no ``wait``: nothing here may take a lock). A handle set before ``serve`` built its producer stops it
+as soon as it is built. SIGTERM and SIGINT set the same handle where ``serve`` runs on the main thread, so there is
+one way to stop a producer.
 
 ``figures()`` reads the running producer's figures (what its metrics endpoint exports: batches sent, the jobs
 it serves and the demand each consumer reports in its PINGs, ``pool_demand``), or None while it is not running.
