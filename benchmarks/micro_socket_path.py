@@ -21,7 +21,7 @@ from ferry.common.constants import DEFAULT_FRAME_BYTES
 
 def pieces(mib: float) -> dict[str, callable]:
     from ferry.consumer.core import Delivery
-    from ferry.producer.buffers import tracked
+    from ferry.producer.io.buffers import tracked
 
     array = np.zeros((1, int(mib * (1 << 20))), np.uint8)
     labels = np.zeros(1, np.int64)

@@ -22,8 +22,8 @@ import numpy as np
 from ferry.common.datasets import NpyFolderDataset
 from ferry.common.waker import Waker
 from ferry.producer import keep_freed_memory
-from ferry.producer import batcher as batcher_module
-from ferry.producer.batcher import Batcher, Job
+from ferry.producer.loading import batcher as batcher_module
+from ferry.producer.loading.batcher import Batcher, Job
 
 from .datasets import UserNpyFolder
 from .scenarios import make_npy

@@ -17,7 +17,7 @@ re-issued, like any other unusable batch.
 
 Which codec a batch uses is the consumer's to say, in each TASK; under ``"auto"`` it decides from what it
 sees (:mod:`ferry.consumer.core.compression`). The producer's side (the thread pool that compresses a batch's
-frames, the codec of each task) is :mod:`ferry.producer.compressing`. The codec libraries are optional
+frames, the codec of each task) is :mod:`ferry.producer.loading.compressing`. The codec libraries are optional
 extras (``pip install 'ferry[lz4]'``, ``'ferry[zstd]'``); this module imports without them, and
 :func:`require` names the missing package.
 """

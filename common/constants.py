@@ -5,8 +5,16 @@ Invariants that these bounds protect are written next to them. Times are in seco
 
 PROTOCOL_VERSION = 1
 
-#: The consumer's default ROUTER endpoint. With torchrun, the port is shifted by LOCAL_RANK.
-DEFAULT_ENDPOINT = "tcp://*:5555"
+#: The consumer's default ROUTER endpoint: this machine only, since without CURVE anyone who reaches the port may
+#: feed the trainer. With torchrun, the port is shifted by LOCAL_RANK; a process's second loader takes the next slot
+#: (consumer/io/ports.py).
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+#: The default with CURVE on: every interface, since only producers with an authorized key get in.
+DEFAULT_CURVE_ENDPOINT = "tcp://*:5555"
+#: A loader waiting for remote producers says so after this long without one, with the command that starts one,
+#: and again every WAITING_NOTICE_EVERY_S while it waits. [Unit: second]
+WAITING_NOTICE_S = 3.0
+WAITING_NOTICE_EVERY_S = 30.0
 
 # --- liveness (the Paranoid Pirate pattern) ---------------------------------------------------------
 #: Each side sends PING this often. [Unit: second]
@@ -123,7 +131,7 @@ MAX_FRAMES = 1024
 MAX_NDIM = 16
 #: Tasks a producer holds for one consumer session at most; a consumer asking for more is broken.
 MAX_PENDING_TASKS = 2 * MAX_SLOTS
-#: Datasets a pool producer keeps open for its consumers besides its own (producer/pool.py): each holds its files,
+#: Datasets a pool producer keeps open for its consumers besides its own (producer/loading/pool.py): each holds its files,
 #: index and batch workers; a job naming one more closes one no connection uses, or is refused.
 MAX_NAMED_DATASETS = 8
 #: Invalid messages a producer takes from one consumer session before it drops that session (its work) and says
@@ -200,7 +208,7 @@ MAX_ADDRESSES_PER_NAME = 256
 #: The live probe fails once a producer's main loop has not turned for this long. [Unit: second]
 DEFAULT_STUCK_AFTER_S = 20.0
 #: A producer all of whose loading threads (or slots) are held this long by loads its consumers gave up on exits
-#: with status 5 (producer/stuck.py), for its supervisor to start a fresh one; as long as a consumer's own
+#: with status 5 (producer/core/stuck.py), for its supervisor to start a fresh one; as long as a consumer's own
 #: task_timeout by default. [Unit: second]
 DEFAULT_EXIT_WHEN_STUCK_S = DEFAULT_TASK_TIMEOUT_S
 #: A producer rewrites its status file (--status-file) at most this far apart: every second, or a quarter of

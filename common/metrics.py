@@ -33,7 +33,7 @@ class Figure:
     also: str = ""
 
 
-#: The producer's figures (``Producer.figures()`` in producer/service.py).
+#: The producer's figures (``Producer.figures()`` in producer/io/service.py).
 PRODUCER_FIGURES: tuple[Figure, ...] = (
     Figure("batches_sent", COUNTER, "batches sent to consumers"),
     Figure("bytes_sent", COUNTER, "bytes of the batches sent"),
@@ -45,7 +45,7 @@ PRODUCER_FIGURES: tuple[Figure, ...] = (
     Figure("links", GAUGE, "consumer connections: one per endpoint, and per address an endpoint's name resolves to"),
     Figure("pool_demand", GAUGE, "producers the jobs this producer serves need in all: the sum of their loops' "
            "demand gauges (ferry_producers_needed), as their PINGs report them", also="ferry_pool_demand"),
-    Figure("per_job", None, "figures per job (consumer endpoint -> dict; producer/sharing.py)"),
+    Figure("per_job", None, "figures per job (consumer endpoint -> dict; producer/core/sharing.py)"),
 )
 
 #: The per-job figures of a pool producer (``per_job``), exported with the labels ``job`` (the consumer's endpoint)

@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 import msgpack
 
+from ferry.common.canary import MAX_STRUCTURE_CHARS, valid_wire
 from ferry.common.constants import (MAX_ANNOUNCED_SHARDS, MAX_CLASS_PATH, MAX_DATASET_LEN, MAX_EXC_CLASSES,
                                     MAX_HEADER_BYTES, MAX_SLOTS, MAX_STREAMS, MAX_TASK_INDICES, MAX_TEXT,
                                     PROTOCOL_VERSION)
@@ -86,6 +87,8 @@ def _dataset(v: Any) -> bool:
         and ("iterable" not in v or v["iterable"] is True)
         and ("sized" not in v or (v.get("iterable") is True and isinstance(v["sized"], bool)))
         and ("args" not in v or valid_named({"spec": v["spec"] or "-", "args": v["args"]}))
+        and ("canary" not in v or valid_wire(v["canary"], MAX_STRUCTURE_CHARS))
+        and ("code" not in v or (isinstance(v["code"], str) and len(v["code"]) <= 64))
     )
 
 
@@ -177,7 +180,7 @@ OPTIONAL: dict[str, dict[str, Check]] = {
             # takes this many tasks beyond its slots, queued until a slot is free; absent: its slots only
             "ahead": lambda v: _uint(v) and v <= MAX_SLOTS,
             # it loads its dataset one sample at a time because it is a user's class and --threads was not given
-            # (producer/loading.py): the consumer's diagnosis names --threads when the producers are the bound
+            # (producer/loading/samples.py): the consumer's diagnosis names --threads when the producers are the bound
             "serial": lambda v: v is True,
             # an iterable dataset's producer: its [worker id, worker count] (a local producer's place in its loader)
             "worker": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[0] < v[1],
@@ -187,7 +190,7 @@ OPTIONAL: dict[str, dict[str, Check]] = {
     # the producer may pickle what no tree spec describes: only the consumer's own local producers (ipc, same
     # user; consumer/core/admission.py), never a producer over the network
     # dataset: {spec, args}, the dataset a pool producer is to open and announce in its next HELLO (common/pool.py);
-    # weight: this consumer's share of the producer's time against its other consumers' (producer/fairshare.py)
+    # weight: this consumer's share of the producer's time against its other consumers' (producer/core/fairshare.py)
     WELCOME: {"pickle": lambda v: v is True, "dataset": valid_named, "weight": valid_weight},
     TASK: {"slot": lambda v: isinstance(v, list) and len(v) == 2 and all(_uint(x) for x in v) and v[1] > 0,
            "seed": _uint,  # the loader's seed, from which each sample's sample_info().seed is derived

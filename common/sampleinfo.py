@@ -21,9 +21,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-__all__ = ["SampleInfo", "sample_info", "sample_seed", "seed_process", "producer_seed", "rank_base_seed", "numpy_seed"]
+__all__ = ["SampleInfo", "sample_info", "sample_seed", "seed_process", "producer_seed", "rank_base_seed", "numpy_seed",
+           "seed_generators", "kept_generators"]
 
 _SEED_MASK = (1 << 63) - 1
+_MASK32 = 0xFFFFFFFF
+#: A third word of numpy's seeding key: ``random.seed(s)`` seeds the same Mersenne Twister from the words of ``s``, so
+#: without it both modules would draw the very same numbers.
+_NUMPY_KEY = 0x6E756D70
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,8 @@ class SampleInfo:
 
 
 _current = threading.local()
+#: Held while a sample loads under the process-wide generators seeded for it (``loading(seed_globals=True)``).
+_GENERATORS = threading.Lock()
 
 
 def sample_info() -> SampleInfo | None:
@@ -60,14 +67,63 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 @contextmanager
-def loading(seed: int, epoch: int, index: int) -> Iterator[None]:
-    """Make :func:`sample_info` describe sample ``index`` of ``epoch`` on this thread while it loads."""
+def loading(seed: int, epoch: int, index: int, *, seed_globals: bool = False) -> Iterator[None]:
+    """Make :func:`sample_info` describe sample ``index`` of ``epoch`` on this thread while it loads.
+
+    ``seed_globals``: also seed the process-wide generators (:func:`seed_generators`) with the sample's seed first,
+    so that an augmentation drawn from ``torch.rand``, ``np.random`` or ``random`` gives the same pixels whichever
+    producer loads the sample, and after a re-issue or a resume. Only where this process loads one sample at a time:
+    those generators are shared by every thread.
+    """
     previous = getattr(_current, "info", None)
-    _current.info = SampleInfo(epoch=epoch, index=index, seed=sample_seed(seed, epoch, index))
+    info = _current.info = SampleInfo(epoch=epoch, index=index, seed=sample_seed(seed, epoch, index))
+    try:
+        if not seed_globals:
+            yield
+            return
+        with _GENERATORS:  # two datasets of a producer pool, each loading one sample at a time, take turns
+            seed_generators(info.seed)
+            yield
+    finally:
+        _current.info = previous
+
+
+def seed_generators(seed: int) -> None:
+    """Seed Python's ``random``, numpy's legacy global generator (``np.random.*``) and torch's CPU generator
+    (where numpy and torch are loaded) from the 63-bit ``seed``: about 20 µs (docs/performance.md).
+
+    torch's through ``torch.default_generator`` itself: ``torch.manual_seed`` also queues the seeding of every
+    accelerator, formatting a stack trace for each, which costs ten times as much; a producer's samples are made
+    on the CPU. ``torch.initial_seed()`` then returns ``seed``, as it returns a DataLoader worker's seed.
+    """
+    seed &= _SEED_MASK
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed([seed & _MASK32, seed >> 32, _NUMPY_KEY])  # not random's key: another stream
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "default_generator"):  # a torch module that is not one: left alone
+        torch.default_generator.manual_seed(seed)
+
+
+@contextmanager
+def kept_generators() -> Iterator[None]:
+    """Run the block, then put back the states of the generators :func:`seed_generators` seeds: for a sample loaded
+    under its own seeds in the training process itself, whose generators are the script's, not Ferry's."""
+    state = random.getstate()
+    numpy = sys.modules.get("numpy")
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    torch = sys.modules.get("torch")
+    torch_state = torch.default_generator.get_state() if torch is not None and hasattr(torch, "default_generator") \
+        else None
     try:
         yield
     finally:
-        _current.info = previous
+        random.setstate(state)
+        if numpy_state is not None:
+            sys.modules["numpy"].random.set_state(numpy_state)
+        if torch_state is not None:
+            torch.default_generator.set_state(torch_state)
 
 
 def rank_base_seed(base_seed: int, rank: int) -> int:
@@ -115,9 +171,6 @@ def seed_process(seed: int | None, *, worker_id: int = 0, num_workers: int = 1, 
         torch_worker._worker_info = torch_worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed,
                                                             dataset=dataset)
     return seed
-
-
-_MASK32 = 0xFFFFFFFF
 
 
 def numpy_seed(base_seed: int, worker_id: int) -> list[int]:

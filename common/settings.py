@@ -39,7 +39,7 @@ __all__ = [
     "Kind", "Int", "Real", "Bool", "Choice", "Text", "Path", "Hook", "KeywordArgs", "Compression", "Setting",
     "REQUIRED", "option", "setting_of", "check_fields", "documented", "shared_values",
     "THREADS", "SLOTS", "AHEAD", "HEARTBEAT", "LIVENESS", "TRANSFORM", "TRANSFORM_ARGS", "COLLATE", "COLLATE_ARGS", "INIT",
-    "METRICS_PORT",
+    "METRICS_PORT", "SEED_PER_SAMPLE",
 ]
 
 
@@ -196,3 +196,12 @@ METRICS_PORT = Setting(Int(0, MAX_PORT, expected="a port number"),
                        "ferry[metrics]); none by default. A loader under torchrun adds LOCAL_RANK to it, as to its "
                        "endpoint, so that each rank serves its own.",
                        None, optional=True, flag="--metrics-port", metavar="PORT")
+SEED_PER_SAMPLE = Setting(
+    Bool(), "seed torch's CPU generator, numpy's global one (np.random) and Python's random from (seed, epoch, index) "
+    "before each sample of a map-style dataset, so that an augmentation drawn from them (torchvision's random "
+    "transforms, np.random.rand) gives the same pixels whichever producer loads the sample, however many run, and "
+    "after a re-issue, a respawn or a resume. Default (none): on where the producer loads one sample at a time (a "
+    "dataset class of your own without --threads), off where loads overlap, since these generators are shared by "
+    "the loading threads. 1: on, and the dataset's samples load one at a time; 0: off, each producer's generators "
+    "run on from its process seed as a DataLoader worker's do (docs/datasets.md).", None, optional=True,
+    flag="--seed-per-sample", metavar="0|1")

@@ -113,7 +113,7 @@ class RemoteLoader:
         mp_context: str | None = UNSET, producer_transform: Any = UNSET, shared_memory: bool = UNSET,
         collate_fn: Any = UNSET, producer_init: Any = UNSET,
         collate_args: dict[str, Any] | None = UNSET, producer_transform_args: dict[str, Any] | None = UNSET,
-        producer_ahead: int | None = UNSET,
+        producer_ahead: int | None = UNSET, seed_per_sample: bool | None = UNSET,
         heartbeat: float = UNSET, liveness: int = UNSET, task_timeout: float = UNSET, max_batch_bytes: int = UNSET,
         max_attempts: int = UNSET, compression: str | None = UNSET, weight: float = UNSET,
         curve_secret_key: str | None = UNSET, curve_authorized_keys: str | None = UNSET,
@@ -146,7 +146,9 @@ class RemoteLoader:
         self._health = LoaderHealth(self._io, self._local, pipeline.staging_failure, self.endpoints,
                                     self.no_producer_timeout, pipeline.stop,
                                     start_hint_for(self.endpoints, opts.dataset, opts.dataset_args,
-                                                   local=self._local is not None))
+                                                   local=self._local is not None,
+                                                   collate=opts.local.collate if opts.local else None,
+                                                   collate_args=opts.local.collate_args if opts.local else None))
         self._observer = EpochObserver(self._counters, self._io.snapshot,
                                        capacity=self.buffer_batches, log_every=self.log_every,
                                        threads=(self._io.thread, self._staging), on_demand=pipeline.autoscale,

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from ferry.common import compression as comp
+from ferry.common.canary import code_digest
 from ferry.common.constants import JOIN_TIMEOUT_S, LEAVE_WAIT_S, STAGED_BATCHES
 from ferry.common.datasets import dataset_fingerprint, transformed_fingerprint
 from ferry.common.errors import ConfigError
@@ -85,6 +86,21 @@ def resolve_device(device: Any, pin_memory: bool | None) -> tuple[torch.device |
     return device, pin_memory
 
 
+def own_canaries(opts: LoaderOptions, dataset: Any, length: int | None) -> tuple[Any, ...] | None:
+    """The trainer's own canary samples (:mod:`ferry.common.canary`), which remote producers' must match: loaded here
+    from a map-style dataset object when producers on other hosts may join (a tcp or ipc endpoint of the script's
+    or the environment's) and no local producers fork from this process (a handle a ``__getitem__`` opened here, an
+    HDF5 file, would be inherited). A sample that raises here is left out (this process may lack what producers
+    have). None: not loaded, the first remote producer's are the reference instead."""
+    if (dataset is None or isinstance(dataset, str) or not opts.endpoints or opts.local is not None or not length
+            or is_sharded(dataset) or is_iterable(dataset)):
+        return None
+    from ferry.common.canary import canary_indices, probe
+
+    return tuple(c for c in probe(dataset, canary_indices(length), in_trainer=True)
+                 if not c.structure.startswith("raised "))
+
+
 class Pipeline:
     """Local producers -> io thread -> ``handoff`` -> staging thread -> ``staged`` (the training thread's)."""
 
@@ -99,6 +115,7 @@ class Pipeline:
         #: local_producers="auto": called with each demand sample on the training thread (else None)
         self.autoscale: Autoscaler | None = None
         self.io: IoThread | None = None
+        self.slot: int | None = None  # this loader's endpoint slot in the process (consumer/io/ports.py)
         self.staging: threading.Thread | None = None
         self.metrics: Any = None
         try:
@@ -119,12 +136,13 @@ class Pipeline:
             fingerprint = dataset_fingerprint(dataset)
             if opts.local is not None and opts.local.transform is not None:  # what its producers will announce
                 fingerprint = transformed_fingerprint(fingerprint, opts.local.transform, opts.local.transform_args)
+        canaries = own_canaries(opts, dataset, dataset_len)
         curve = None
         if opts.curve is not None:
             from ferry.common.security import CurveServer
 
             curve = CurveServer.load(opts.curve.secret_key, opts.curve.authorized_keys)
-        transport, local, endpoints = opts.transport, opts.local, list(opts.endpoints)
+        transport, local, endpoints = opts.transport, opts.local, self._slotted(opts)
         window = Window.of(opts.buffer_batches)  # every size derived from buffer_batches (consumer/window.py)
         if local is not None:
             # its producers read FERRY_KEEP_FREED_MEMORY (common/heap.py): a bad value is one ConfigError here,
@@ -156,7 +174,8 @@ class Pipeline:
                        dataset_spec=dataset if isinstance(dataset, str) and local is None else None,
                        dataset_args=opts.dataset_args if isinstance(dataset, str) and local is None else None,
                        weight=transport.weight,
-                       local_producers=self.local.count if self.local is not None else 0,
+                       local_producers=self.local.count if self.local is not None else 0, canaries=canaries,
+                       code=code_digest(dataset) if isinstance(dataset, str) and local is None else None,
                        **compression_welcome(transport.compression)),
             endpoints=self.endpoints, handoff=self.handoff, counters=counters, curve=curve,
             slab=self.local.slab if self.local is not None else None,
@@ -179,6 +198,25 @@ class Pipeline:
             from ferry.common.metrics import MetricsServer
 
             self.metrics = MetricsServer(opts.metrics_port, figures, "ferry_consumer", declared=STATS)
+
+    def _slotted(self, opts: LoaderOptions) -> list[str]:
+        """The tcp and ipc endpoints to bind: as given with ``endpoint=``; the default's or ``FERRY_ENDPOINT``'s in
+        a slot of this process's own (consumer/io/ports.py), logged when it is not the first."""
+        if not (opts.shared_endpoints and opts.endpoints):
+            return list(opts.endpoints)
+        from ferry.consumer.io.ports import in_slot, take_slot
+        from ferry.consumer.options.resolve import env_int
+
+        self.slot = take_slot()
+        endpoints = [in_slot(e, self.slot, max(1, env_int("LOCAL_WORLD_SIZE", 1))) for e in opts.endpoints]
+        if self.slot:
+            import logging
+
+            logging.getLogger("ferry.consumer").info(
+                "ferry: another loader of this process holds %s; this one binds %s (a process's loaders take the "
+                "next slot in the order they are built: give endpoint= to choose)", ", ".join(opts.endpoints),
+                ", ".join(endpoints))
+        return endpoints
 
     def shutdown(self) -> None:
         """Stop everything, in the order of the module docstring."""
@@ -203,3 +241,8 @@ class Pipeline:
                     break
         if self.local is not None:
             self.local.close()
+        if self.slot is not None:  # its ports are free once the io thread closed the ROUTER
+            from ferry.consumer.io.ports import release_slot
+
+            release_slot(self.slot)
+            self.slot = None

@@ -1,6 +1,6 @@
 """``ferry top``: the jobs a producer pool serves, refreshed in a terminal (docs/deployment.md#one-pool-several-jobs).
 
-It reads each producer's metrics endpoint (``--metrics-port``; the per-job figures of producer/sharing.py), and
+It reads each producer's metrics endpoint (``--metrics-port``; the per-job figures of producer/core/sharing.py), and
 shows per job, over the pool: its weight, its *share* of the pool's producer time over the last interval (its
 served seconds' rate over every job's), its batches a second, its *demand* (the producers its loop needs, as its
 PINGs report; and its tasks queued and running now), its *stall* (the fraction of time its loop waits for data),

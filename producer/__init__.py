@@ -42,7 +42,7 @@ def preload() -> None:
     start on the same cores): the consumer's local mode calls it before it forks its producers."""
     import importlib
 
-    for name in ("ferry.common.datasets", "ferry.common.sampleinfo", "ferry.producer.service"):
+    for name in ("ferry.common.datasets", "ferry.common.sampleinfo", "ferry.producer.io.service"):
         importlib.import_module(name)
 
 
@@ -70,6 +70,8 @@ def serve(config: ProducerConfig, dataset: Any = None, *, stop: ServeHandle | No
         ConfigError: the producer cannot start as configured (an endpoint, the metrics port, the status file).
         Exception: whatever unpickling a deferred dataset raises.
     """
+    if config.exit_with_parent:  # a local producer: the terminal's Ctrl-C is the trainer's (see ignore_sigint)
+        ignore_sigint()
     if config.freeze_inherited:  # before anything allocates: a collection now would walk the parent's objects
         gc.freeze()
     # one CPU thread per torch operation, as in DataLoader's workers, before the dataset is unpickled or opened and
@@ -96,7 +98,7 @@ def serve(config: ProducerConfig, dataset: Any = None, *, stop: ServeHandle | No
         producer = _opened(config, dataset)
         handle = stop if stop is not None else ServeHandle()
         if threading.current_thread() is threading.main_thread():
-            install_signal_handlers(handle)
+            install_signal_handlers(handle, sigint=not config.exit_with_parent)
         handle._attach(producer)
         try:
             return producer.run()
@@ -113,13 +115,14 @@ def serve_process(config: ProducerConfig, dataset: Any = None) -> None:
     ``serve`` returns: 0 when stopped as asked, 5 when stuck loads held it (producer/exits.py)."""
     from ferry.producer.exits import exit_past_lingering_threads
 
+    ignore_sigint()  # first, before a forked child runs anything of the trainer's own SIGINT handler
     code = exit_past_lingering_threads(serve(config, dataset), daemons=True)
     if code:
         sys.exit(code)
 
 
 def _opened(config: ProducerConfig, dataset: Any) -> Any:
-    """The dataset opened, the hooks bound and run, and the :class:`~ferry.producer.service.Producer` built.
+    """The dataset opened, the hooks bound and run, and the :class:`~ferry.producer.io.service.Producer` built.
 
     Raises:
         DatasetOpenError: anything raised in the way that is not a configuration error (see :func:`serve`).
@@ -128,7 +131,7 @@ def _opened(config: ProducerConfig, dataset: Any) -> Any:
     from ferry.common.errors import ConfigError, DatasetOpenError, DatasetSpecError, MissingExtraError
     from ferry.common.sampleinfo import seed_process
 
-    from ferry.producer.service import Producer
+    from ferry.producer.io.service import Producer
 
     try:
         if dataset is None and config.dataset:  # without --dataset: a pool serving only what consumers name
@@ -162,14 +165,25 @@ def _is_configuration(cause: BaseException | None) -> bool:
     return cause is None or isinstance(cause, (ConfigError, ImportError, TypeError))
 
 
-def install_signal_handlers(handle: ServeHandle) -> None:
-    """SIGTERM and SIGINT set ``handle``: the producer stops cleanly (BYE, exit 0). Main thread only."""
+def install_signal_handlers(handle: ServeHandle, sigint: bool = True) -> None:
+    """SIGTERM and SIGINT (``sigint``; a local producer ignores it) set ``handle``: the producer stops cleanly (BYE,
+    exit 0). Main thread only."""
 
     def handler(signum: int, frame: Any) -> None:
         handle.set()
 
     signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+    if sigint:
+        signal.signal(signal.SIGINT, handler)
+
+
+def ignore_sigint() -> None:
+    """A local producer ignores SIGINT: a Ctrl-C in the terminal reaches every process of the trainer's group, and it
+    belongs to the trainer, which may trap it to finish its epoch and save a checkpoint, as it can with DataLoader's
+    workers. The producer stops when its loader closes (SIGTERM), when the trainer exits, or dies with it (main thread
+    only, as ``signal`` allows; a producer started by spec starts in a process group of its own as well)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _stderr_to(path: str) -> None:

@@ -135,13 +135,14 @@ class ProducerConfig:
         "else taken as a string; repeatable (the variable: a JSON object).", {}, flag="--dataset-arg",
         env="FERRY_DATASET_ARGS", metavar="KEY=VALUE"))
     threads: int | None = option(s.THREADS)
+    seed_per_sample: bool | None = option(s.SEED_PER_SAMPLE)
     slots: int = option(s.SLOTS)
     heartbeat: float = option(s.HEARTBEAT)
     liveness: int = option(s.LIVENESS)
     unreachable_warning_s: float = option(Setting(
         s.Real(0, low_open=True, expected="a number of seconds"), "first warn when no consumer answered for this "
-        "long (w), then after 3w, 6w and every 30w more (see producer/connection.py); the same for loads given up "
-        "on by their consumer that hold every loading thread (producer/stuck.py).",
+        "long (w), then after 3w, 6w and every 30w more (see producer/core/connection.py); the same for loads given up "
+        "on by their consumer that hold every loading thread (producer/core/stuck.py).",
         DEFAULT_UNREACHABLE_WARNING_S, unit="second", env="FERRY_UNREACHABLE_WARNING_S"))
     resolve_interval: float = option(Setting(
         s.Real(0, 86400, expected="a number of seconds"), "resolve each endpoint's host name again this often and "
@@ -161,7 +162,7 @@ class ProducerConfig:
         s.Real(0, 86400, expected="a number of seconds"), "exit with status 5 once loads its "
         "consumers gave up on (a __getitem__ that hangs) have held all its loading threads or slots for this long "
         "and it serves no other consumer, so that its supervisor starts a fresh process (local mode: the loader's task_timeout); 0: keep waiting "
-        "for them (producer/stuck.py).", DEFAULT_EXIT_WHEN_STUCK_S, unit="second", flag="--exit-when-stuck",
+        "for them (producer/core/stuck.py).", DEFAULT_EXIT_WHEN_STUCK_S, unit="second", flag="--exit-when-stuck",
         metavar="SECONDS"))
     drain_timeout: float = option(Setting(
         s.Real(0, 3600, expected="a number of seconds"), "on SIGTERM, after saying BYE (its consumers re-issue "
@@ -197,7 +198,7 @@ class ProducerConfig:
     compression: str | None = option(Setting(
         s.Compression(), "compress batch frames: lz4, zstd or none overrides the codec each consumer's tasks ask "
         "for (RemoteLoader's compression=, by default auto: the consumer decides); auto, like the default (None), "
-        "follows the consumer; lz4 needs ferry[lz4], zstd ferry[zstd] (see producer/compressing.py).",
+        "follows the consumer; lz4 needs ferry[lz4], zstd ferry[zstd] (see producer/loading/compressing.py).",
         None, optional=True, flag="--compression"))
     stderr_path: str | None = option(Setting(
         s.Path(), "a FIFO that ferry.producer.serve makes this process's stderr (fd 2) before it does anything else "
@@ -219,7 +220,7 @@ class ProducerConfig:
     @property
     def pool_threads(self) -> int:
         """The sample pool's threads (``threads``; None: DEFAULT_THREADS). Whether a dataset's loads may use more
-        than one at a time: :func:`ferry.producer.loading.loads_concurrently`."""
+        than one at a time: :func:`ferry.producer.loading.samples.loads_concurrently`."""
         return DEFAULT_THREADS if self.threads is None else self.threads
 
     @property

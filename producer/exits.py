@@ -11,7 +11,7 @@ its operator can tell them apart without reading the logs:
 4     its dataset failed to open at start: the dataset's constructor (a missing folder, a storage
       error), its length or fingerprint, the transform, the collate class or the init hook raised
 5     loads its consumers gave up on held every loading thread (or slot) for ``--exit-when-stuck``
-      seconds while it served no consumer: a ``__getitem__`` that never returns (producer/stuck.py)
+      seconds while it served no consumer: a ``__getitem__`` that never returns (producer/core/stuck.py)
 ====  ==============================================================================================
 
 2 and 3 repeat on a restart; 4 may not (a volume not mounted yet, a storage hiccup), so an engine may well

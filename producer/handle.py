@@ -11,7 +11,7 @@ one way to stop a producer.
 it serves and the demand each consumer reports in its PINGs, ``pool_demand``), or None while it is not running.
 
 It takes no lock: ``set`` may run in a signal handler, between two bytecodes of a thread that would hold such a
-lock (producer/service.py, ``Producer.stop``). ``set`` stores the flag before it reads the producer, ``_attach``
+lock (producer/io/service.py, ``Producer.stop``). ``set`` stores the flag before it reads the producer, ``_attach``
 stores the producer before it reads the flag; whichever runs second sees the other, so a stop is never lost
 (both stopping it is harmless: ``Producer.stop`` is idempotent).
 """

@@ -354,7 +354,7 @@ class FullLeakCheck(LeakCheck):
 
 
 def producer_buffer_pool(producer: Any) -> Any:
-    """The BufferPool of an in-process ``ferry.producer.service.Producer``. PRIVATE: ``Producer._sharing.datasets.buffers``
+    """The BufferPool of an in-process ``ferry.producer.io.service.Producer``. PRIVATE: ``Producer._sharing.datasets.buffers``
     (shared by the batchers of every dataset it serves)."""
     return producer._sharing.datasets.buffers
 

@@ -141,6 +141,8 @@ def make_error(kind: str, index: int) -> BaseException:
         from tests import unimported_errors
 
         return unimported_errors.DecoderError(f"cannot decode sample {index}")
+    if kind == "StopIteration":  # an iterator run dry inside __getitem__ (next() on an exhausted reader)
+        return StopIteration(f"no record for sample {index}")
     raise ValueError(kind)
 
 

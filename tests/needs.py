@@ -8,6 +8,8 @@ never ran.
 from __future__ import annotations
 
 import os
+import shutil
+from typing import Any
 
 import pytest
 
@@ -16,10 +18,11 @@ HAS_SHARED_MEMORY = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd
 
 
 def cannot_run(reason: str) -> None:
-    """Skip the calling test because ``reason``; under ``CI=true`` fail it instead."""
+    """Skip the calling test (or, called at import, its module) because ``reason``; under ``CI=true`` fail it
+    instead."""
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true, but {reason}", pytrace=False)
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)
 
 
 def shared_memory() -> None:
@@ -28,9 +31,17 @@ def shared_memory() -> None:
         cannot_run("shared memory needs memfd_create and /proc")
 
 
-def module(name: str, extra: str) -> None:
-    """The Python module ``name``, which the extra ``extra`` of ferry installs."""
+def module(name: str, extra: str) -> Any:
+    """The Python module ``name``, which the extra ``extra`` of ferry installs, imported and returned."""
+    import importlib
+
     try:
-        __import__(name)
+        return importlib.import_module(name)
     except ImportError:
         cannot_run(f"{name} is not installed (pip install 'ferry[{extra}]')")
+
+
+def tool(name: str, package: str) -> None:
+    """The command ``name`` on PATH, which Debian's ``package`` installs."""
+    if shutil.which(name) is None:
+        cannot_run(f"{name} is not installed (apt-get install {package})")

@@ -6,6 +6,7 @@ import os
 import subprocess
 
 from .needs import cannot_run  # also imported from here by the tests that make namespaces
+from .needs import tool as needs_tool
 
 
 def _ip(*args: str) -> None:
@@ -48,6 +49,7 @@ class Hosts:
         it, so what was sent during the cut is retransmitted, with back-off, as on a real flaky link: it arrives
         late after a cut shorter than the liveness window; after a longer one both sides have given the
         connection up (common/deadlinks.py)."""
+        needs_tool("iptables", "iptables")
         action = "-A" if cut else "-D"
         _ip("netns", "exec", self.b, "iptables", action, "OUTPUT", "-d", self.addr_a, "-j", "DROP")
         _ip("netns", "exec", self.b, "iptables", action, "INPUT", "-s", self.addr_a, "-j", "DROP")

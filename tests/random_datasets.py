@@ -118,3 +118,41 @@ class Typed:
         if self.kind == "0-d":
             return np.array(i * 1.5, dtype=np.float64), torch.tensor(i), np.int16(i), 2.5 * i
         raise ValueError(self.kind)
+
+
+class GlobalAugmented:
+    """Sample i: a fixed array plus noise drawn from torch's, numpy's and Python's global generators, as a random
+    transform of torchvision or a hand-written ``np.random`` augmentation draws it (nothing from ``sample_info``)."""
+
+    def __init__(self, length: int = 48, delay: float = 0.0) -> None:
+        self.length, self.delay = int(length), float(delay)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        if self.delay:
+            time.sleep(self.delay)
+        noise = torch.rand(4) + torch.from_numpy(np.random.rand(4).astype(np.float32)) + random.random()
+        return torch.full((4,), float(index)) + noise, index
+
+
+class Tiles:
+    """Sample i: a 3 x size x size image of value i and its label; ``train=True`` augments it as a training transform
+    does, from torch's generator (a random flip and noise), ``train=False`` (a validation transform) does not. The
+    same files and the same fingerprint either way, as torchvision's ImageFolder with either transform."""
+
+    def __init__(self, length: int = 16, size: int = 8, train: bool = True) -> None:
+        self.length, self.size, self.train = int(length), int(size), bool(train)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        image = torch.full((3, self.size, self.size), float(index))
+        image[:, 0, :] += torch.arange(self.size, dtype=torch.float32)  # something a flip changes
+        if self.train:
+            if torch.rand(()) < 0.5:
+                image = image.flip(-1)
+            image = image + torch.rand(image.shape)
+        return image, index % 2

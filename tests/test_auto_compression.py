@@ -21,7 +21,7 @@ from ferry.consumer.core import ConsumerCore, CoreConfig
 from ferry.consumer.core.compression import (
     HOLD_FIRST_S, RATE_S, RECHECK_S, TRIAL_IDLE_WINDOWS, WINDOW_BATCHES, WINDOW_S, AutoCodec, is_local_address,
 )
-from ferry.producer.compressing import FrameCompressor
+from ferry.producer.loading.compressing import FrameCompressor
 
 from .test_core import Loop
 

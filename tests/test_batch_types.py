@@ -22,8 +22,8 @@ from ferry.consumer.core import Delivery
 from ferry.consumer.core.admission import same_user_ipc
 from ferry.consumer.core.results import BatchDecoder
 from ferry.consumer.staging.tensors import CpuStager
-from ferry.producer.collate import RowLayout, collate
-from ferry.producer.convert import convert
+from ferry.producer.loading.collate import RowLayout, collate
+from ferry.producer.loading.convert import convert
 
 from . import batch_type_datasets as bt
 from .test_core import Loop

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from ferry.producer.collate import CollateError, collate
+from ferry.producer.loading.collate import CollateError, collate
 from tests.datasets import DictDataset
 
 from .helpers import assert_tree_equal

@@ -16,7 +16,7 @@ from ferry.common import compression as comp
 from ferry.common.codec import ALLOWED_DTYPES, Bfloat16Bits, Chunked, decode_tree, encode_tree
 from ferry.common.errors import ConfigError, ProtocolError
 from ferry.consumer.options import TransportOptions
-from ferry.producer.compressing import FrameCompressor
+from ferry.producer.loading.compressing import FrameCompressor
 from ferry.producer.config import ProducerConfig
 
 from .compression_datasets import Tiles
@@ -316,7 +316,7 @@ def task(compression=None):
 
 
 def test_a_link_uses_the_codec_each_task_names_unless_overridden(caplog):
-    from ferry.producer.compressing import LinkCodec
+    from ferry.producer.loading.compressing import LinkCodec
 
     link = LinkCodec("tcp://10.0.0.2:5555", None)
     assert link.task(task("lz4")) is None  # before WELCOME: the consumer can decompress nothing we know of

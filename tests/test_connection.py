@@ -12,7 +12,7 @@ from ferry.common import protocol
 from ferry.common.constants import AUTH_RETRY_FIRST_S, AUTH_RETRY_MAX_S, MAX_PENDING_TASKS
 from ferry.common.errors import ProtocolError
 from tests.helpers import welcome_fields
-from ferry.producer.connection import (
+from ferry.producer.core.connection import (
     EXIT_REJECTED, AnswerBye, CheckAddress, Connection, FailTask, Log, Phase, Rebuild, RunTask, SendBye, SendHello,
     SendPing, Stale, exit_code,
 )

@@ -522,7 +522,7 @@ def test_a_producer_over_tcp_from_another_host_is_remote_and_a_local_one_is_not(
 
 
 def test_a_weight_other_than_one_is_told_in_the_welcome():
-    """A pool producer shares its time by each consumer's ``weight`` (producer/sharing.py); 1 goes unsaid."""
+    """A pool producer shares its time by each consumer's ``weight`` (producer/core/sharing.py); 1 goes unsaid."""
     for weight, said in ((2.5, 2.5), (1.0, None)):
         loop = Loop()
         loop.core = ConsumerCore(CoreConfig(capacity=4, heartbeat=1.0, liveness=3, task_timeout=10.0,

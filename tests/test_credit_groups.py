@@ -17,7 +17,7 @@ from ferry.common.constants import MAX_PENDING_TASKS, MAX_SLOTS
 from ferry.common.errors import ProtocolError
 from ferry.consumer.core import EndOfRun
 from ferry.consumer.io.credits import CreditReturns, coalesce, credit_group
-from ferry.producer.connection import FailTask, RunTask
+from ferry.producer.core.connection import FailTask, RunTask
 
 from tests.test_connection import serving, task
 from tests.test_core import SAMPLES, Loop

@@ -125,7 +125,7 @@ def test_close_waits_for_each_producer_to_answer_its_bye_and_no_longer_than_its_
 
 def test_a_busy_producer_answers_the_bye_at_once_though_its_load_holds_back_its_hello():
     """What lets the closing consumer stop waiting: the answer goes out as the BYE is read, while the load of the
-    task the consumer gave up still fills the producer's one thread (producer/stuck.py: no HELLO until it returns)."""
+    task the consumer gave up still fills the producer's one thread (producer/core/stuck.py: no HELLO until it returns)."""
     consumer = HandMadeConsumer()
     try:
         consumer.start("synthetic", {"length": 8, "shape": [2], "delay": 5.0}, threads=1, slots=1)

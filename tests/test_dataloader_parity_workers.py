@@ -45,8 +45,11 @@ def start_method(request) -> str:
 
 # --- worker_init_fn and get_worker_info ---------------------------------------------------------------------
 def test_worker_init_fn(start_method):
-    """torch: TestDataLoader.test_worker_init_fn: an init that seeds torch with 12345 runs before any sample."""
-    with local(pd.InitialSeed(4), start_method, batch_size=2, producer_init=pd.seed_12345) as loader:
+    """torch: TestDataLoader.test_worker_init_fn: an init that seeds torch with 12345 runs before any sample. With
+    per-sample seeding off: on (the default for a dataset class of your own), each sample is loaded under seeds of
+    its own, which replace what the init set (docs/porting.md)."""
+    with local(pd.InitialSeed(4), start_method, batch_size=2, producer_init=pd.seed_12345,
+               seed_per_sample=False) as loader:
         seeds = [int(s) for batch in loader for s in batch]
     assert seeds == [12345] * 4
 

@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from tests import needs
+
 from ferry import RemoteLoader
 from ferry.consumer.figures.demand import HOLD, DemandGauge, DemandSample
 
@@ -88,7 +90,7 @@ def test_noise_around_a_boundary_does_not_flap():
 def test_the_gauge_is_right_within_one_producer_within_15_s_of_a_change(endpoint, spawn):
     """One producer delivering about 25 batches/s (40 ms a sample, one thread, one slot); the step first takes
     10 ms (the loop wants about 100/s: 4 producers), then 100 ms (10/s: 1 producer)."""
-    pytest.importorskip("prometheus_client", reason="the metrics extra (prometheus-client) is not installed")
+    needs.module("prometheus_client", "metrics")
     from .test_metrics import scrape, value
 
     spawn(endpoint, "synthetic", {"length": 100000, "shape": [4], "delay": 0.04}, threads=1, slots=1)

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests import needs
+
 from ferry.cli import main
 from ferry.demo import COMPLETE_MARKER, OWNER_MARKER
 
@@ -39,7 +41,7 @@ def test_the_demo_publishes_the_demand_gauge_on_its_metrics_port():
     """FERRY_METRICS_PORT (--metrics-port): the demo as an engine's trainer publishes the loader's metrics, among
     them ferry_producers_needed, the gauge KEDA scales producers on (deploy/kubernetes). It waits here for a
     producer that never comes."""
-    pytest.importorskip("prometheus_client")
+    needs.module("prometheus_client", "metrics")
     port = free_port()
     demo = subprocess.Popen([sys.executable, "-m", "ferry", "demo", "--producers", "0", "--min-producers", "1",
                              "--endpoint", f"tcp://127.0.0.1:{free_port()}", "--timeout", "60"],

@@ -1,4 +1,4 @@
-"""The discovery state machine (producer/discovery.py) without sockets or DNS: which consumer connections a
+"""The discovery state machine (producer/core/discovery.py) without sockets or DNS: which consumer connections a
 producer holds for its endpoints, as the names behind them change."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from ferry.producer import discovery as discovery_module
-from ferry.producer.actions import Log
-from ferry.producer.discovery import CloseLink, Discovery, OpenLink, Resolve, named_host
+from ferry.producer.core import discovery as discovery_module
+from ferry.producer.core.actions import Log
+from ferry.producer.core.discovery import CloseLink, Discovery, OpenLink, Resolve, named_host
 
 
 def make(*endpoints: str, interval: float = 10.0, warning_s: float = 10.0) -> Discovery:

@@ -55,6 +55,19 @@ def test_a_type_error_in_collate_fn_is_caught_by_pytest_raises_type_error():
             next(iter(loader))
 
 
+def test_a_stop_iteration_in_getitem_raises_in_the_loop_and_never_ends_it_quietly():
+    """Issue 30, point 8: rebuilt as a StopIteration, the error would end ``for batch in loader`` mid-epoch without
+    a word (batches 0 and 1 delivered, the epoch "done"). It comes back as a RemoteSampleError that is not one."""
+    delivered = 0
+    with RemoteLoader(dataset=Raising(kind="StopIteration"), local_producers=1, batch_size=2, timeout=30) as loader:
+        with pytest.raises(RemoteSampleError) as caught:
+            for _ in loader:
+                delivered += 1
+    assert delivered == 2, "the batches before sample 5's must come, and the loop must not end at it"
+    assert not isinstance(caught.value, StopIteration)
+    assert caught.value.exc_type == "StopIteration" and caught.value.index == 5
+
+
 def test_a_user_exception_class_importable_here_comes_back_as_itself():
     error = _first_error(Raising(kind="LabelMissing"))
     assert isinstance(error, LabelMissing) and isinstance(error, KeyError)
@@ -108,6 +121,8 @@ def test_exception_classes_names_the_chain_down_to_exception():
     (["nowhere.at.all:Boom", "builtins:RuntimeError"], RuntimeError),
     (["builtins:KeyboardInterrupt"], None),  # not an Exception: never raised in the trainer
     (["builtins:SystemExit"], None),
+    (["builtins:StopIteration"], None),  # raised in the loop, it would end `for batch in loader` quietly
+    (["builtins:StopAsyncIteration"], None),
     (["os:system"], None),  # not a class
     (["builtins:__import__"], None),
     (["ferry.common.errors:RemoteSampleError"], None),

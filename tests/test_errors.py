@@ -71,6 +71,27 @@ def test_the_start_hint_fills_in_what_the_loader_knows():
         "python -m ferry.producer --connect tcp://<this-host>:<port> --dataset <package.module:YourDataset>")
 
 
+def test_the_start_hint_never_names_a_command_that_drops_the_transform_or_the_collate():
+    """Issue 30, points 1 and 7: an ImageFolder built with a transform got the hint `--dataset ...:ImageFolder`,
+    which starts producers without it; a loader with a collate_fn got a hint without --collate."""
+    from ferry.consumer.health import start_hint_for
+    from tests.datasets import PairDataset
+    from tests.lifecycle_datasets import collate_raising_type_error
+
+    class Folder:  # as torchvision's DatasetFolder keeps them
+        def __init__(self) -> None:
+            self.root, self.transform, self.target_transform = "/data/train", (lambda x: x), None
+
+    hint = start_hint_for(("tcp://10.0.0.1:6000",), Folder(), None)
+    assert "--dataset <package.module:make_dataset>" in hint, hint
+    assert "Folder holds transform, which a command line cannot carry" in hint, hint
+    hint = start_hint_for(("tcp://10.0.0.1:6000",), PairDataset(), None, collate=collate_raising_type_error,
+                          collate_args={"alpha": 0.2})
+    assert hint.endswith("--collate tests.lifecycle_datasets:collate_raising_type_error --collate-arg alpha=0.2"), hint
+    assert start_hint_for(("tcp://h:1",), "synthetic", None, collate=lambda b: b).endswith(
+        "--collate <package.module:your_collate_fn>")
+
+
 def test_no_producers_after_the_last_one_left(endpoint, spawn):
     producer = spawn(endpoint, "synthetic", {"length": 400, "shape": [2], "delay": 0.01}, threads=1, slots=1)
     with RemoteLoader(endpoint=endpoint, batch_size=4, heartbeat=0.2, no_producer_timeout=1.0) as loader:

@@ -1,4 +1,4 @@
-"""Fair shares of one producer pool (producer/fairshare.py) with real processes: 4 producers serve 3 consumers
+"""Fair shares of one producer pool (producer/core/fairshare.py) with real processes: 4 producers serve 3 consumers
 whose demand exceeds the pool (each keeps every producer's slots busy, its training loop takes batches as fast as
 they come). The samples sleep, so that 2 cores measure producer time rather than the CPU: each batch costs a
 producer the same time, and a consumer's share of the batches is its share of the pool's time."""

@@ -1,4 +1,4 @@
-"""The producer's weighted fair scheduler (producer/fairshare.py) without threads: a simulated producer whose
+"""The producer's weighted fair scheduler (producer/core/fairshare.py) without threads: a simulated producer whose
 workers finish tasks at simulated times, consumers whose demand the test controls."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import heapq
 
 import pytest
 
-from ferry.producer.fairshare import FairShare
+from ferry.producer.core.fairshare import FairShare
 
 
 def jain(values: list[float]) -> float:

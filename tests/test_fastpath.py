@@ -9,7 +9,7 @@ import zmq
 from ferry.common.datasets import NpyFolderDataset
 from ferry.common.errors import RemoteSampleError
 from ferry import RemoteLoader
-from ferry.producer.buffers import BufferPool
+from ferry.producer.io.buffers import BufferPool
 
 from .helpers import assert_tree_equal, host_pool, reference_batches
 

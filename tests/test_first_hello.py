@@ -19,7 +19,7 @@ import zmq
 from ferry.common import protocol
 from ferry.common.datasets import SyntheticDataset
 from ferry.producer import ProducerConfig
-from ferry.producer.service import Producer
+from ferry.producer.io.service import Producer
 
 from .helpers import wait_for, welcome_fields
 

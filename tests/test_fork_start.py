@@ -90,9 +90,9 @@ def test_preload_loads_what_serve_needs():
     code = textwrap.dedent("""
         import sys
         import ferry.producer
-        assert "ferry.producer.service" not in sys.modules  # importing the package stays light
+        assert "ferry.producer.io.service" not in sys.modules  # importing the package stays light
         ferry.producer.preload()
-        assert "ferry.producer.service" in sys.modules and "ferry.producer.batcher" in sys.modules
+        assert "ferry.producer.io.service" in sys.modules and "ferry.producer.loading.batcher" in sys.modules
         print("OK")
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -105,7 +105,7 @@ def test_a_producer_loads_a_codec_library_only_when_a_task_names_its_codec():
     trainer never pays for loading lz4 or zstandard: about 100 ms in a process that has torch loaded."""
     code = textwrap.dedent("""
         import sys
-        from ferry.producer.compressing import LinkCodec
+        from ferry.producer.loading.compressing import LinkCodec
         link = LinkCodec("ipc:///tmp/ferry-none.sock", None)  # an object only: nothing connects
         link.welcome({"codecs": ["lz4", "zstd"]})
         task = {"session": 1, "task": 1, "epoch": 0, "seq": 0, "indices": [0], "on_error": "raise"}

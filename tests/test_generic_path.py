@@ -15,8 +15,8 @@ from ferry.common import protocol
 from ferry.common.codec import decode_tree
 from ferry.common.shm import SlotWriter, populate
 from ferry.common.waker import Waker
-from ferry.producer.batcher import Batcher, Job
-from ferry.producer.collate import RowLayout, collate
+from ferry.producer.loading.batcher import Batcher, Job
+from ferry.producer.loading.collate import RowLayout, collate
 
 from .helpers import assert_tree_equal, reference_batches
 from .test_collate import to_torch

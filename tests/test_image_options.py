@@ -13,13 +13,15 @@ import tarfile
 import numpy as np
 import pytest
 
+from tests import needs
+
 from ferry import RemoteLoader
 from ferry.common.datasets import resolve_dataset
 from ferry.common.errors import DatasetSpecError
 
 from .helpers import REPO, producer_env
 
-Image = pytest.importorskip("PIL.Image", reason="the images extra (Pillow) is not installed")
+Image = needs.module("PIL.Image", "images")
 
 
 @pytest.fixture
@@ -107,7 +109,7 @@ def test_pack_tar_keeps_encoded_images_and_tar_shards_decodes_them_as_image_fold
 
 
 def test_tiff_channels_resize_plane_by_plane_and_keep_their_dtype(tmp_path):
-    tifffile = pytest.importorskip("tifffile")
+    tifffile = needs.module("tifffile", "images")
     os.makedirs(tmp_path / "a")
     tile = np.random.default_rng(0).integers(0, 65535, (13, 8, 6), dtype=np.uint16)
     tifffile.imwrite(tmp_path / "a" / "0.tif", tile)

@@ -7,12 +7,14 @@ import sys
 import numpy as np
 import pytest
 
+from tests import needs
+
 from ferry import RemoteLoader
 
 from .helpers import REPO, producer_env
 
-PIL = pytest.importorskip("PIL.Image", reason="the images extra (Pillow) is not installed")
-tifffile = pytest.importorskip("tifffile", reason="the images extra (tifffile) is not installed")
+PIL = needs.module("PIL.Image", "images")
+tifffile = needs.module("tifffile", "images")
 
 
 @pytest.fixture

@@ -227,7 +227,7 @@ def _answers(dataset, tasks, fails=False):
     import queue
 
     from ferry.common.waker import Waker
-    from ferry.producer.batcher import Batcher, Job
+    from ferry.producer.loading.batcher import Batcher, Job
 
     done: queue.SimpleQueue = queue.SimpleQueue()
     waker = Waker()

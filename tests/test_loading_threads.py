@@ -11,7 +11,7 @@ from __future__ import annotations
 from ferry import RemoteLoader
 from ferry.common.constants import DEFAULT_THREADS
 from ferry.common.datasets import Transformed, resolve_dataset
-from ferry.producer.loading import loads_concurrently
+from ferry.producer.loading.samples import loads_concurrently
 from tests.datasets import OverlapProbe, PairDataset, ThreadBound
 from tests.transforms import negate_and_tag
 

@@ -108,7 +108,7 @@ def test_a_spawned_producer_that_dies_at_start_up_is_reported_with_its_traceback
 
 def test_describe_exit_names_the_signal_or_the_code():
     assert describe_exit(-9) == "killed by SIGKILL"
-    assert describe_exit(-15) == "killed by SIGTERM"
+    assert describe_exit(-15).startswith("killed by SIGTERM from outside this loader")  # the loader never kills so
     assert describe_exit(3) == "exit code 3"
     assert describe_exit(-200) == "killed by signal 200"
 

@@ -4,11 +4,13 @@ import urllib.request
 
 import pytest
 
+from tests import needs
+
 from ferry import RemoteLoader
 
 from .helpers import LeakCheck, free_port, wait_for
 
-pytest.importorskip("prometheus_client", reason="the metrics extra (prometheus-client) is not installed")
+needs.module("prometheus_client", "metrics")
 
 
 def scrape(port: int) -> str:

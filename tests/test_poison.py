@@ -124,7 +124,7 @@ def test_producers_that_keep_rejoining_without_delivering_hit_the_no_progress_ti
 @pytest.mark.slow  # the hold itself is proven in the default suite by tests/test_stuck_loads.py
 def test_a_producer_whose_one_loading_thread_hangs_stays_out_and_the_error_names_its_loss(endpoint, spawn):
     """Every sample takes 30 s and the task timeout is 0.5 s: the producer is lost once and, its one loading thread
-    held by the load its consumer gave up on, says no HELLO until it returns (producer/stuck.py). The no-producer
+    held by the load its consumer gave up on, says no HELLO until it returns (producer/core/stuck.py). The no-producer
     timeout ends the wait, naming that loss."""
     producer = spawn(endpoint, "tests.datasets:PairDataset", {"length": 20, "delay": 30}, threads=1, slots=1)
     with RemoteLoader(endpoint=endpoint, batch_size=2, heartbeat=0.2, task_timeout=0.5, max_attempts=30,

@@ -1,4 +1,4 @@
-"""A pool producer's per-job figures on its metrics endpoint (producer/sharing.py), with real processes: each job's
+"""A pool producer's per-job figures on its metrics endpoint (producer/core/sharing.py), with real processes: each job's
 weight, share (seconds served), demand (its loop's demand gauge, from its PINGs) and stall, and the pool's demand,
 the sum of its jobs'."""
 

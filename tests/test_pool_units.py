@@ -15,7 +15,7 @@ from ferry.common.errors import ProtocolError
 from ferry.common.pool import ADMIT, NAME, REJECT, answer_hello, dataset_key, named_dataset, valid_named
 from ferry.consumer.core.admission import Peers
 from ferry.consumer.core.dispatcher import Dispatcher
-from ferry.producer.connection import Connection, Log, OpenDataset, Phase, SendHello
+from ferry.producer.core.connection import Connection, Log, OpenDataset, Phase, SendHello
 from tests.helpers import welcome_fields
 
 NONE = {"spec": "", "len": 0, "fingerprint": ""}

@@ -14,10 +14,12 @@ import urllib.request
 
 import pytest
 
+from tests import needs
+
 from ferry import RemoteLoader
 from ferry.common.datasets import SyntheticDataset
 from ferry.producer import ProducerConfig
-from ferry.producer.service import Producer
+from ferry.producer.io.service import Producer
 from ferry.producer.status import probe_file
 
 from .helpers import REPO, free_port, producer_env, wait_for
@@ -68,7 +70,7 @@ def http(port: int, path: str) -> tuple[int, str]:
 
 
 def test_the_live_probe_fails_when_the_main_loop_is_stuck_even_while_other_threads_run(tmp_path, leak_check):
-    pytest.importorskip("prometheus_client", reason="the HTTP probes need the metrics extra (prometheus-client)")
+    needs.module("prometheus_client", "metrics")  # the HTTP probes
     status_file, port = str(tmp_path / "status.json"), free_port()
     config = ProducerConfig(endpoints=(f"tcp://127.0.0.1:{free_port()}",), dataset="synthetic", threads=1, slots=1,
                             heartbeat=0.2, status_file=status_file, stuck_after=0.5, metrics_port=port)

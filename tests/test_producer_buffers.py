@@ -17,7 +17,7 @@ from ferry.common import protocol
 from ferry.common.codec import decode_tree
 from ferry.common.datasets import SyntheticDataset
 from ferry.producer import ProducerConfig
-from ferry.producer.service import Producer
+from ferry.producer.io.service import Producer
 
 from .helpers import pooled_buffer_ids, producer_buffer_pool, welcome_fields
 

@@ -1,7 +1,9 @@
 """Seeds for every producer (issue 18, part 6), checked the way PyTorch's own ``test_dataloader.py`` checks its
 workers (``test_worker_seed``, ``test_worker_seed_reproducibility``): each of 6 local producers is seeded
 from ``(base seed, producer id)`` and loads a sample, so 6 distinct seeds come back, and two loaders built
-with the same generator state see the same ones. Real processes."""
+with the same generator state see the same ones. Real processes. These are the process seeds, which per-sample
+seeding (on by default for a dataset class of your own: tests/test_seed_per_sample.py) replaces while a sample
+loads, so it is off here."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ MASK = (1 << 63) - 1
 def _seeds(generator_seed: int, workers: int = WORKERS, **ranks: int) -> set[int]:
     """The seeds of ``workers`` local producers, each loading one sample (``ranks``: rank=, world_size=)."""
     dataset = SynchronizedSeedDataset(workers * ranks.get("world_size", 1), workers)
-    with RemoteLoader(dataset=dataset, local_producers=workers, batch_size=1, timeout=30,
+    with RemoteLoader(dataset=dataset, local_producers=workers, batch_size=1, timeout=30, seed_per_sample=False,
                       generator=torch.Generator().manual_seed(generator_seed), **ranks) as loader:
         seeds = {int(batch) for batch in loader}
     assert -1 not in seeds, f"a sample waited in vain for the others: fewer than {workers} producers were loading"

@@ -1,4 +1,4 @@
-"""The producer's sample pool (producer/samplepool.py): a batch worker may load a one-sample batch on its own thread,
+"""The producer's sample pool (producer/loading/samplepool.py): a batch worker may load a one-sample batch on its own thread,
 but never more than ``--threads`` samples load at once, whoever runs them; and the turns that keep a one-thread
 pool's loads in the order of their batches."""
 
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from ferry.producer.samplepool import SamplePool, Turns, TurnsClosed
+from ferry.producer.loading.samplepool import SamplePool, Turns, TurnsClosed
 
 
 def test_a_free_permit_runs_the_load_on_the_calling_thread_and_an_error_comes_back_through_the_future():

@@ -62,7 +62,8 @@ def test_one_producer_draws_what_one_dataloader_worker_draws(method):
     draw: the same base seed (from torch's RNG), torch and random seeded with base + id, numpy with DataLoader's
     hash of both, and nothing of Ferry's drawing from them (the HELLO nonce comes from the OS). One producer loads
     a user's dataset class one sample at a time, in the order of its batches whatever its slots (samplepool.Turns),
-    as the worker does."""
+    as the worker does. With per-sample seeding off (``seed_per_sample=False``): on, which is the default for a
+    dataset class of your own, each sample draws from its own seeds instead (tests/test_seed_per_sample.py)."""
     def draws(loader) -> list[tuple]:
         return [row for batch in loader for row in zip(*(column.tolist() for column in batch))]
 
@@ -72,7 +73,7 @@ def test_one_producer_draws_what_one_dataloader_worker_draws(method):
     for slots in (1, 4):
         torch.manual_seed(1234)
         with RemoteLoader(dataset=Draws(48), local_producers=1, producer_slots=slots, batch_size=4, timeout=60,
-                          mp_context=method, log_every=None) as loader:
+                          mp_context=method, log_every=None, seed_per_sample=False) as loader:
             got = draws(loader)
         assert got == expected, f"producer_slots={slots}"
 

@@ -39,7 +39,8 @@ def test_every_loader_keyword_is_declared_once_and_documented():
 
 def test_the_options_both_sides_take_are_one_declaration():
     producer, local, transport = declarations(ProducerConfig), declarations(LocalOptions), declarations(TransportOptions)
-    for name in ("threads", "slots", "ahead", "transform", "collate", "init", "collate_args", "transform_args"):
+    for name in ("threads", "slots", "ahead", "transform", "collate", "init", "collate_args", "transform_args",
+                 "seed_per_sample"):
         assert local[name] is producer[name], name
     for name in ("heartbeat", "liveness"):
         assert transport[name] is producer[name], name
@@ -48,7 +49,7 @@ def test_the_options_both_sides_take_are_one_declaration():
     values = shared_values(ProducerConfig, LocalOptions(count=2, threads=3, transform="m:f", ahead=1),
                            TransportOptions(heartbeat=0.5))
     assert values == {"threads": 3, "slots": 2, "heartbeat": 0.5, "liveness": 5, "transform": "m:f", "init": None,
-                      "collate": None, "collate_args": {}, "transform_args": {}, "ahead": 1}
+                      "collate": None, "collate_args": {}, "transform_args": {}, "ahead": 1, "seed_per_sample": None}
 
 
 @pytest.mark.parametrize("name, value, group", [
@@ -112,6 +113,7 @@ VARIABLES = {
     "FERRY_EXIT_WHEN_STUCK": ("0", 0.0, "never"),
     "FERRY_DRAIN_TIMEOUT": ("1.5", 1.5, "soon"),
     "FERRY_TORCH_THREADS": ("2", 2, "many"),
+    "FERRY_SEED_PER_SAMPLE": ("0", False, "yes"),
 }
 
 

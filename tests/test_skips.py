@@ -11,8 +11,8 @@ from ferry import RemoteLoader
 from ferry.common import protocol
 from ferry.common.errors import RemoteSampleError
 from ferry.common.waker import Waker
-from ferry.producer.batcher import Batcher, Job
-from ferry.producer.loading import sample_file
+from ferry.producer.loading.batcher import Batcher, Job
+from ferry.producer.loading.samples import sample_file
 
 
 class Misshapen:

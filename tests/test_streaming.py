@@ -229,7 +229,7 @@ def test_producer_closes_the_cursors_it_holds():
     import queue
 
     from ferry.common.waker import Waker
-    from ferry.producer.batcher import Batcher, Job
+    from ferry.producer.loading.batcher import Batcher, Job
 
     closed = []
 

@@ -1,5 +1,5 @@
 """A producer whose loading threads are all held by loads its consumer gave up on (a ``__getitem__`` that hangs)
-takes no work until one returns (producer/stuck.py): it would only be given tasks that wait behind them, time
+takes no work until one returns (producer/core/stuck.py): it would only be given tasks that wait behind them, time
 out, and charge batches that hold no bad sample an attempt each, until they end as ``PoisonTaskError``.
 
 The rule as a unit, with the time passed in; then real producers and a hanging sample."""
@@ -10,9 +10,9 @@ import logging
 from types import SimpleNamespace
 
 from ferry import PoisonTaskError, RemoteLoader
-from ferry.producer.actions import SendHello
-from ferry.producer.connection import Connection
-from ferry.producer.stuck import StuckLoads
+from ferry.producer.core.actions import SendHello
+from ferry.producer.core.connection import Connection
+from ferry.producer.core.stuck import StuckLoads
 
 from .helpers import local_producer_pids, wait_for
 
@@ -104,7 +104,7 @@ def test_a_hold_of_exit_s_ends_the_producer_once_said_at_error_and_zero_never_do
 
 
 def test_a_held_connection_takes_no_welcome_to_an_earlier_hello_and_holds_the_hello_of_a_bound_dataset():
-    from ferry.producer.connection import Phase
+    from ferry.producer.core.connection import Phase
 
     conn = Connection("tcp://c:1", now=1000.0, heartbeat=1.0, liveness=5, unreachable_warning_s=10, dataset_len=8)
     [hello] = [a for a in conn.tick(1000.0) if isinstance(a, SendHello)]

@@ -10,6 +10,8 @@ import tarfile
 
 import numpy as np
 import pytest
+
+from tests import needs
 import torch
 
 from ferry import RemoteLoader
@@ -70,8 +72,8 @@ def _add(tar, name, data):
 
 
 def test_images_and_labels_decode_as_image_folder_does(tmp_path):
-    Image = pytest.importorskip("PIL.Image")
-    tifffile = pytest.importorskip("tifffile")
+    Image = needs.module("PIL.Image", "images")
+    tifffile = needs.module("tifffile", "images")
     rgb = np.random.default_rng(0).integers(0, 255, (6, 5, 3), dtype=np.uint8)
     png = io.BytesIO()
     Image.fromarray(rgb).save(png, format="PNG")

@@ -73,7 +73,7 @@ class NpyFolderDataset:
             raise SampleLoadError(f"cannot load sample {index} from {path}: {type(exc).__name__}: {exc}") from exc
         return array, label
 
-    # --- the batch fast path (see ferry.producer.batcher): header parse, then readinto the batch row ---
+    # --- the batch fast path (see ferry.producer.loading.batcher): header parse, then readinto the batch row ---
     def array_layout(self) -> tuple[tuple[int, ...], np.dtype] | None:
         """Shape and dtype of sample 0, if the fast path can serve this folder (else None)."""
         if not self.samples:

@@ -60,7 +60,7 @@ class SyntheticDataset:
     def sample_array(self, index: int) -> np.ndarray:
         return ((self._base + index) % 251).astype(self.dtype)
 
-    # --- the batch fast path (see ferry.producer.batcher): write a sample into its row of a reused buffer ---
+    # --- the batch fast path (see ferry.producer.loading.batcher): write a sample into its row of a reused buffer ---
     def array_layout(self) -> tuple[tuple[int, ...], np.dtype]:
         return self.shape, self.dtype
 

@@ -2,7 +2,8 @@
 
 :class:`Peers` decides, over the :class:`~ferry.consumer.core.dispatcher.Dispatcher`'s registry of producers, and
 returns what the core must then do (answer WELCOME or REJECT, log, set a lost producer's slots aside). A HELLO is admitted when
-* its dataset is the one this consumer serves: the length and fingerprint it was given (``dataset=`` an
+* its dataset is the one this consumer serves: its canary samples (ferry.common.canary) hold what the trainer's own
+  do, or else what the first announcing producer's did; and the length and fingerprint it was given (``dataset=`` an
   object), or else those of the first producer admitted; with ``dataset=`` a spec string, only producers
   announcing that spec are admitted, and the first of them sets the length and fingerprint (the consumer
   does not build the dataset, which may be costly or need files it does not have; ``dataset_args`` are not
@@ -43,6 +44,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ferry.common.canary import Canary, from_wire, mismatch
 from ferry.common.constants import MAX_TRACKED_PEERS
 from ferry.common.pool import NAME, REJECT, answer_hello
 
@@ -95,13 +97,23 @@ class Admission:
     adopted: str = ""  # this producer's dataset became the consumer's: its length and fingerprint, in words
     naming: bool = False  # a pool producer not serving our dataset yet: WELCOME it naming ours, do not register
     refused: bool = False  # the producer said it cannot load the dataset we named (reject says why)
+    warning: str = ""  # admitted, but something to tell the user (another version of the dataset's code)
 
 
 class Peers:
     def __init__(self, dispatcher: Dispatcher, *, dataset_len: int | None, fingerprint: str | None,
                  shm_token: str | None, now: float, dataset_spec: str | None = None,
-                 dataset_args: dict[str, Any] | None = None) -> None:
+                 dataset_args: dict[str, Any] | None = None, canaries: tuple[Canary, ...] | None = None,
+                 code: str | None = None) -> None:
         self.dispatcher = dispatcher
+        # what a producer's canary samples must match (ferry.common.canary): the trainer's own, or else the first
+        # announcing producer's, and whose they are, in words
+        self.canaries = list(canaries) if canaries is not None else None
+        self._canaries_of = "this trainer's" if canaries is not None else ""
+        # the digest of the spec's module source (ferry.common.canary.code_digest): this trainer's copy, or else the
+        # first announcing producer's; a producer with another runs other code for the same spec
+        self.code = code
+        self._code_of = "this trainer's copy" if self.code is not None else ""
         self.dataset_spec = dataset_spec  # admit only producers announcing this spec (pools: named to them)
         self.dataset_args = dict(dataset_args or {})  # named with the spec to pool producers
         self.refused = ""  # the latest producer's refusal to load the dataset we named, in words
@@ -143,6 +155,7 @@ class Peers:
         if reason is not None:
             return self._reject(name, reason)
         dataset = hello["dataset"]
+        warning = self._check_code(dataset, name)
         adopted = "" if known else (f"{dataset['len']} samples, fingerprint {dataset['fingerprint']!r}, "
                                     f"spec {dataset['spec']!r}")
         identity = (hello["producer"], hello["nonce"])
@@ -172,7 +185,22 @@ class Peers:
             self.dispatcher.add(joined)
             self.seen += 1
         return Admission(name, joined=joined, losses=tuple(loss for loss in losses if loss is not None),
-                         live=len(self.dispatcher.producers), adopted=adopted)
+                         live=len(self.dispatcher.producers), adopted=adopted, warning=warning if joined else "")
+
+    def _check_code(self, dataset: dict[str, Any], name: str) -> str:
+        """A warning when the producer's code for the spec differs from the reference's (its samples agree, or it
+        would have been refused), or ""."""
+        code = dataset.get("code")
+        if code is None:
+            return ""
+        if self.code is None:
+            self.code, self._code_of = code, f"the first producer's ({name})"
+            return ""
+        if code == self.code:
+            return ""
+        return (f"producer {name} runs other code for dataset {dataset['spec']!r} than {self._code_of} (the "
+                "module's source differs): a producer left from another version? Its canary samples agree, so it "
+                "is admitted; restart it with this version to be sure")
 
     def _reject(self, name: str, why: str, refused: bool = False) -> Admission:
         self.rejected += 1
@@ -192,6 +220,14 @@ class Peers:
             return (f"dataset fingerprint {dataset['fingerprint']!r} (spec {dataset['spec']!r}) differs from "
                     f"{self.fingerprint!r}" + (f" of the first producer {first}" if first else "")
                     + _module_hint(dataset["fingerprint"], self.fingerprint))
+        announced = dataset.get("canary")
+        if announced is not None:  # a remote producer's samples (a loader's own local producers announce none)
+            if self.canaries is None:
+                self.canaries, self._canaries_of = from_wire(announced), f"the first producer's ({name})"
+            else:
+                reason = mismatch(self.canaries, from_wire(announced), self._canaries_of)
+                if reason is not None:
+                    return f"its data differs: {reason}"
         lengths = dataset.get("shard_lens")
         if lengths is not None and self.shard_lengths is not None and lengths != self.shard_lengths:
             return (f"its shards hold other sample counts than the first producer's{f' ({first})' if first else ''}, "

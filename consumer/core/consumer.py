@@ -67,6 +67,10 @@ class CoreConfig:
     compression: str = "none"  # auto, lz4, zstd or none: each TASK names the codec for its batch
     codecs: tuple[str, ...] = ()  # the codecs this consumer can decompress (told in WELCOME)
     local_producers: int = 0  # started with this loader: one first task to each, the rest when all are live
+    # the trainer's own canary samples (ferry.common.canary.Canary), which a producer's must match; None: those of
+    # the first producer admitted that announces some
+    canaries: tuple[Any, ...] | None = None
+    code: str | None = None  # the digest of dataset_spec's module source in this trainer's copy (common/canary.py)
 
 
 class ConsumerCore:
@@ -81,7 +85,8 @@ class ConsumerCore:
                                      deal_until=now + DEAL_FIRST_TASKS_S)
         self.peers = Peers(self.dispatcher, dataset_len=config.dataset_len, fingerprint=config.fingerprint,
                            shm_token=slab.token if slab is not None else None, now=now,
-                           dataset_spec=config.dataset_spec, dataset_args=config.dataset_args)
+                           dataset_spec=config.dataset_spec, dataset_args=config.dataset_args,
+                           canaries=config.canaries, code=config.code)
         self.slots = SlotLedger(slab)
         # HELLOs, strangers and invalid messages: who is welcomed, named our dataset, rejected (core/greeting.py)
         self.greeting = Greeting(config, session=session, peers=self.peers, counters=counters,
@@ -93,7 +98,7 @@ class ConsumerCore:
         self._epoch = 0
         self._out: list[Action] = []
         # what every PING tells the producers: the demand gauge's value ("needed") and the loop's recent stall,
-        # which a pool producer exports per job (producer/sharing.py); set by the io thread's report_load
+        # which a pool producer exports per job (producer/core/sharing.py); set by the io thread's report_load
         self.load: dict[str, float] = {}
         self.dispatcher.occupancy(now)
 

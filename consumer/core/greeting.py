@@ -68,6 +68,8 @@ class Greeting:
             self.sharded = True
         if admission.adopted:
             out.append(Log(_INFO, f"producer {admission.name} set the dataset: {admission.adopted}"))
+        if admission.warning:
+            out.append(Log(_WARNING, admission.warning))
         if admission.joined is not None:
             joined = admission.joined
             ahead = f", {joined.ahead} ahead" if joined.ahead else ""

@@ -21,8 +21,11 @@ times. The reasoning, in order:
    needed than its usable CPUs minus one (the training loop's), the verdict says the machine cannot run them
    (producers on ipc or loopback run here too, whoever started them).
 
-:class:`EpochLog` logs one line per epoch: at INFO, and at WARNING only when the stall stays above
-STALL_LIMIT for WARN_AFTER_EPOCHS consecutive epochs of at least MIN_BATCHES batches each.
+:class:`EpochLog` logs an epoch's line only when it says something to act on: at INFO when the epoch was
+data-bound (stall above STALL_LIMIT over at least MIN_BATCHES batches, the loop's own steps taking at least
+MIN_STEP_S on average: a loop that does nothing with its batches has no training to speed up), at WARNING when
+that lasts WARN_AFTER_EPOCHS consecutive epochs; every other epoch's line is at DEBUG (``loader.diagnosis()`` and
+``stats()`` give it any time).
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ log = logging.getLogger("ferry.consumer")
 STALL_LIMIT = 0.10
 #: An epoch with fewer batches says too little to warn about.
 MIN_BATCHES = 20
+#: A loop whose steps take less than this on average does nothing with its batches (a toy loop, a scan): its
+#: stall is not a training run's, and its epochs are logged at DEBUG. [Unit: second]
+MIN_STEP_S = 0.001
 #: Consecutive data-bound epochs before the verdict is logged at WARNING rather than INFO.
 WARN_AFTER_EPOCHS = 2
 #: The consumer's threads busy for this share of the epoch: they are the bound.
@@ -176,8 +182,10 @@ class EpochLog:
 
     def end_epoch(self, epoch: int, figures: EpochFigures) -> str:
         text = diagnose(figures)
-        stalled = figures.batches >= MIN_BATCHES and stall_of(figures) > STALL_LIMIT
+        stalled = (figures.batches >= MIN_BATCHES and stall_of(figures) > STALL_LIMIT
+                   and figures.active_s >= MIN_STEP_S * figures.batches)
         self._stalled_in_a_row = self._stalled_in_a_row + 1 if stalled else 0
-        level = logging.WARNING if self._stalled_in_a_row >= WARN_AFTER_EPOCHS else logging.INFO
+        level = (logging.WARNING if self._stalled_in_a_row >= WARN_AFTER_EPOCHS else
+                 logging.INFO if stalled else logging.DEBUG)
         log.log(level, "ferry: epoch %d: %s", epoch, text)
         return text

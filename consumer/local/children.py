@@ -15,6 +15,9 @@ import signal
 import subprocess
 from typing import Any
 
+#: Who else stops a local producer: the loader itself never does without first letting it go.
+OUTSIDE_STOP = "a kill, a supervisor, or a signal to the trainer's whole process group"
+
 #: The tail of a dead producer's error output that its report quotes.
 STDERR_TAIL_LINES = 15
 STDERR_TAIL_CHARS = 2000
@@ -22,13 +25,17 @@ STDERR_TAIL_CHARS = 2000
 
 def describe_exit(code: int) -> str:
     """``exit code 1``, or ``killed by SIGKILL`` for a negative (signal) code; a producer's exit for stuck loads
-    (producer/stuck.py) says so."""
+    (producer/core/stuck.py) says so."""
     from ferry.producer.exits import EXIT_STUCK
 
     if code == EXIT_STUCK:
         return f"exit code {code} (loads its consumers gave up on held all its loading threads)"
+    if code == 0:  # its SIGTERM handler's exit: the loader asks with SIGTERM only when it stops it itself
+        return f"exit code 0 (stopped by a SIGTERM from outside this loader: {OUTSIDE_STOP})"
     if code >= 0:
         return f"exit code {code}"
+    if -code in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        return f"killed by {signal.Signals(-code).name} from outside this loader ({OUTSIDE_STOP})"
     try:
         return f"killed by {signal.Signals(-code).name}"
     except ValueError:
@@ -111,11 +118,19 @@ class Child:
     def tail(self) -> str:
         """The last lines it wrote to stderr, indented, or a note that there were none."""
         text = self._captured_tail()
+        if not text and self.stopped_from_outside():
+            return "    (nothing: it did not fail, it was stopped)"
         if not text:
             return ("    (it wrote nothing to stderr once started; what it wrote while starting went to this\n"
                     "    process's stderr, above: under spawn or forkserver, a script without\n"
                     "    `if __name__ == \"__main__\":` builds its loader again in each producer, which Python refuses)")
         return "\n".join("    " + line for line in text.splitlines())
+
+    def stopped_from_outside(self) -> bool:
+        """It exited as a producer does when asked to stop (0, or killed by SIGTERM, SIGINT or SIGHUP), and the
+        loader did not ask it (a producer the loader stops is never reported)."""
+        return self.exit_code is not None and (self.exit_code == 0 or -self.exit_code in (
+            signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
 
     def name(self) -> str:
         """``producer 1 (pid 4242, restart 2): exit code 4``."""

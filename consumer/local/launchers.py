@@ -65,7 +65,7 @@ def producer_config(local: Any, transport: Any, dataset: Any, dataset_args: dict
     return ProducerConfig(
         endpoints=(endpoint,), dataset=dataset if isinstance(dataset, str) else type(dataset).__qualname__,
         dataset_args=dict(dataset_args or {}), exit_with_parent=True, trainer_pid=os.getpid(),
-        # one whose loading threads are all held by loads given up on exits, to be replaced (producer/stuck.py)
+        # one whose loading threads are all held by loads given up on exits, to be replaced (producer/core/stuck.py)
         exit_when_stuck=transport.task_timeout,
         torch_threads=1,  # as DataLoader's workers, whatever OMP_NUM_THREADS the trainer has (torch_threads.py)
         num_workers=num_workers, drain_timeout=LOCAL_DRAIN_TIMEOUT_S,
@@ -118,8 +118,10 @@ class SpecLauncher(_Launcher):
         argv, env = command_line(self.configured(index, generation), log_level, environ=os.environ)
         capture = self.capture(index, generation)
         try:
+            # a session (process group) of its own: the terminal's Ctrl-C is the trainer's, never its producers'
+            # (even before the producer ignores SIGINT itself: ferry.producer.ignore_sigint)
             process = subprocess.Popen([sys.executable, "-m", "ferry.producer", *argv], env=env,
-                                       stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                       stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         except BaseException:
             capture.close()
             raise

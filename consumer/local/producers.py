@@ -146,6 +146,10 @@ class LocalProducers:
             text = reports(children)
             bound = members.replacements.bound_note()
         who = "the local producer" if len(children) == 1 else f"all {len(children)} local producers"
+        if all(child.stopped_from_outside() for child in children):  # not a failure: someone else stopped them
+            raise ProducerDiedError(f"{who} {'was' if len(children) == 1 else 'were'} stopped from outside this "
+                                    f"loader{' mid-run' if served else ''}, and a producer stopped so is not "
+                                    f"replaced:\n{text}")
         if served:
             raise ProducerDiedError(f"{who} died mid-run{bound}:\n{text}")
         raise ProducerStartupError(f"{who} exited before serving:\n{text}")

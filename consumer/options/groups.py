@@ -139,6 +139,7 @@ class LocalOptions(_Group):
     min: int | None = option(MIN_COUNT, flat="local_producers_min")
     max: int | None = option(MAX_COUNT, flat="local_producers_max")
     ahead: int | None = option(s.AHEAD, flat="producer_ahead")
+    seed_per_sample: bool | None = option(s.SEED_PER_SAMPLE, flat="seed_per_sample")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -15,7 +15,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ferry.common import settings as s
-from ferry.common.constants import DEFAULT_ENDPOINT, DEFAULT_TIMEOUT_S, MAX_SEED, MAX_STREAMS, MIN_SEED
+from ferry.common.constants import (
+    DEFAULT_CURVE_ENDPOINT, DEFAULT_ENDPOINT, DEFAULT_TIMEOUT_S, MAX_SEED, MAX_STREAMS, MIN_SEED,
+)
 from ferry.common.endpoints import tcp_address
 from ferry.common.errors import ConfigError, ConfigTypeError
 from ferry.common.settings import Setting
@@ -109,9 +111,12 @@ _TIMEOUT = Setting(
 KEYWORDS: dict[str, Setting] = {
     "endpoint": Setting(_Endpoints(), "where the consumer binds its ROUTER, or a list of them. Not given: the "
                         "environment's ``FERRY_ENDPOINT`` (comma-separated), so that an engine's files can set it "
-                        f"without editing the script; else ``{DEFAULT_ENDPOINT}``, and in local mode only the private "
-                        "ipc socket. None: bind nothing else. A tcp port is shifted by ``LOCAL_RANK`` under torchrun.",
-                        optional=True),
+                        f"without editing the script; else ``{DEFAULT_ENDPOINT}`` (this machine only; with CURVE "
+                        f"``{DEFAULT_CURVE_ENDPOINT}``: never every interface without authentication), and in local "
+                        "mode only the private ipc socket. None: bind nothing else. A tcp port is shifted by "
+                        "``LOCAL_RANK`` under torchrun; without ``endpoint=``, a process's second loader binds the "
+                        "next free slot (the port plus ``LOCAL_WORLD_SIZE``, logged), so that train and val loaders "
+                        "never collide.", optional=True),
     "batch_size": Setting(s.Int(1), "samples per batch. None (without a ``batch_sampler``): DataLoader's unbatched "
                           "mode, each sample on its own, as ``default_convert`` leaves it (or through "
                           "``collate_fn``); a sampler may then yield lists of indices, each passed to the "
@@ -169,8 +174,10 @@ KEYWORDS: dict[str, Setting] = {
     "on_error": Setting(s.Choice(("raise", "skip")), "``\"raise\"`` (RemoteSampleError in the loop) or "
                         "``\"skip\"`` (drop the failed samples)."),
     "log_every": Setting(s.Real(0), "seconds between one-line progress logs (logger ``ferry.consumer``, INFO); "
-                         "None: never. Each epoch's diagnosis is logged at INFO; at WARNING only when the stall stays "
-                         "above 10 % for two epochs in a row (see :mod:`ferry.consumer.figures.diagnosis`).",
+                         "None: never. An epoch's diagnosis is logged only when it has something to act on: at INFO for a "
+                         "data-bound epoch (stall above 10 %, 20 batches or more, steps of 1 ms or more), at WARNING "
+                         "when that lasts two epochs in a row, else at DEBUG (see "
+                         ":mod:`ferry.consumer.figures.diagnosis`; ``diagnosis()`` gives it any time).",
                          unit="second", optional=True),
     "metrics_port": s.METRICS_PORT,
     "local": Setting(s.Kind(), "a :class:`LocalOptions`: start producer processes here (local mode). Needs "

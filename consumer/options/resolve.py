@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ferry.common.constants import DEFAULT_ENDPOINT, DEFAULT_THREADS, MAX_PORT
+from ferry.common.constants import DEFAULT_CURVE_ENDPOINT, DEFAULT_ENDPOINT, DEFAULT_THREADS, MAX_PORT
 from ferry.common.errors import ConfigError
 from ferry.common.endpoints import shift_port
 from ferry.common.variables import (
@@ -64,6 +64,9 @@ class LoaderOptions:
     local: LocalOptions | None
     transport: TransportOptions
     curve: CurveOptions | None
+    # the endpoints are the default's or FERRY_ENDPOINT's, which every loader of a process would bind: each takes a
+    # slot of its own when it binds (consumer/io/ports.py); False: given as endpoint=, bound as given
+    shared_endpoints: bool = False
 
 
 #: Keywords that only their declaration checks; the others have rules between them, below.
@@ -87,10 +90,13 @@ def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -
         raise ConfigError(f"environment variable {name}={value!r} is not an integer") from None
 
 
-def _endpoints(given: Mapping[str, Any], local: bool, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+def _endpoints(given: Mapping[str, Any], local: bool, curve: bool,
+               environ: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], bool]:
     """What to bind: the given ones, else ``FERRY_ENDPOINT``'s, else the default (none in local mode, whose ipc
-    socket is added later)."""
+    socket is added later): this machine only, or every interface with CURVE on (``curve``), never every interface
+    without authentication. And whether they are shared by the process's loaders (not given as ``endpoint=``)."""
     endpoint, name = given["endpoint"], "endpoint"
+    shared = endpoint is UNSET
     if endpoint is UNSET:
         from_env = (os.environ if environ is None else environ).get(ENDPOINT_VARIABLE, "")
         endpoint, name = [e.strip() for e in from_env.split(",") if e.strip()] or UNSET, ENDPOINT_VARIABLE
@@ -99,10 +105,11 @@ def _endpoints(given: Mapping[str, Any], local: bool, environ: Mapping[str, str]
             raise ConfigError(f"environment variable {ENDPOINT_VARIABLE}={from_env!r} is not a comma-separated list of "
                               f"endpoints like tcp://*:5555 or ipc:///path ({bad[0]!r})")
     if endpoint is UNSET:
-        return () if local else (shift_port(DEFAULT_ENDPOINT, env_int("LOCAL_RANK", 0)),)
+        default = DEFAULT_CURVE_ENDPOINT if curve else DEFAULT_ENDPOINT
+        return (() if local else (shift_port(default, env_int("LOCAL_RANK", 0)),)), shared
     endpoints = KEYWORDS["endpoint"].check(name, endpoint) or ()
     local_rank = env_int("LOCAL_RANK", 0) if endpoints else 0
-    return tuple(shift_port(e, local_rank) for e in endpoints)
+    return tuple(shift_port(e, local_rank) for e in endpoints), shared
 
 
 def _metrics_port(port: int | None) -> int | None:
@@ -211,6 +218,7 @@ def _local(given: Mapping[str, Any], dataset: Any) -> LocalOptions | None:
                               f"mp_context={given['mp_context']!r} (DataLoader refuses multiprocessing_context "
                               f"with num_workers=0 too)")
         for name, flag in (("collate_fn", "--collate package.module:function"),
+                           ("seed_per_sample", "--seed-per-sample 0|1"),
                            ("producer_init", "--init package.module:function"),
                            ("collate_args", "--collate-arg KEY=VALUE"),
                            ("producer_transform_args", "--transform-arg KEY=VALUE")):
@@ -263,7 +271,8 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
     iterable_streams = _iterable_streams(given, alone["dataset"], local, shuffle)
     curve = _curve(given, local)
     rank, world_size = _sharding(given)
-    endpoints, no_producer_timeout = _endpoints(given, local is not None), _no_producer_timeout(given)
+    (endpoints, shared_endpoints), no_producer_timeout = (_endpoints(given, local is not None, curve is not None),
+                                                          _no_producer_timeout(given))
     transport = TransportOptions.from_flat(given, given["transport"], "transport")
     seed, generator_state = _seed(given)  # last: a generator is drawn from only once every option is good
     return LoaderOptions(
@@ -271,6 +280,7 @@ def resolve_options(given: Mapping[str, Any]) -> LoaderOptions:
         generator=given["generator"],
         generator_state=generator_state, rank=rank, world_size=world_size, no_producer_timeout=no_producer_timeout,
         device=given["device"], local=local, curve=curve, transport=transport, iterable_streams=iterable_streams,
+        shared_endpoints=shared_endpoints,
     )
 
 

@@ -4,7 +4,7 @@ DataLoader's ``default_convert`` makes tensors of numpy arrays and numpy scalars
 is; here numpy arrays stay arrays, which the consumer's staging turns into tensors, and a numpy scalar becomes a
 0-d array (a 0-d tensor in the trainer). As ``default_convert``: string and object arrays and numpy's string
 scalars are left as they are, a namedtuple keeps its class, a tuple becomes a list, a mapping or other sequence
-keeps its class where ``default_convert`` keeps it (:func:`ferry.producer.collate.keep_type`), and numbers,
+keeps its class where ``default_convert`` keeps it (:func:`ferry.producer.loading.collate.keep_type`), and numbers,
 strings, tensors and other objects stay as they are.
 
 No torch import: a producer stays light unless its dataset needs torch.
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ferry.producer.collate import keep_type
+from ferry.producer.loading.collate import keep_type
 
 __all__ = ["convert"]
 

@@ -8,10 +8,10 @@ did, its consumer would give it new tasks that wait behind the lost thread, time
 each an attempt: batches holding no bad sample end as ``PoisonTaskError``, and the producer is dropped and
 re-admitted over and over, stalling the loop each time.
 
-So while the orphaned tasks (:meth:`ferry.producer.sharing.Sharing.orphans`) are at least as many as the threads
+So while the orphaned tasks (:meth:`ferry.producer.core.sharing.Sharing.orphans`) are at least as many as the threads
 of the sample pool they load on (one for a dataset class of the user's, ``--threads`` for the pool the built-in
 datasets share) or as its ``--slots`` (an orphan holds its slot until it returns, so no new task could start), every
-connection that is greeting holds its HELLO (:meth:`ferry.producer.connection.Connection.hold`), and the
+connection that is greeting holds its HELLO (:meth:`ferry.producer.core.connection.Connection.hold`), and the
 producer says why at WARNING with the back-off of the "no consumer has answered" warnings (after w, 3w, 6w,
 then every 30w: a hold that ends sooner, the usual case of a BYE or a silent consumer as a batch was loading,
 says nothing). It takes work again, at once, when one of them returns.
@@ -30,8 +30,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ferry.producer.actions import Log
-from ferry.producer.connection import warning_due
+from ferry.producer.core.actions import Log
+from ferry.producer.core.connection import warning_due
 from ferry.producer.exits import EXIT_STUCK
 
 __all__ = ["StuckLoads"]

@@ -1,6 +1,6 @@
 """A producer's work across the consumers it serves (docs/ARCHITECTURE.md#producer): which dataset each connection
-is bound to (:mod:`ferry.producer.pool`), whose TASK runs next (:mod:`ferry.producer.fairshare`), and the per-job
-figures of the producer's metrics. Only the main loop (:mod:`ferry.producer.service`) uses a :class:`Sharing`; it
+is bound to (:mod:`ferry.producer.loading.pool`), whose TASK runs next (:mod:`ferry.producer.core.fairshare`), and the per-job
+figures of the producer's metrics. Only the main loop (:mod:`ferry.producer.io.service`) uses a :class:`Sharing`; it
 touches no socket.
 
 Per job (one consumer connection), the figures say: its ``weight``; its *demand* here, tasks ``queued`` and
@@ -17,11 +17,11 @@ from typing import Any, Callable, Iterable
 
 from ferry.common.pool import dataset_key
 
-from ferry.producer.actions import Action, OpenDataset
-from ferry.producer.batcher import Job
-from ferry.producer.fairshare import FairShare
-from ferry.producer.links import Link
-from ferry.producer.pool import DatasetPool, DatasetRefused, Served
+from ferry.producer.core.actions import Action, OpenDataset
+from ferry.producer.loading.batcher import Job
+from ferry.producer.core.fairshare import FairShare
+from ferry.producer.io.links import Link
+from ferry.producer.loading.pool import DatasetPool, DatasetRefused, Served
 
 __all__ = ["Sharing"]
 
@@ -112,7 +112,7 @@ class Sharing:
             if link is None or served is None or not link.conn.owns(job.session):
                 self.share.finished(job, now)
                 continue
-            job.samples = served.batcher.samples  # which loading threads its loads fill (producer/stuck.py)
+            job.samples = served.batcher.samples  # which loading threads its loads fill (producer/core/stuck.py)
             served.batcher.submit(job)
 
     def finished(self, job: Job, now: float) -> None:
@@ -121,7 +121,7 @@ class Sharing:
 
     def orphans(self, link_of: Callable[[int], Link | None]) -> list[tuple[Job, float]]:
         """The running tasks whose consumer gave them up (their connection left that session, or is gone), each
-        with when it started, oldest first: their loads go on, as a thread cannot be stopped (producer/stuck.py)."""
+        with when it started, oldest first: their loads go on, as a thread cannot be stopped (producer/core/stuck.py)."""
         orphaned = []
         for key, job, at in self.share.started():
             link = link_of(key)

@@ -6,19 +6,19 @@ batch buffer: no per-sample array, no collation copy. Its batches are ``[array, 
 what default_collate makes of ``(array, int)`` samples.
 
 Any other dataset takes the *general path*. Its first batch is ``dataset[i]`` then
-:func:`~ferry.producer.collate.collate`, which teaches a :class:`~ferry.producer.collate.RowLayout`. From the
+:func:`~ferry.producer.loading.collate.collate`, which teaches a :class:`~ferry.producer.loading.collate.RowLayout`. From the
 next batch on, each loading thread copies its sample's arrays into their row of the batch's destination (the
 task's shared-memory slot, else one pooled buffer) as soon as ``dataset[i]`` returns, so the per-sample arrays
 die at once and the batch needs no stacking copy. A sample that does not fit the layout sends its batch back
 to ``collate``: the results are the same either way.
 
-When a batch does not collate, the samples to blame are named (:mod:`ferry.producer.culprits`).
+When a batch does not collate, the samples to blame are named (:mod:`ferry.producer.loading.culprits`).
 
 With the user's own ``collate_fn`` its output is sent as it is, marked ``batch_first: False`` in the BATCH: the
 consumer then checks its structure, not its sample counts (a detection model's ``tuple(zip(*batch))``, a
 ``PackedSequence``). So is each sample of an unbatched loader's task (``unbatched`` in the TASK,
 ``batch_size=None``): ``dataset[i]`` (or ``dataset[list]``) through the user's ``collate_fn``, or else
-:func:`~ferry.producer.convert.convert`, no collation.
+:func:`~ferry.producer.loading.convert.convert`, no collation.
 
 Two thread pools, so that one never waits on itself:
 
@@ -47,14 +47,14 @@ from ferry.common.errors import BatchTooLarge, BatchTypeError
 from ferry.common.shm import SLOT_ALIGN
 from ferry.common.waker import Waker
 
-from ferry.producer.buffers import BufferPool, tracked
-from ferry.producer.collate import RowLayout, collate
-from ferry.producer.convert import convert
-from ferry.producer.culprits import collate_or_blame, whole_batch
-from ferry.producer.jobs import Job, Outcome
-from ferry.producer.loading import BatchFailed, error_record, load_item, load_row, read_row, written_first
-from ferry.producer.samplepool import SamplePool, Turns
-from ferry.producer.shards import runner_for
+from ferry.producer.io.buffers import BufferPool, tracked
+from ferry.producer.loading.collate import RowLayout, collate
+from ferry.producer.loading.convert import convert
+from ferry.producer.loading.culprits import collate_or_blame, whole_batch
+from ferry.producer.core.jobs import Job, Outcome
+from ferry.producer.loading.samples import BatchFailed, error_record, load_item, load_row, read_row, written_first
+from ferry.producer.loading.samplepool import SamplePool, Turns
+from ferry.producer.loading.shards import runner_for
 
 __all__ = ["Batcher", "Job", "Outcome"]
 
@@ -64,9 +64,10 @@ class Batcher:
 
     def __init__(self, dataset: Any, *, threads: int, batch_workers: int, done: "queue.SimpleQueue[Outcome]",
                  waker: Waker, collate_fn: Any = None, compressor: Any = None,
-                 shared: "tuple[SamplePool | None, BufferPool] | None" = None) -> None:
+                 shared: "tuple[SamplePool | None, BufferPool] | None" = None,
+                 seed_per_sample: bool | None = None) -> None:
         """``shared``: the sample pool and the buffer pool of another batcher, to use instead of its own (a
-        producer pool's datasets share them: producer/pool.py); ``close()`` then leaves them to their owner. A
+        producer pool's datasets share them: producer/loading/pool.py); ``close()`` then leaves them to their owner. A
         sample pool of None there: this batcher's own, of one thread (a dataset whose loads must not overlap)."""
         self._dataset = dataset
         self._collate_fn = collate_fn  # the user's own: then samples reach it as they are, no row layout
@@ -87,23 +88,27 @@ class Batcher:
         self._batches = ThreadPoolExecutor(max_workers=batch_workers, thread_name_prefix="ferry-batch")
         self._done = done
         self._waker = waker
-        self._compressor = compressor  # a ferry.producer.compressing.FrameCompressor, owned by the service
+        self._compressor = compressor  # a ferry.producer.loading.compressing.FrameCompressor, owned by the service
         self._lock = threading.Lock()
         self.pending = 0  # jobs submitted and not yet in `done`
-        # a sharded or iterable dataset's tasks run through producer/shards.py (and streams.py); None: map-style
+        # a sharded or iterable dataset's tasks run through producer/loading/shards.py (and streams.py); None: map-style
         self._shards = runner_for(dataset, pool=self._batches, collate=collate_fn or collate,
                                   batch_first=collate_fn is None, convert=collate_fn or convert,
                                   finish=self._finish, fail=self._fail, error_record=error_record,
                                   compress=lambda job, spec, frames: self._compress(job, spec, frames, None, 0)[:2])
         # a map-style dataset whose samples load one at a time (a sharded or iterable one's run on the batch pool)
         self.serial = serial and self._shards is None
+        # each sample under generators seeded from (seed, epoch, index): only where loads never overlap, since the
+        # generators are the process's (--seed-per-sample: by default where loads are serial; 1 made them serial)
+        self._seed_globals = self.serial and seed_per_sample is not False
 
     @property
     def samples(self) -> SamplePool:
-        """The pool its samples load on: its own, or one it shares with other datasets (producer/pool.py)."""
+        """The pool its samples load on: its own, or one it shares with other datasets (producer/loading/pool.py)."""
         return self._samples
 
     def submit(self, job: Job) -> None:
+        job.seed_globals = self._seed_globals
         with self._lock:
             self.pending += 1
         if self._shards is not None:

@@ -2,7 +2,7 @@
 of ``N`` iterates it (docs/ARCHITECTURE.md#iterable-datasets).
 
 A TASK names a stream (``indices == [w]``, ``streams == N``) and ``shard == [k, batch_size, drop_last, 0]``:
-"batch ``k`` of stream ``w``". It runs as a shard's task does (:class:`~ferry.producer.shards.ShardRunner`: a
+"batch ``k`` of stream ``w``". It runs as a shard's task does (:class:`~ferry.producer.loading.shards.ShardRunner`: a
 counted answer, one open cursor per stream, a stream's batches in ``k`` order, a re-issue that skips ``k * B``
 samples), but the stream is ``iter(dataset)``, and every sample of it is drawn while
 ``torch.utils.data.get_worker_info()`` reports ``id=w, num_workers=N``:
@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import Any, ContextManager, Iterator
 
-from ferry.producer.shards import ShardRunner
+from ferry.producer.loading.shards import ShardRunner
 
 __all__ = ["StreamRunner", "as_worker"]
 

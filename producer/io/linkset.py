@@ -1,6 +1,6 @@
-"""Every consumer connection of a producer (:class:`~ferry.producer.links.Link`), opened and closed as
-:class:`~ferry.producer.discovery.Discovery` decides, with the DNS lookups both need (:mod:`ferry.producer.resolver`,
-off the loop). Only the producer's main loop (:mod:`ferry.producer.service`) uses a LinkSet.
+"""Every consumer connection of a producer (:class:`~ferry.producer.io.links.Link`), opened and closed as
+:class:`~ferry.producer.core.discovery.Discovery` decides, with the DNS lookups both need (:mod:`ferry.producer.io.resolver`,
+off the loop). Only the producer's main loop (:mod:`ferry.producer.io.service`) uses a LinkSet.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import zmq
 from ferry.common.constants import MAX_ADDRESSES_PER_NAME, PRODUCER_BYE_LINGER_MS
 from ferry.common.waker import Waker
 
-from ferry.producer.actions import Log
-from ferry.producer.compressing import LinkCodec
+from ferry.producer.core.actions import Log
+from ferry.producer.loading.compressing import LinkCodec
 from ferry.producer.config import ProducerConfig
-from ferry.producer.connection import Connection
-from ferry.producer.discovery import CloseLink, Discovery, DiscoveryAction, OpenLink, Resolve
-from ferry.producer.links import Link
+from ferry.producer.core.connection import Connection
+from ferry.producer.core.discovery import CloseLink, Discovery, DiscoveryAction, OpenLink, Resolve
+from ferry.producer.io.links import Link
 from ferry.producer.logs import fields
-from ferry.producer.resolver import AddressResolver, Checked
+from ferry.producer.io.resolver import AddressResolver, Checked
 
 __all__ = ["LinkSet"]
 
@@ -35,7 +35,7 @@ class LinkSet:
     Args:
         config: the producer's (endpoints, heartbeat, liveness, warnings, compression, CURVE, resolve interval).
         say_bye: the loop's way to stop one link's connection (it applies ``link.conn.stop()``: BYE if serving).
-        bind: called with each new link and True (the loop binds it to its producer's own dataset, producer/pool.py),
+        bind: called with each new link and True (the loop binds it to its producer's own dataset, producer/loading/pool.py),
             and with each closed one and False.
     """
 

@@ -6,9 +6,9 @@ in, and collects the answers with :meth:`AddressResolver.results`. Two kinds of 
 
 * :meth:`~AddressResolver.check`: does the host of one connection's endpoint resolve? The answer
   (:class:`Checked`) is the problem in words (a DNS failure) or None, for the connection to report in its
-  warnings (:meth:`ferry.producer.connection.Connection.address_checked`);
+  warnings (:meth:`ferry.producer.core.connection.Connection.address_checked`);
 * :meth:`~AddressResolver.lookup`: every IPv4 address of a name (:class:`Looked`), for
-  :class:`ferry.producer.discovery.Discovery`. IPv4 only, as ZeroMQ connects without its IPV6 option.
+  :class:`ferry.producer.core.discovery.Discovery`. IPv4 only, as ZeroMQ connects without its IPV6 option.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """One consumer connection of a producer: its DEALER socket (and, with CURVE, that socket's monitor) and the
-state machine of its connection. Only the producer's main loop (:mod:`ferry.producer.service`) touches a Link.
+state machine of its connection. Only the producer's main loop (:mod:`ferry.producer.io.service`) touches a Link.
 
 A Link registers its sockets with the loop's poller itself, so that a rebuilt socket (a fresh one after a
 protocol error, or after a consumer denied our CURVE key) replaces the old one there too.
@@ -19,8 +19,8 @@ from ferry.common.constants import (
 from ferry.common.deadlinks import give_up_dead_links
 from ferry.common.errors import ConfigError
 
-from ferry.producer.compressing import LinkCodec
-from ferry.producer.connection import Connection
+from ferry.producer.loading.compressing import LinkCodec
+from ferry.producer.core.connection import Connection
 
 __all__ = ["Link", "announced_frame_bytes"]
 
@@ -50,12 +50,12 @@ class Link:
     #: name resolved to, so that two addresses of one consumer (a multi-homed host, a load balancer) are two
     #: producers to it, not one that restarts its work at each HELLO of the other
     id_suffix: str = ""
-    #: the dataset this connection serves (a producer/pool.py Served): its producer's own until its consumer names
+    #: the dataset this connection serves (a producer/loading/pool.py Served): its producer's own until its consumer names
     #: another; None: none (a pool without --dataset)
     served: Any = None
     hello_extra: dict = field(default_factory=dict)  # what its HELLO says of its dataset: "dataset", or "refused"
-    opening: str | None = None  # the key of the dataset its consumer named, while it opens (producer/pool.py)
-    weight: float = 1.0  # its consumer's share against the others' (its WELCOME's; producer/fairshare.py)
+    opening: str | None = None  # the key of the dataset its consumer named, while it opens (producer/loading/pool.py)
+    weight: float = 1.0  # its consumer's share against the others' (its WELCOME's; producer/core/fairshare.py)
     load: dict = field(default_factory=dict)  # its consumer's last PING load: its demand and stall (sharing.py)
 
     def open(self) -> None:

@@ -1,5 +1,5 @@
 """What a producer sends, and the counts of what it sent: HELLO, PING, BYE, a FAIL for an index out of range, and
-the finished batches (:class:`~ferry.producer.batcher.Outcome`). Only the main loop (:mod:`ferry.producer.service`)
+the finished batches (:class:`~ferry.producer.loading.batcher.Outcome`). Only the main loop (:mod:`ferry.producer.io.service`)
 calls it; every send is non-blocking (a consumer that is not connected or not reading misses it, and re-issues).
 """
 
@@ -14,10 +14,10 @@ import zmq
 from ferry.common import protocol
 from ferry.common.constants import MAX_SLOTS
 
-from ferry.producer.actions import FailTask
-from ferry.producer.batcher import Outcome
-from ferry.producer.buffers import BufferPool, tracked
-from ferry.producer.links import Link
+from ferry.producer.core.actions import FailTask
+from ferry.producer.loading.batcher import Outcome
+from ferry.producer.io.buffers import BufferPool, tracked
+from ferry.producer.io.links import Link
 
 __all__ = ["Outbox", "hello_fields", "TASKS_PER_MESSAGE"]
 
@@ -62,7 +62,7 @@ class Outbox:
         link.said_bye = self.send(link, [protocol.pack(protocol.BYE)], now)
 
     def answer_bye(self, link: Link) -> None:
-        """Answer a consumer's BYE (producer/actions.py AnswerBye). Not a send of the connection's own: its HELLO
+        """Answer a consumer's BYE (producer/core/actions.py AnswerBye). Not a send of the connection's own: its HELLO
         still goes at the next tick, and a producer that stops later does not linger for it."""
         try:
             link.sock.send(protocol.pack(protocol.BYE), flags=zmq.NOBLOCK)

@@ -1,6 +1,6 @@
 """What a loading thread does with one sample: load it (under :func:`ferry.sample_info`), write its arrays into
 their row of the batch's destination as soon as it is loaded, and describe a failure, naming the sample's
-file where the dataset says which. The :class:`~ferry.producer.batcher.Batcher` runs these on its pools.
+file where the dataset says which. The :class:`~ferry.producer.loading.batcher.Batcher` runs these on its pools.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from ferry.common.datasets import Transformed
 from ferry.common.remote_errors import exception_classes
 from ferry.common.sampleinfo import loading
 from ferry.common.shm import populate
-from ferry.producer.collate import RowLayout
+from ferry.producer.loading.collate import RowLayout
 
 __all__ = ["load_sample", "load_item", "load_row", "read_row", "written_first", "BatchFailed", "sample_file",
            "error_record", "loads_concurrently"]
 
-# a Job (ferry.producer.batcher) is passed in as ``job``: these functions read its ``seed`` and ``epoch``
+# a Job (ferry.producer.loading.batcher) is passed in as ``job``: these functions read its ``seed`` and ``epoch``
 
 
 #: CPython 3.11's AST constructor keeps a recursion counter that threads compiling at once can upset (gh-106905);
@@ -55,14 +55,14 @@ def loads_concurrently(dataset: Any, threads: int | None) -> bool:
 
 
 def load_sample(dataset: Any, index: int, job: Any) -> Any:
-    with loading(job.seed, job.epoch, index):
+    with loading(job.seed, job.epoch, index, seed_globals=job.seed_globals):
         return _retry_ast_race(dataset.__getitem__, index)
 
 
 def load_item(dataset: Any, item: int | list[int], job: Any) -> Any:
     """An unbatched loader's sample: ``dataset[item]``, ``item`` an index or the list of indices a sampler
     yielded (as DataLoader passes it); :func:`ferry.sample_info` names the first index of a list."""
-    with loading(job.seed, job.epoch, item[0] if isinstance(item, list) else item):
+    with loading(job.seed, job.epoch, item[0] if isinstance(item, list) else item, seed_globals=job.seed_globals):
         return _retry_ast_race(dataset.__getitem__, item)
 
 
@@ -87,7 +87,7 @@ def read_row(dataset: Any, index: int, out: np.ndarray, job: Any, fresh: bool) -
     it is fresh shared memory."""
     if fresh:
         _populate_row(out)
-    with loading(job.seed, job.epoch, index):
+    with loading(job.seed, job.epoch, index, seed_globals=job.seed_globals):
         return _retry_ast_race(dataset.read_into, index, out)
 
 

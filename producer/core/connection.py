@@ -1,6 +1,6 @@
 """One producer's connection to one consumer, as a pure state machine: events in, actions out.
 
-No sockets, no clock, no randomness of its own: the poll loop (:mod:`ferry.producer.service`) reads the
+No sockets, no clock, no randomness of its own: the poll loop (:mod:`ferry.producer.io.service`) reads the
 clock, passes ``now`` with every event, and applies the actions it gets back. So every transition can be
 tested without a socket (tests/test_connection.py)::
 
@@ -49,8 +49,8 @@ from ferry.common.constants import (
 )
 from ferry.common.errors import ProtocolError
 
-# the actions this machine returns, declared in producer/actions.py (imported from here too)
-from ferry.producer.actions import (
+# the actions this machine returns, declared in producer/core/actions.py (imported from here too)
+from ferry.producer.core.actions import (
     Action, AnswerBye, CheckAddress, FailTask, Log, OpenDataset, Phase, Rebuild, RunTask, SendBye, SendHello,
     SendPing, Stale,
 )
@@ -183,7 +183,7 @@ class Connection:
         return []
 
     def hold(self, now: float) -> None:
-        """Instead of :meth:`tick` while the producer takes no work (producer/stuck.py): a greeting connection
+        """Instead of :meth:`tick` while the producer takes no work (producer/core/stuck.py): a greeting connection
         says no HELLO, and its wait for a consumer starts again when the hold ends (no warning that no consumer
         answers: none was asked). A serving one is not held."""
         if self.phase is Phase.GREETING:

@@ -1,6 +1,6 @@
 """Which consumer connections a producer should hold, as a pure state machine: the ``--connect`` endpoints, with
 every host name resolved to its addresses and kept fresh. Events in, actions out; no sockets, no clock, no DNS
-(the loop resolves off itself, :mod:`ferry.producer.resolver`), tested without any (tests/test_discovery_units.py).
+(the loop resolves off itself, :mod:`ferry.producer.io.resolver`), tested without any (tests/test_discovery_units.py).
 
 An endpoint whose host is a name (``tcp://trainers:5555``) gets one connection per IPv4 address the name resolves
 to (``tcp://10.0.0.7:5555``), each its own consumer connection, as several ``--connect`` would be: a Kubernetes
@@ -12,7 +12,7 @@ BYE if it served), without a restart. A name with one address behaves as one end
 * An answer that the name does not exist, or has no IPv4 address, is an answer: the name then has no address,
   and its connections close. A failed lookup (no DNS server, a timeout) is no answer: what the name had stays.
 * While a name has no address, nothing can answer there, so the machine itself warns with the back-off of
-  :func:`ferry.producer.connection.warning_due` (after w, 3w, 6w, then every 30w), naming the DNS failure.
+  :func:`ferry.producer.core.connection.warning_due` (after w, 3w, 6w, then every 30w), naming the DNS failure.
 * An address two endpoints share (two names of one host) is one connection, closed once neither wants it.
 * A connection to an address a name resolved to says HELLO as the producer's id and ``/ADDRESS``: two addresses
   of one consumer (a multi-homed host, a load balancer's) are then two producers to it, where one id would have
@@ -21,7 +21,7 @@ BYE if it served), without a restart. A name with one address behaves as one end
   one connection each, for good (ZeroMQ resolves a name itself then, to one address).
 
 Events: :meth:`Discovery.start`, :meth:`~Discovery.tick` (time passes), :meth:`~Discovery.resolved` (a lookup's
-answer). Actions: :class:`Resolve`, :class:`OpenLink`, :class:`CloseLink`, :class:`~ferry.producer.actions.Log`.
+answer). Actions: :class:`Resolve`, :class:`OpenLink`, :class:`CloseLink`, :class:`~ferry.producer.core.actions.Log`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Union
 from ferry.common.constants import MAX_ADDRESSES_PER_NAME
 from ferry.common.endpoints import parse_endpoint
 
-from ferry.producer.actions import Log
-from ferry.producer.connection import warning_due
+from ferry.producer.core.actions import Log
+from ferry.producer.core.connection import warning_due
 
 __all__ = ["Discovery", "Resolve", "OpenLink", "CloseLink", "DiscoveryAction", "named_host"]
 

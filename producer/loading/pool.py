@@ -2,7 +2,7 @@
 docs/ARCHITECTURE.md#producer; the protocol rule is :mod:`ferry.common.pool`).
 
 Each is a :class:`Served`: the opened dataset, what a HELLO announces of it, the bound on a TASK's indices, and
-its own :class:`~ferry.producer.batcher.Batcher` (a batcher learns one dataset's layout), all of them sharing one
+its own :class:`~ferry.producer.loading.batcher.Batcher` (a batcher learns one dataset's layout), all of them sharing one
 sample thread pool (``--threads``) and one buffer pool. One opened dataset per distinct spec and arguments
 (:func:`~ferry.common.pool.dataset_key`); a connection is bound to one at a time. A consumer may name a built-in or a
 spec the producer was started to allow (``--allow-dataset``); anything else is refused with
@@ -14,7 +14,7 @@ A named dataset is served as its spec builds it, with the consumer's ``dataset_a
 ``ferry-open`` thread (a folder scan or a user's factory may take minutes): the main loop goes on serving the
 other consumers, and the connection that named it stays GREETING until it is open.
 
-Only the main loop (:mod:`ferry.producer.service`) uses a DatasetPool.
+Only the main loop (:mod:`ferry.producer.io.service`) uses a DatasetPool.
 """
 
 from __future__ import annotations
@@ -23,25 +23,26 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ferry.common.canary import as_wire, canary_indices, code_digest, probe
 from ferry.common.constants import DEFAULT_THREADS, MAX_DATASET_LEN, MAX_NAMED_DATASETS
 from ferry.common.datasets import BUILTINS, dataset_fingerprint, resolve_dataset
 from ferry.common.pool import dataset_key
 from ferry.common.shardplan import announced_shard_lengths, is_sharded, shard_names
 from ferry.common.streamplan import is_iterable, iterable_fields, iterable_len
 
-from ferry.producer.batcher import Batcher
-from ferry.producer.buffers import BufferPool
-from ferry.producer.loading import loads_concurrently
-from ferry.producer.samplepool import SamplePool
+from ferry.producer.loading.batcher import Batcher
+from ferry.producer.io.buffers import BufferPool
+from ferry.producer.loading.samples import loads_concurrently
+from ferry.producer.loading.samplepool import SamplePool
 
 __all__ = ["Served", "DatasetPool", "DatasetRefused", "announcement"]
 
 
 def _open(spec: str, args: dict[str, Any]) -> tuple[Any, tuple[dict[str, Any], int, bool]]:
     """On the ``ferry-open`` thread: the dataset built and what a HELLO will say of it (its fingerprint may read
-    every file's size)."""
+    every file's size; its canary samples are loaded)."""
     dataset = resolve_dataset(spec, args)
-    return dataset, announcement(dataset, spec, args)
+    return dataset, announcement(dataset, spec, args, canaries=True)
 
 
 class DatasetRefused(Exception):
@@ -61,17 +62,22 @@ class Served:
     links: int = 0  # connections bound to it
 
 
-def announcement(dataset: Any, label: str, args: dict[str, Any] | None = None) -> tuple[dict[str, Any], int, bool]:
+def announcement(dataset: Any, label: str, args: dict[str, Any] | None = None, *,
+                 canaries: bool = False) -> tuple[dict[str, Any], int, bool]:
     """What a HELLO says of ``dataset`` (its ``dataset`` field; ``args`` echoed for a named one), the bound on a
-    TASK's indices, and whether it is iterable."""
+    TASK's indices, and whether it is iterable. ``canaries``: a map-style dataset's canary samples are loaded and
+    described (:mod:`ferry.common.canary`), for the consumer to check its data against its own."""
     sharded, iterable = is_sharded(dataset), is_iterable(dataset)
     length = (len(shard_names(dataset)) if sharded else (iterable_len(dataset) or 0) if iterable else len(dataset))
     shard_lengths = announced_shard_lengths(dataset) if sharded else None
+    probed = canaries and not (sharded or iterable)
     announce = {"spec": label, "len": length, "fingerprint": dataset_fingerprint(dataset),
                 **({"sharded": True} if sharded else {}),
                 **({"shard_lens": shard_lengths} if shard_lengths is not None else {}),
                 **(iterable_fields(dataset) if iterable else {}),
-                **({"args": dict(args)} if args is not None else {})}
+                **({"args": dict(args)} if args is not None else {}),
+                **({"canary": as_wire(probe(dataset, canary_indices(length)))} if probed else {}),
+                **({"code": code} if (code := code_digest(label)) is not None else {})}
     return announce, MAX_DATASET_LEN if iterable else length, iterable
 
 
@@ -84,22 +90,26 @@ class DatasetPool:
         allowed: the specs beyond the built-ins a consumer may name (``--allow-dataset``).
         threads: ``--threads``: the sample pool's threads, shared by every dataset's batcher (None: DEFAULT_THREADS).
             A dataset whose loads must not overlap (a user's class without ``--threads``:
-            :func:`~ferry.producer.loading.loads_concurrently`) gets a pool of one thread of its own instead.
+            :func:`~ferry.producer.loading.samples.loads_concurrently`) gets a pool of one thread of its own instead.
+        seed_per_sample: ``--seed-per-sample``; True makes every dataset's loads one at a time.
         buffers: the buffer pool's bound.
         make_batcher: builds a batcher for a dataset with its collate function, sharing ``(samples, buffers)``.
         wake: wakes the main loop (the service's waker), called when a named dataset's opening ends.
     """
 
     def __init__(self, own: Any, *, label: str, allowed: tuple[str, ...], threads: int | None, buffers: int,
-                 make_batcher: Callable[..., Batcher], wake: Callable[[], None], own_collate: Any = None) -> None:
+                 make_batcher: Callable[..., Batcher], wake: Callable[[], None], own_collate: Any = None,
+                 seed_per_sample: bool | None = None, canaries: bool = True) -> None:
         self.allowed = allowed
+        self._canaries = canaries  # announce the own dataset's canary samples (not a loader's local producer)
+        self._seed_per_sample = seed_per_sample  # True: every dataset's loads one at a time (ferry.common.settings)
         self._make = make_batcher
         self._wake = wake  # wakes the main loop when an opening ends (from the ferry-open thread)
         # named datasets open one at a time off the main loop; key -> (spec, args, future of (dataset, announced))
         self._opener = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferry-open")
         self._opening: dict[str, tuple[str, dict[str, Any], Future]] = {}
         self._threads = threads
-        # --threads loads at once over every dataset that may load concurrently (producer/samplepool.py)
+        # --threads loads at once over every dataset that may load concurrently (producer/loading/samplepool.py)
         self._samples = SamplePool(DEFAULT_THREADS if threads is None else threads)
         self.buffers = BufferPool(limit=buffers)
         self.own: Served | None = None
@@ -164,8 +174,10 @@ class DatasetPool:
 
     def _pools(self, dataset: Any) -> tuple[SamplePool | None, BufferPool]:
         """The sample pool and buffer pool a dataset's batcher uses: the shared ones, but a dataset whose loads must
-        not overlap (:func:`~ferry.producer.loading.loads_concurrently`) gets None, a pool of one thread of its own."""
-        return (self._samples if loads_concurrently(dataset, self._threads) else None), self.buffers
+        not overlap (:func:`~ferry.producer.loading.samples.loads_concurrently`, or ``--seed-per-sample 1``, whose
+        seeds are process-wide) gets None, a pool of one thread of its own."""
+        concurrent = loads_concurrently(dataset, self._threads) and self._seed_per_sample is not True
+        return (self._samples if concurrent else None), self.buffers
 
     def bind(self, old: Served | None, new: Served | None) -> None:
         """A connection moves from ``old`` to ``new`` (either None: none)."""
@@ -175,7 +187,7 @@ class DatasetPool:
             new.links += 1
 
     def _served(self, key: str, dataset: Any, label: str, args: dict[str, Any] | None, collate: Any) -> Served:
-        announce, bound, iterable = announcement(dataset, label, args)
+        announce, bound, iterable = announcement(dataset, label, args, canaries=self._canaries)
         batcher = self._make(dataset, collate, self._pools(dataset))
         return Served(key, dataset, batcher, announce, bound, iterable)
 

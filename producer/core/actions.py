@@ -1,5 +1,5 @@
-"""What a producer's connection state machine (:mod:`ferry.producer.connection`) asks of its poll loop: the
-actions returned by each event, applied by :mod:`ferry.producer.service`; and the phases of a connection."""
+"""What a producer's connection state machine (:mod:`ferry.producer.core.connection`) asks of its poll loop: the
+actions returned by each event, applied by :mod:`ferry.producer.io.service`; and the phases of a connection."""
 
 from __future__ import annotations
 

@@ -37,8 +37,8 @@ from ferry.common.encoder import encode_tree
 from ferry.common.sampleinfo import loading
 from ferry.common.shardplan import SHARD_STRIDE, is_sharded, shard_names, shuffle_buffer, shuffled
 from ferry.common.streamplan import is_iterable
-from ferry.producer.convert import convert as default_convert
-from ferry.producer.jobs import Outcome
+from ferry.producer.loading.convert import convert as default_convert
+from ferry.producer.core.jobs import Outcome
 
 __all__ = ["MAX_CURSORS", "ShardRunner", "runner_for"]
 
@@ -65,7 +65,7 @@ class _Queued:
 class ShardRunner:
     """Runs streaming jobs: per shard in ``k`` order, one worker per shard at a time.
 
-    An iterable dataset's streams run the same way (:class:`ferry.producer.streams.StreamRunner`), through the
+    An iterable dataset's streams run the same way (:class:`ferry.producer.loading.streams.StreamRunner`), through the
     hooks :meth:`_key` (which jobs share a cursor and run in turn), :meth:`_open` (a fresh iterator), :meth:`_tag`
     (what else a cursor must match) and :meth:`_reading` (around a batch's reading).
     """
@@ -289,7 +289,7 @@ def runner_for(dataset: Any, **parts: Any) -> ShardRunner | None:
     if is_sharded(dataset):
         return ShardRunner(dataset, **parts)
     if is_iterable(dataset):
-        from ferry.producer.streams import StreamRunner
+        from ferry.producer.loading.streams import StreamRunner
 
         return StreamRunner(dataset, **parts)
     return None

@@ -1,16 +1,16 @@
 """The producer service: one poll loop that owns every DEALER socket and applies what the state machines decide.
 
-Each consumer connection is a :class:`~ferry.producer.links.Link`: a DEALER socket and a
-:class:`~ferry.producer.connection.Connection`, the pure state machine of that connection (its lifecycle is
-drawn there). Which connections exist is decided by :class:`~ferry.producer.discovery.Discovery` (one per
-endpoint, or per address of an endpoint's name, kept fresh): :mod:`ferry.producer.linkset`. The loop reads the
+Each consumer connection is a :class:`~ferry.producer.io.links.Link`: a DEALER socket and a
+:class:`~ferry.producer.core.connection.Connection`, the pure state machine of that connection (its lifecycle is
+drawn there). Which connections exist is decided by :class:`~ferry.producer.core.discovery.Discovery` (one per
+endpoint, or per address of an endpoint's name, kept fresh): :mod:`ferry.producer.io.linkset`. The loop reads the
 clock, feeds the machines their events (messages, ticks, lookups, the fate of a send, the socket becoming
 writable while a HELLO waits for a connection, stop) and carries out the actions they return: send HELLO /
-PING / BYE (:mod:`ferry.producer.outbox`), run a TASK, open, rebuild or close a connection, log. Each turn it
+PING / BYE (:mod:`ferry.producer.io.outbox`), run a TASK, open, rebuild or close a connection, log. Each turn it
 also writes the status that the engine's probes read (:mod:`ferry.producer.status`).
 
-Threads: the main loop (this module), the batcher's pools (:mod:`ferry.producer.batcher`), the compression pool,
-``ferry-open`` (named datasets, :mod:`ferry.producer.pool`), ``ferry-resolve`` (DNS, :mod:`ferry.producer.resolver`)
+Threads: the main loop (this module), the batcher's pools (:mod:`ferry.producer.loading.batcher`), the compression pool,
+``ferry-open`` (named datasets, :mod:`ferry.producer.loading.pool`), ``ferry-resolve`` (DNS, :mod:`ferry.producer.io.resolver`)
 and, with ``--metrics-port``, ``ferry-metrics``.
 Shutdown order, on SIGTERM / SIGINT / ``stop()``: the main loop leaves its poll, marks its status ``stopping``,
 says BYE on every serving connection (the consumer re-issues what it held here, charging no attempt), closes
@@ -40,23 +40,23 @@ from ferry.common.errors import ProtocolError
 from ferry.common.ratelimit import RateLimitedLog
 from ferry.common.waker import Waker
 
-from ferry.producer.batcher import Batcher, Job, Outcome
-from ferry.producer.pool import DatasetPool
-from ferry.producer.sharing import Sharing
-from ferry.producer.compressing import FrameCompressor
+from ferry.producer.loading.batcher import Batcher, Job, Outcome
+from ferry.producer.loading.pool import DatasetPool
+from ferry.producer.core.sharing import Sharing
+from ferry.producer.loading.compressing import FrameCompressor
 from ferry.producer.config import ProducerConfig
-from ferry.producer.connection import (
+from ferry.producer.core.connection import (
     EXIT_OK, Action, AnswerBye, CheckAddress, FailTask, Log, OpenDataset, Rebuild, RunTask, SendBye, SendHello,
     SendPing, Stale, exit_code,
 )
 from ferry.producer.exits import EXIT_STUCK
-from ferry.producer.links import Link, announced_frame_bytes
-from ferry.producer.linkset import LinkSet
+from ferry.producer.io.links import Link, announced_frame_bytes
+from ferry.producer.io.linkset import LinkSet
 from ferry.producer.logs import fields
-from ferry.producer.outbox import Outbox, hello_fields
+from ferry.producer.io.outbox import Outbox, hello_fields
 from ferry.producer.health import Health
 from ferry.producer.status import PROBES, SERVING, STARTING, STOPPING
-from ferry.producer.stuck import StuckLoads
+from ferry.producer.core.stuck import StuckLoads
 
 log = logging.getLogger("ferry.producer")
 
@@ -70,7 +70,7 @@ class Producer:
 
     def __init__(self, config: ProducerConfig, dataset: Any) -> None:
         """``dataset``: the producer's own (``--dataset``), opened; None for a pool that serves only the datasets its
-        consumers name (producer/pool.py)."""
+        consumers name (producer/loading/pool.py)."""
         self.config = config
         self.producer_id = uuid.uuid4().hex[:12]
         self.name = f"{pysocket.gethostname()}:{os.getpid()}"
@@ -81,7 +81,7 @@ class Producer:
         self._poller = zmq.Poller()
         self._metrics = None
         self._health = Health(config.status_file, config.stuck_after, self.figures)  # status file and probes
-        # the consumer connections, as the endpoints and what their names resolve to call for (producer/linkset.py);
+        # the consumer connections, as the endpoints and what their names resolve to call for (producer/io/linkset.py);
         # each checks TASK indices against the dataset it is bound to (its own, until a consumer names another)
         self._links = LinkSet(config, ctx=self._ctx, poller=self._poller, waker=self._waker,
                               say_bye=lambda link: self._apply(link, link.conn.stop()),
@@ -97,9 +97,12 @@ class Producer:
             dataset, label=config.dataset_label, allowed=config.allow_dataset, threads=config.threads,
             buffers=(config.slots + config.tasks_ahead) * connections + 2, own_collate=config.collate,
             wake=self._waker.wake,
+            seed_per_sample=config.seed_per_sample,
+            canaries=not config.exit_with_parent,  # a loader's local producers are its own copies: none to check
             make_batcher=lambda ds, collate, shared: Batcher(
                 ds, collate_fn=collate, threads=config.pool_threads, batch_workers=workers, done=self._done,
-                waker=self._waker, compressor=self._compressor, shared=shared))
+                waker=self._waker, compressor=self._compressor, shared=shared,
+                seed_per_sample=config.seed_per_sample))
         own = datasets.own
         # the datasets its consumers name, and a TASK's turn among theirs: at most --slots run at once (sharing.py)
         self._sharing = Sharing(datasets, limit=config.slots)
@@ -330,7 +333,7 @@ class Producer:
         """Stop the batcher: queued work is cancelled, running samples get ``drain_timeout`` seconds. Their tasks
         went back to the consumers with the BYE, so nothing waits for them: past the bound the process exits
         without them (exit_past_lingering_threads), and the abandoned threads go with it. A producer leaving
-        for stuck loads (producer/stuck.py) waits for none: what runs is what holds it."""
+        for stuck loads (producer/core/stuck.py) waits for none: what runs is what holds it."""
         pending = self._sharing.pending
         closer = threading.Thread(target=self._sharing.close, name="ferry-drain", daemon=True)
         closer.start()

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ferry.producer.collate import CollateError, describe, odd_ones_out, signature
-from ferry.producer.loading import BatchFailed, error_record, sample_file
+from ferry.producer.loading.collate import CollateError, describe, odd_ones_out, signature
+from ferry.producer.loading.samples import BatchFailed, error_record, sample_file
 
 __all__ = ["collate_or_blame", "whole_batch"]
 
