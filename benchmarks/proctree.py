@@ -1,7 +1,7 @@
 """What a whole process tree costs: peak memory (PSS) and CPU seconds of a process and everything it starts.
 
 A system under measurement runs as one child process (``Popen``) with a marker variable in its environment
-(``FERRY_BENCH_TREE=<token>``), which every process it starts inherits: its workers, its producers, a Ray
+(``BENCH_PROCESS_TREE=<token>``), which every process it starts inherits: its workers, its producers, a Ray
 cluster's daemons and workers. :class:`TreeSampler` looks every ``interval`` seconds at every process that is the
 child, descends from it, or carries the marker (so a daemon that was re-parented to init still counts), and
 keeps:
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 __all__ = ["TreeSampler", "TreeFigures", "MARKER"]
 
-MARKER = "FERRY_BENCH_TREE"
+MARKER = "BENCH_PROCESS_TREE"
 _TICK = os.sysconf("SC_CLK_TCK")
 
 

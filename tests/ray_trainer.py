@@ -25,11 +25,13 @@ import argparse
 import json
 import logging
 import os
+import subprocess
+import sys
 import time
 
 import ray
 
-from ferry import CurveOptions, RemoteLoader
+from ferry import CurveOptions, ProducerExitError, RemoteLoader
 from ferry.common.security import CurveClient
 from ferry.producer import ProducerConfig
 from ferry.ray import ProducerActor, RayProducers
@@ -136,6 +138,18 @@ def kill_phase(args, loader: RemoteLoader, control: Control) -> None:
                 assert time.monotonic() < deadline, f"the restarted actor never joined: {loader.stats()['per_producer']}"
                 time.sleep(0.05)
             control.note(fails_once=names, failed_once=os.path.exists(once), fails_once_stats=restarted.stats())
+        # a configuration error (a spec that does not resolve, exit status 2): ended for good, nothing restarted
+        with RayProducers(loader, producers=2, dataset="tests.engine_datasets:NoSuchDataset") as broken:
+            try:
+                broken.wait_serving(timeout=90)
+                outcome: dict = {"served": True}
+            except ProducerExitError as exc:
+                outcome = {"status": exc.status, "message": str(exc)}
+            deadline = time.monotonic() + 60
+            while broken.stats()["actors"]:  # both fail alike, and each is ended for good
+                assert time.monotonic() < deadline, f"actors left after a configuration error: {broken.stats()}"
+                time.sleep(0.05)
+            control.note(config_error=outcome, config_error_stats=broken.stats())
 
 
 def demand_phase(args, loader: RemoteLoader, control: Control) -> None:
@@ -179,6 +193,35 @@ def demand_phase(args, loader: RemoteLoader, control: Control) -> None:
         count = check_epoch(loader, length, batch, 2, each)
         control.note(demand_batches=count, demand_phase=phase, demand_target=changes, demand_live=live,
                      demand_needed=needed)
+
+
+SEPARATE_SAMPLES = 600
+
+
+def separate_phase(args, loader: RemoteLoader, control: Control) -> None:
+    """Producers from another driver, which has no loader: started, scaled by the demand they hear, stopped."""
+    stop, out = os.path.join(args.control, "separate-stop"), os.path.join(args.control, "separate.json")
+    with open(os.path.join(args.control, "driver.out"), "wb") as log:
+        driver = subprocess.Popen([sys.executable, "-m", "tests.ray_driver", "--address", args.address, "--endpoint",
+                                   loader.endpoints[0], "--keys", args.keys, "--length", str(SEPARATE_SAMPLES),
+                                   "--stop", stop, "--out", out], stdout=log, stderr=subprocess.STDOUT)
+    live: list = []
+    started = control.now()
+
+    def each(seq: int) -> None:
+        producers = loader.stats()["producers"]
+        if not live or live[-1][1] != producers:
+            live.append([round(control.now() - started, 3), producers])
+        time.sleep(args.fast_step)  # a loop that needs more producers than the driver may start
+    try:
+        count = check_epoch(loader, SEPARATE_SAMPLES, 4, 3, each)
+    finally:
+        open(stop, "w").close()
+        code = driver.wait(120)
+    with open(out) as f:
+        seen = json.load(f)
+    control.note(separate_batches=count, separate_live=live, separate_driver=seen, separate_code=code,
+                 separate_seen=loader.stats()["producers_seen"])
 
 
 def main() -> None:
@@ -231,6 +274,8 @@ def main() -> None:
                      kill_per_producer=sorted(stats["per_producer"]))
     with loader_of(args.demand_samples, 0.05, until=args.fast_file) as loader:
         demand_phase(args, loader, control)
+    with loader_of(SEPARATE_SAMPLES, 0.05) as loader:
+        separate_phase(args, loader, control)
     control.note(authorized_after=sorted(os.listdir(keys.authorized_keys)))
     control.dump("result.json", control.result)
     ray.shutdown()

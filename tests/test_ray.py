@@ -5,12 +5,15 @@ training script on the head node (tests/ray_trainer.py) whose producers are Ray 
 * an epoch exact with a busy producer actor ``ray.kill``ed: its tasks issued again within 1 s, the loader told by
   the manager (its log names the actor's death), not by the heartbeat (10 s here); the actor replaced; another one
   killed with a restart: told too, and serving again; one whose dataset fails to open at first (exit status 4):
-  restarted by Ray, it serves;
+  restarted by Ray, it serves; actors whose spec does not resolve (exit status 2): ended for good, never restarted,
+  the manager raising ProducerExitError;
 * an intruder actor with a key pair the loader never authorized and a dataset of the same fingerprint but other
   values: denied at the CURVE handshake, it delivers nothing;
 * ``producers="auto"``: a loop that needs more producers than it has, then one: the actors follow the loader's
   demand gauge up and down mid-epoch, each within 15 s of the loop's change, with at most one change of
   direction a minute;
+* from a separate driver (another process, no loader): producer actors from the loader's endpoint and key files,
+  their count following the demand they hear in their consumer's PINGs;
 * nothing left: no producer actor once the manager closed, the key it authorized removed, and after the cluster's
   teardown no process in its namespaces, no namespace, no folder.
 
@@ -101,6 +104,10 @@ def test_ray_actors_serve_an_exact_epoch_through_a_kill_follow_demand_and_keep_a
         after = result["kill_after"]
         assert len(after) == 2 and not {dead["victim"], restarted["victim"]} & set(after), after
         assert result["kill_batches"] == 40
+        # exit status 2 (a spec that does not resolve): ProducerExitError from wait_serving, the actors ended for good
+        broken = result["config_error"]
+        assert broken.get("status") == 2 and "NoSuchDataset" in broken["message"], broken
+        assert result["config_error_stats"]["actors"] == [] and result["config_error_stats"]["failure"], result
         # exit status 4 (its dataset did not open): the process ended, Ray restarted the actor, and it serves
         assert result["failed_once"] and len(result["fails_once"]) == 1, result
         assert "DatasetOpenError" in output and "(exit status 4)" in output, report
@@ -123,6 +130,13 @@ def test_ray_actors_serve_an_exact_epoch_through_a_kill_follow_demand_and_keep_a
         turns = [at for (_, a), (at, b) in zip(directions, directions[1:]) if a != b]
         assert len(turns) == 1 and all(b - a >= REVERSAL_S for a, b in zip(turns, turns[1:])), target
         assert [value for _, value in target][0] == 1 and max(v for _, v in target) == MOST, target
+
+        # a separate driver, with no loader: the actors it starts serve an exact epoch, and follow the demand their
+        # producers hear (1 -> 2), then stop when it closes
+        driver = result["separate_driver"]
+        assert result["separate_code"] == 0 and driver["stopped"] and result["separate_batches"] == 150, result
+        assert [t for _, t in driver["targets"]] == [1, 2], driver
+        assert max(n for _, n in result["separate_live"]) == 2, result["separate_live"]
 
         # the manager's key was authorized while its actors ran, and removed with them
         assert len(result["authorized_during"]) == len(authorized) + 1, result["authorized_during"]

@@ -57,7 +57,7 @@ def test_a_failure_that_a_restart_repeats_kills_the_actor_and_starts_nothing_any
     actions = fleet.failed(0, "ConfigError: no such dataset")
     assert Kill(0) in actions and Gone("node0:100", "its Ray actor failed: ConfigError: no such dataset") in actions
     assert any(isinstance(a, Log) and a.level == logging.ERROR for a in actions)
-    assert fleet.failure == "ConfigError: no such dataset"
+    assert fleet.failure == "ConfigError: no such dataset" and fleet.failure_status == 2
     assert fleet.scale_to(2, now=1.0) == [] and fleet.tick(100.0) == []
     assert fleet.died(1, restarting=False, why="x", now=2.0)[-1] == Kill(1) and not fleet.due  # not replaced
 

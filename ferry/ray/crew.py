@@ -214,7 +214,8 @@ class Crew:
         except exceptions.RayTaskError as exc:
             if method == SERVE:
                 cause = exc.cause if isinstance(exc.cause, ProducerExitError) else exc
-                self._event(lambda now: self.fleet.failed(place, _first_line(cause)))
+                status = getattr(cause, "status", 2)
+                self._event(lambda now: self.fleet.failed(place, _first_line(cause), status))
             else:
                 log.warning("ferry.ray: producer actor %d: %s() failed: %s", place, method, _first_line(exc))
             return

@@ -123,6 +123,7 @@ class Fleet:
         self.members: dict[int, Member] = {}
         self.due: dict[int, float] = {}  # place -> when its replacement starts [time.monotonic()]
         self.failure = ""  # a failure a restart repeats: nothing is started once it is set
+        self.failure_status = 0  # its exit status (2 or 3)
         self.closing = False
 
     # --- figures -----------------------------------------------------------------------------------------
@@ -223,8 +224,9 @@ class Fleet:
             actions += self._replace(place, now)
         return actions
 
-    def failed(self, place: int, reason: str) -> list[Action]:
-        """Its ``serve()`` raised a failure that a restart repeats: end it, start nothing any more."""
+    def failed(self, place: int, reason: str, status: int = 2) -> list[Action]:
+        """Its ``serve()`` raised a failure that a restart repeats (exit ``status``: 2, its configuration, or 3, a
+        permanent rejection): end it, start nothing any more."""
         member = self.members.pop(place, None)
         if member is None:
             return []
@@ -234,7 +236,7 @@ class Fleet:
         if member.name:
             actions.append(Gone(member.name, f"its Ray actor failed: {reason}"))
         if not self.failure:
-            self.failure = reason
+            self.failure, self.failure_status = reason, status
             self.due.clear()
             actions.append(Log(logging.ERROR, f"ferry.ray: producer actor {place} failed, and a restart would fail "
                                               f"the same way, so no producer actor is started any more: {reason}"))

@@ -176,9 +176,10 @@ class RayProducers:
     def _check(self) -> None:
         if self._crew.failure is not None:
             raise ConfigError(f"ferry.ray: the watch thread failed: {self._crew.failure!r}") from self._crew.failure
-        failure = self._crew.fleet.failure
-        if failure:
-            raise ProducerExitError(f"ferry.ray: a producer actor failed, and no more are started: {failure}", 2)
+        fleet = self._crew.fleet
+        if fleet.failure:
+            raise ProducerExitError(f"ferry.ray: a producer actor failed, and no more are started: {fleet.failure}",
+                                    fleet.failure_status)
 
     def __repr__(self) -> str:
         with self._crew.lock:
