@@ -3,7 +3,9 @@
 A batch tree may hold, besides plain containers and leaves (docs/ARCHITECTURE.md#batch-codec):
 
 * **namedtuples** (``PackedSequence`` is one): their class's ``module:qualname`` and fields travel; the receiver
-  uses its own class if it has it (:func:`namedtuple_class`), else a namedtuple made on the spot;
+  uses its own class if it has it (:func:`namedtuple_class`; the training script's own, ``__main__``, also under the
+  name a producer imported the script as: ``__mp_main__``, or ``train`` for ``--dataset train:Samples``), else a
+  namedtuple made on the spot;
 * **typed containers**: a dict, list or tuple subclass (what ``default_collate`` keeps), or a dataclass (a dict
   of its fields). The plain container travels with its class's name; the receiver rebuilds that class only if
   it is already imported there and has the same shape (:func:`typed_class`), else keeps the plain container;
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import sys
 import threading
 from typing import Any, Callable
@@ -71,7 +74,7 @@ def find_class(name: str, what: str = "class", path: str = "batch") -> type | No
         ProtocolError: ``name`` is not of the form ``module:qualname`` or is too long.
     """
     module_name, qualname = check_class_name(name, what, path)
-    found: Any = sys.modules.get(module_name)
+    found: Any = sys.modules.get(module_name) or _main_named(module_name)
     for part in qualname.split("."):
         if found is None or not part.isidentifier():
             return None
@@ -80,6 +83,21 @@ def find_class(name: str, what: str = "class", path: str = "batch") -> type | No
         except TypeError:  # no __dict__
             return None
     return found if isinstance(found, type) else None
+
+
+def _main_named(module_name: str) -> Any:
+    """The training script's module (``__main__``) where ``module_name`` is the name a producer imported that script
+    under (a producer started with ``--dataset train:Samples`` for ``python train.py`` has it as ``train``; ``python
+    -m pkg.train`` as ``pkg.train``), so that the trainer's own class comes back, not a look-alike. Nothing is
+    imported: only the script's own spec name, or the stem of its file for a script run by path."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None:
+        return main if spec.name == module_name else None
+    path = getattr(main, "__file__", None)
+    if isinstance(path, str) and "." not in module_name and os.path.splitext(os.path.basename(path))[0] == module_name:
+        return main
+    return None
 
 
 _made_namedtuples: dict[tuple[str, tuple[str, ...]], type] = {}

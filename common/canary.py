@@ -17,7 +17,9 @@ A remote producer announces its canaries in its HELLO (``dataset.canary``); the 
 (a trainer that holds the dataset object loads them itself, in its own process, its generators put back) or with
 those of the first producer it admitted (a trainer given only a spec), and refuses a producer whose samples differ,
 naming the sample and what differs (:func:`mismatch`). A loader's own local producers are its own copies of the
-dataset and load none. This module imports neither numpy nor torch itself.
+dataset and load none. A dataset whose samples differ from process to process by design (they name the process or
+the host that loaded them) says ``canary_values = False``: only its structure is compared. This module imports
+neither numpy nor torch itself.
 """
 
 from __future__ import annotations
@@ -142,6 +144,7 @@ def probe(dataset: Any, indices: Iterable[int], *, in_trainer: bool = False) -> 
                 return f"raised {type(exc).__name__}", f"raised {type(exc).__name__}"
         return structure(sample), _digest_of(sample)
 
+    values = values_compared(dataset)
     canaries = []
     for index in indices:
         if in_trainer:
@@ -149,8 +152,23 @@ def probe(dataset: Any, indices: Iterable[int], *, in_trainer: bool = False) -> 
                 (shape, first), (_, second) = load(index), load(index)
         else:
             (shape, first), (_, second) = load(index), load(index)
-        canaries.append(Canary(index, shape, first if first == second else None))
+        canaries.append(Canary(index, shape, first if values and first == second else None))
     return canaries
+
+
+def values_compared(dataset: Any) -> bool:
+    """Whether a dataset's canary values are compared: not where it says ``canary_values = False`` (its samples name
+    the process, the host or the time that made them, so they differ from producer to producer by design; only
+    their structure is compared), looked up through a producer transform's wrapper too."""
+    from ferry.common.datasets import Transformed
+
+    while True:
+        flag = getattr(dataset, "canary_values", None)
+        if flag is not None:
+            return bool(flag)
+        if not isinstance(dataset, Transformed):
+            return True
+        dataset = dataset.dataset
 
 
 def mismatch(expected: list[Canary], announced: list[Canary], whose: str) -> str | None:
@@ -167,7 +185,8 @@ def mismatch(expected: list[Canary], announced: list[Canary], whose: str) -> str
         if mine.digest is not None and other.digest is not None and mine.digest != other.digest:
             return (f"its sample {mine.index} holds other values than {whose}, of the same structure "
                     f"({mine.structure}): other files, another version of the dataset's code, or a transform drawing "
-                    "from a generator of its own (docs/troubleshooting.md#a-producer-is-refused)")
+                    "from a generator of its own; a dataset whose samples name the process that made them says "
+                    "canary_values = False (docs/troubleshooting.md#a-producer-is-refused)")
     return None
 
 

@@ -24,6 +24,7 @@ which runs before ``multiprocessing`` stops the daemonic children and joins the 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import multiprocessing.util
 import types
@@ -34,7 +35,7 @@ import torch
 
 from ferry.common import validate as check
 from ferry.common.constants import DEFAULT_BUFFER_BATCHES, DEFAULT_LOG_EVERY_S
-from ferry.common.errors import ConfigError, LoaderClosedError
+from ferry.common.errors import ConfigError, ConfigTypeError, LoaderClosedError
 
 from ferry.consumer.core import sequencer_for
 from ferry.consumer.epoch import EpochIterator, EpochParts, RunCounter
@@ -91,6 +92,15 @@ class RemoteLoader:
     device, pin_memory, device_transform, on_error, log_every = Option(), Option(), Option(), Option(), Option()
     endpoints = Option(lambda loader: loader._endpoints)  # bound: the given ones and local mode's ipc socket
     local, transport, curve = Option(), Option(), Option()  # the groups as resolved (local and curve: None if off)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "RemoteLoader":
+        if args:  # DataLoader's call shape, RemoteLoader(ds, batch_size=8): say what to write instead
+            raise ConfigTypeError(
+                f"RemoteLoader takes keyword arguments only, and got {len(args)} positional "
+                f"({', '.join(type(a).__name__ for a in args[:3])}): write RemoteLoader(dataset=ds, batch_size=..., "
+                f"local_producers=N), or port with `from ferry import DataLoader`, which takes DataLoader's own "
+                f"arguments as they are (DataLoader(ds, 8, shuffle=True, num_workers=4); docs/porting.md)")
+        return super().__new__(cls)
 
     def __init__(
         self, *,
@@ -345,3 +355,9 @@ class RemoteLoader:
         s = self.stats()
         return (f"<RemoteLoader [{s['producers']} producers | buffered {s['buffered']}, in flight "
                 f"{s['in_flight']} of {self.buffer_batches} | {s['batches']} batches] {', '.join(self.endpoints)}>")
+
+
+# help() and inspect.signature(RemoteLoader) show __init__'s keywords, not the (*args, **kwargs) of __new__, whose only
+# job is to answer DataLoader's positional call shape with what to write instead
+RemoteLoader.__signature__ = inspect.signature(RemoteLoader.__init__).replace(  # type: ignore[attr-defined]
+    parameters=[p for p in inspect.signature(RemoteLoader.__init__).parameters.values() if p.name != "self"])

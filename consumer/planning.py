@@ -16,11 +16,41 @@ from typing import Any, Callable
 
 from ferry.common.constants import POLL_SLICE_S
 from ferry.common.errors import ConfigError
-from ferry.common.plan import GeneratorOrder, build_plan, plan_length
+from ferry.common.plan import EpochPlan, GeneratorOrder, build_plan, plan_length
 from ferry.common.shardplan import build_shard_plan, is_sharded, shard_lengths
 from ferry.common.streamplan import AUTOSCALED, StreamPlan, check_iterable_options, is_iterable, iterable_len
 
-__all__ = ["EpochPlanner", "SamplerEpoch"]
+__all__ = ["EpochPlanner", "SamplerEpoch", "GivenPlans"]
+
+
+class GivenPlans:
+    """The batches of each epoch given whole by the loader's owner, in place of a ``sampler`` or ``batch_sampler``:
+    :class:`ferry.DataLoader` draws each pass from torch's samplers (consumer/passes.py) and gives its plan here
+    before it starts the pass's run (``give``), and the planner takes it as it is (``plan``). Iterable as a batch
+    sampler is (its current plan's batches), so that every rule of a loader with a ``batch_sampler`` applies."""
+
+    def __init__(self) -> None:
+        self._plan: EpochPlan | None = None
+
+    def give(self, plan: EpochPlan) -> None:
+        self._plan = plan
+
+    def plan(self, epoch: int) -> EpochPlan:
+        """The plan given for ``epoch``.
+
+        Raises:
+            ConfigError: none was given for that epoch (a bug of the owner: each run is given its plan first).
+        """
+        if self._plan is None or self._plan.epoch != epoch:
+            raise ConfigError(f"no plan was given for epoch {epoch}")
+        return self._plan
+
+    def __iter__(self) -> Any:
+        plan = self._plan
+        return iter([] if plan is None else [plan.batch(seq) for seq in range(len(plan))])
+
+    def __len__(self) -> int:
+        return 0 if self._plan is None else len(self._plan)
 
 
 class SamplerEpoch:
@@ -109,6 +139,9 @@ class EpochPlanner:
             return build_shard_plan(epoch=epoch, shard_count=shard_count, batch_size=o.batch_size,
                                     shuffle=o.shuffle, seed=o.seed, drop_last=o.drop_last, rank=o.rank,
                                     world_size=o.world_size, lengths=self._shard_lengths)
+        given = o.batch_sampler if isinstance(o.batch_sampler, GivenPlans) else o.sampler
+        if isinstance(given, GivenPlans):
+            return given.plan(epoch)
         dataset_len = None if (o.sampler is not None or o.batch_sampler is not None) else self.dataset_len(check_health)
         order = None
         if self._order is not None and o.shuffle and dataset_len is not None:

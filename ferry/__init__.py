@@ -3,11 +3,13 @@
 Producers (``python -m ferry.producer``) read and collate batches on any machine and stream them over
 ZeroMQ to :class:`RemoteLoader`, a bounded, staged iterator inside the training script.
 
-The public API is this module: ``from ferry import RemoteLoader``, its option groups (``LocalOptions``,
+The public API is this module: ``from ferry import DataLoader`` (torch's DataLoader, one import to port:
+docs/porting.md), ``from ferry import RemoteLoader``, its option groups (``LocalOptions``,
 ``TransportOptions``, ``CurveOptions``), the error types below, :func:`register_batch_type` (a batch class of your
 own over the network), and :func:`keep_freed_memory`, the one process-wide setting Ferry offers a training script
 (a loader never changes its process's settings itself).
-Importing ``ferry`` does not import torch (the producer image has none): ``RemoteLoader`` is loaded on first use.
+Importing ``ferry`` does not import torch (the producer image has none): ``DataLoader`` and ``RemoteLoader`` are
+loaded on first use.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from ferry.common.errors import (
 from ferry.consumer.options import CurveOptions, LocalOptions, TransportOptions
 
 __all__ = [
+    "DataLoader",
     "RemoteLoader",
     "sample_info",
     "SampleInfo",
@@ -84,4 +87,8 @@ def __getattr__(name: str) -> Any:
         from ferry.consumer.loader import RemoteLoader
 
         return RemoteLoader
+    if name == "DataLoader":  # lazily too: torch's DataLoader signature, Ferry's producers (docs/porting.md)
+        from ferry.consumer.dataloader import DataLoader
+
+        return DataLoader
     raise AttributeError(f"module 'ferry' has no attribute {name!r}")

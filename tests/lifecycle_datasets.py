@@ -75,6 +75,8 @@ class SynchronizedSeedDataset:
 class SeedDataset:
     """Sample i: (i, the loading process's ``torch.initial_seed()``, its pid), each after ``delay`` seconds."""
 
+    canary_values = False  # its samples name the process that loaded them
+
     def __init__(self, length: int = 64, delay: float = 0.0) -> None:
         self.length, self.delay = int(length), float(delay)
 

@@ -46,12 +46,6 @@ def xfail(reason: str) -> Any:
 
 # --- gaps of issue 18 ----------------------------------------------------------------------------------------
 
-# --- gaps these tests found that issue 18 does not list yet (reported with the branch) -----------------------
-DATASET_AT_BUILD = ("not in issue 18 yet: the dataset is taken when the loader is built: producers start (and copy "
-                    "it) in RemoteLoader(), and len() is fixed then; DataLoader's workers copy it at the first "
-                    "iter() and len() follows len(dataset)")
-
-
 class SharedLoaders:
     """Loaders built once per (dataset, options) and shared by the read-only cases of one test module and
     start method; each case iterates whole epochs, so none sees another's state. All are closed at teardown,

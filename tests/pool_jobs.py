@@ -61,7 +61,8 @@ class Job:
     def close(self) -> None:
         self.stop.set()
         self._resume.set()
-        self.thread.join(30)
+        if self.thread.ident is not None:  # started (a test skipped before it starts closes it too)
+            self.thread.join(30)
         self.loader.close()
         assert not self.thread.is_alive() and self.failure is None, self.failure
 

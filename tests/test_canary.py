@@ -60,6 +60,16 @@ def test_a_dataset_with_randomness_of_its_own_is_checked_for_structure_only():
     assert mismatch(canaries, [Canary(0, "ndarray float64 (3,)", None)], "x") is not None
 
 
+def test_a_dataset_whose_samples_name_their_process_says_so_and_is_checked_for_structure_only():
+    from ferry.common.datasets import Transformed
+
+    from .datasets import PidDataset
+
+    assert all(c.digest is None for c in probe(PidDataset(8), canary_indices(8)))
+    assert all(c.digest is None for c in probe(Transformed(PidDataset(8), lambda s: s), canary_indices(8)))
+    assert all(c.digest is not None for c in probe(Tiles(8), canary_indices(8)))
+
+
 def test_structure_names_containers_dtypes_and_shapes():
     sample = {"image": np.zeros((2, 3), np.uint8), "label": 3, "name": "a", "extra": [torch.zeros(2, dtype=torch.int64)]}
     assert structure(sample) == ("dict{'image': ndarray uint8 (2, 3), 'label': int, 'name': str, "

@@ -18,12 +18,13 @@ import pytest
 import torch
 from torch.utils.data import IterableDataset, TensorDataset, get_worker_info
 
+import ferry
 from ferry import RemoteLoader
 
 from . import parity_datasets as pd
 from .helpers import local_producer_pids, wait_for
 from .parity_support import (
-    BULK_START_METHODS, COMMON, DATASET_AT_BUILD, START_METHODS, keep_for_spawn, local, xfail,
+    BULK_START_METHODS, COMMON, START_METHODS, WORKERS, keep_for_spawn, local,
 )
 
 #: one DataLoader worker: one loading thread, one batch at a time
@@ -217,26 +218,28 @@ def test_dataset_not_reset(method):
             dataset.start = epoch
 
 
-@xfail(DATASET_AT_BUILD)
 def test_dataset_not_reset_start_set_after_build():
-    """torch: TestDataLoaderPersistentWorkers.test_dataset_not_reset as written: ``start = 0`` is set after the
-    loader is built and before the first epoch, and the workers see it."""
+    """torch: TestDataLoaderPersistentWorkers.test_dataset_not_reset as written, with ``ferry.DataLoader`` (which takes
+    the dataset at the first ``iter()``, as DataLoader): ``start = 0`` is set after the loader is built and before
+    the first epoch, and the producers see it; the trainer's later changes do not reach their copy."""
     dataset = pd.StartChecked()
-    with local(dataset, "fork") as loader:
+    with ferry.DataLoader(dataset, num_workers=WORKERS, multiprocessing_context="fork", persistent_workers=True,
+                          **COMMON) as loader:
         dataset.start = 0
         for epoch in range(2):
             assert sum(len(batch) for batch in loader) == 10
             dataset.start = epoch
 
 
-@xfail(DATASET_AT_BUILD)
 def test_growing_dataset():
-    """torch: TestDataLoader.test_growing_dataset: len() follows a dataset that grew after the loader was built,
-    sequential and shuffled."""
+    """torch: TestDataLoader.test_growing_dataset, with ``ferry.DataLoader``: len() follows a dataset that grew after
+    the loader was built, sequential and shuffled (RemoteLoader takes its dataset when built: its len() is fixed)."""
     dataset = [torch.ones(4) for _ in range(4)]
-    with local(dataset, "fork", shuffle=False) as sequential, local(dataset, "fork", shuffle=True) as shuffled:
+    with ferry.DataLoader(dataset, shuffle=False, num_workers=WORKERS, **COMMON) as sequential, \
+            ferry.DataLoader(dataset, shuffle=True, num_workers=WORKERS, **COMMON) as shuffled:
         dataset.append(torch.ones(4))
         assert len(sequential) == 5 and len(shuffled) == 5
+        assert sorted(int(b.shape[0]) for b in shuffled) == [1] * 5
 
 
 # --- what an init may change in its process -----------------------------------------------------------------

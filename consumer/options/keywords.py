@@ -211,7 +211,8 @@ def check_unknown_keywords(extra: Mapping[str, Any]) -> None:
     for name in extra:
         advice = DATALOADER_ONLY.get(name)
         if advice:
-            raise ConfigError(f"RemoteLoader does not take DataLoader's {name}=: {advice}")
+            raise ConfigError(f"RemoteLoader does not take DataLoader's {name}=: {advice}; or port with `from ferry "
+                              f"import DataLoader`, which takes {name}= with its DataLoader meaning (docs/porting.md)")
         raise ConfigTypeError(f"RemoteLoader() got an unexpected keyword argument {name!r}")
 
 
