@@ -64,7 +64,7 @@ def test_serve_returns_0_when_stopped_and_the_epoch_stays_exact(endpoint):
         thread, outcome = run_serve(actor)
         assert_epoch_matches(loader, dataset, epoch=0, batch_size=4, seed=3)
         where = actor.where()
-        assert where["name"] in loader.stats()["per_producer"] and where["pid"] == os.getpid()
+        assert where["name"] in loader.stats()["per_producer"] and where["pid"] == os.getpid() and where["serving"]
         assert actor.figures()["batches_sent"] >= 6
         actor.stop()
         thread.join(10)
@@ -78,6 +78,7 @@ def test_a_configuration_error_raises_producer_exit_error_2_and_never_ends_the_p
     with pytest.raises(ProducerExitError, match="NoSuchDataset") as raised:
         actor.serve()
     assert raised.value.status == 2 and actor.exits == []
+    assert actor.where(timeout=5)["serving"] is False  # it answers at once: serve() ended
     with pytest.raises(ProducerExitError):  # again, as it ended: no second producer in the process
         actor.serve()
 

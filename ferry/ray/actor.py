@@ -29,6 +29,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from typing import Any
 
 from ferry.common.errors import ProducerExitError
@@ -38,6 +39,11 @@ from ferry.producer.exits import EXIT_CRASH, EXIT_OK, EXIT_REJECTED, REPEATS_ON_
 __all__ = ["ProducerActor"]
 
 log = logging.getLogger("ferry.producer")
+
+#: How long ``where()`` waits for the producer to run (a large dataset may take minutes to open). [Unit: second]
+WHERE_TIMEOUT_S = 3600.0
+#: How often it looks. [Unit: second]
+WHERE_POLL_S = 0.05
 
 
 class ProducerActor:
@@ -56,12 +62,15 @@ class ProducerActor:
         self._serving = threading.Lock()
         self._outcome: int | ProducerExitError | None = None
 
-    def where(self) -> dict[str, Any]:
-        """Where its producer runs: ``name`` (``host:pid``, the loader's name for it), the node's address, the pid."""
-        import ray
-
-        return {"name": f"{socket.gethostname()}:{os.getpid()}", "node": ray.util.get_node_ip_address(),
-                "pid": os.getpid()}
+    def where(self, timeout: float = WHERE_TIMEOUT_S) -> dict[str, Any]:
+        """Where its producer runs, once it runs (its dataset open, its sockets up) or ``serve()`` ended, at most
+        ``timeout`` seconds [Unit: second]: ``name`` (``host:pid``, the loader's name for it), the node's address,
+        the pid, and ``serving`` (False: it ended, or did not run within the time)."""
+        deadline = time.monotonic() + timeout
+        while self.handle.figures() is None and self._outcome is None and time.monotonic() < deadline:
+            time.sleep(WHERE_POLL_S)  # the producer is built inside serve(), which says nothing when: polled
+        return {"name": f"{socket.gethostname()}:{os.getpid()}", "node": _node_address(), "pid": os.getpid(),
+                "serving": self.handle.figures() is not None}
 
     def serve(self) -> int:
         """Serve until :meth:`stop` (returns 0). Raises :class:`ProducerExitError` for a failure a restart would
@@ -110,3 +119,12 @@ class ProducerActor:
             except (AttributeError, OSError, ValueError):
                 pass
         os._exit(code)
+
+
+def _node_address() -> str:
+    """The address Ray knows this node by; "" outside Ray (the class used as a plain object)."""
+    try:
+        import ray
+    except ImportError:
+        return ""
+    return ray.util.get_node_ip_address()

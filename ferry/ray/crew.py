@@ -3,9 +3,9 @@
 It feeds the :class:`~ferry.ray.fleet.Fleet` its events and carries out its actions. Each turn: the commands of
 other threads (a count asked for, close), the replacements due, a demand sample once a second (the loader's
 gauge, or without a loader the demand its producers hear in their consumer's PINGs), then a wait on every call
-still out (``ray.wait``, at most ``POLL_S``): each ``where()`` that answers locates an actor; each ``serve()`` that
-ends says how (returned, raised, or its process died: ``ActorDiedError``, or ``ActorUnavailableError`` while Ray
-restarts it). A death is seen within a turn of the wait, and its ``Gone`` reaches the loader's io thread as a
+still out (``ray.wait``, at most ``POLL_S``): each ``where()`` that answers locates an actor whose producer runs;
+each ``serve()`` that ends says how (returned, raised, or its process died: ``ActorDiedError``, or
+``ActorUnavailableError`` while Ray restarts it). A death is seen within a turn of the wait, and its ``Gone`` reaches the loader's io thread as a
 command: its tasks are issued again at once.
 
 The fleet and the actor handles are changed only here, under ``lock``; ``stats()`` and ``handles()`` read them under
@@ -213,14 +213,19 @@ class Crew:
             return  # where(), figures(), stop(): the serve() call says what happened
         except exceptions.RayTaskError as exc:
             if method == SERVE:
-                cause = exc.cause if isinstance(exc.cause, ProducerExitError) else exc
-                status = getattr(cause, "status", 2)
-                self._event(lambda now: self.fleet.failed(place, _first_line(cause), status))
+                if isinstance(exc.cause, ProducerExitError):  # its message and status, apart
+                    reason, status = exc.cause.args[0], exc.cause.status
+                else:
+                    reason, status = _first_line(exc), 2
+                self._event(lambda now: self.fleet.failed(place, reason, status))
             else:
                 log.warning("ferry.ray: producer actor %d: %s() failed: %s", place, method, _first_line(exc))
             return
         if method == WHERE:
-            self._event(lambda now: self.fleet.located(place, value["name"], value["node"]))
+            if value["serving"]:  # else serve() ended (its call says how), or the producer is not up yet: ask again
+                self._event(lambda now: self.fleet.located(place, value["name"], value["node"]))
+            elif place in self._calls and SERVE in self._calls[place].refs.values():
+                self._call(self._calls[place], WHERE)
         elif method == SERVE:
             self._event(lambda now: self.fleet.returned(place, value, now))
         elif method == FIGURES and place in self._calls:
