@@ -17,7 +17,7 @@ training script on the head node (tests/ray_trainer.py) whose producers are Ray 
 * nothing left: no producer actor once the manager closed, the key it authorized removed, and after the cluster's
   teardown no process in its namespaces, no namespace, no folder.
 
-Opt-in (marker ``engine``: ``pytest -m engine tests/test_ray.py``; .ci/run runs it after the suite, about 2.5
+Opt-in (marker ``engine``: ``pytest -m engine tests/test_ray.py``; .ci/run runs it after the suite, about 3
 minutes). Without root, network namespaces or Ray (``pip install 'ferry[ray]'``) it skips; under ``CI=true`` it fails.
 """
 
