@@ -35,7 +35,8 @@ def test_gpu_check_cpu_fallback_runs():
     assert "| H2D 1 MiB | staging" in out.stdout and "| step time | fed by Ferry" in out.stdout
 
 
-@pytest.mark.slow  # scenario 8 on tiny sizes, about 2 minutes: Ray Data's local cluster starts in every run
+@pytest.mark.slow  # scenario 8 on tiny sizes, 1.5-2.5 minutes: Ray Data's local cluster starts in every run
+@pytest.mark.timeout(900)
 def test_ray_data_peer_runs_on_tiny_sizes(tmp_path):
     from . import needs
 
