@@ -5,13 +5,19 @@ producer started by hand with the validation transform on the training files, or
 another crop size, announced the trainer's fingerprint and was admitted. So both sides load a few *canary*
 samples and compare what they hold:
 
-* the indices are a function of the length alone (:func:`canary_indices`: the first, the middle and the last);
-* each is loaded twice under the per-sample seeds of ``(CANARY_SEED, 0, index)`` (torch's, numpy's and Python's
+* the indices are a function of the length alone (:func:`canary_indices`: the first and the last);
+* each is loaded under the per-sample seeds of ``(CANARY_SEED, 0, index)`` (torch's, numpy's and Python's
   generators, :func:`ferry.common.sampleinfo.seed_generators`), so that a random transform drawn from them gives
-  the same pixels on both sides;
+  the same pixels on both sides, and the first once more: three loads in all, before the producer's first HELLO;
 * each gives a :class:`Canary`: the sample's *structure* (containers, dtypes, shapes: :func:`structure`) and a
-  *digest* of its values, or no digest where the two loads differ (a dataset with randomness of its own, which is
-  then checked for structure only).
+  *digest* of its values, or no digest where the first sample's two loads differ (a dataset with randomness of its
+  own, which is then checked for structure only).
+
+Ferry's built-in datasets announce none: their content is their files and decoding options, which their
+fingerprints cover; a producer transform around one is the user's code, and is checked. A dataset that says
+``canary = False`` announces none either (its samples cannot be loaded at start: they wait for something). A sample
+slower than CANARY_BUDGET_S ends the probe there: the producer's start is delayed by one such load at most, and
+that sample is then checked for its structure only.
 
 A remote producer announces its canaries in its HELLO (``dataset.canary``); the consumer compares them with its own
 (a trainer that holds the dataset object loads them itself, in its own process, its generators put back) or with
@@ -24,17 +30,22 @@ neither numpy nor torch itself.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 __all__ = ["Canary", "CANARY_SEED", "MAX_CANARIES", "canary_indices", "structure", "probe", "mismatch",
-           "as_wire", "from_wire", "code_digest"]
+           "as_wire", "from_wire", "code_digest", "checked"]
 
 #: The loader seed canary samples are loaded under (the trainer's own seed is not known when a producer opens).
 CANARY_SEED = 0
+#: A canary load slower than this ends the probe with that sample, checked for its structure only: a producer's
+#: start waits for one slow load at most. [Unit: second]
+CANARY_BUDGET_S = 2.0
 #: At most this many canaries travel in a HELLO (and are checked on receipt).
 MAX_CANARIES = 8
 #: Bounds on the walk of one sample: deeper or larger samples are described as far as these go.
@@ -53,8 +64,8 @@ class Canary:
 
 
 def canary_indices(length: int) -> list[int]:
-    """The samples both sides load: the first, the middle and the last (fewer for a dataset of 1 or 2)."""
-    return sorted({0, length // 2, length - 1}) if length > 0 else []
+    """The samples both sides load: the first and the last (one for a dataset of 1)."""
+    return sorted({0, length - 1}) if length > 0 else []
 
 
 def structure(sample: Any) -> str:
@@ -131,9 +142,9 @@ def _as_array(value: Any) -> Any:
 
 
 def probe(dataset: Any, indices: Iterable[int], *, in_trainer: bool = False) -> list[Canary]:
-    """Load each of ``indices`` twice under its per-sample seeds and describe it. A sample that raises is described
-    by its exception's type. ``in_trainer``: the loads run in the training process, whose generators are put back.
-    """
+    """Load each of ``indices`` under its per-sample seeds, and the first once more, and describe them (without
+    digests where the first's two loads differ). A sample that raises is described by its exception's type.
+    ``in_trainer``: the loads run in the training process, whose generators are put back."""
     from ferry.common.sampleinfo import kept_generators, loading
 
     def load(index: int) -> tuple[str, str]:
@@ -144,16 +155,31 @@ def probe(dataset: Any, indices: Iterable[int], *, in_trainer: bool = False) -> 
                 return f"raised {type(exc).__name__}", f"raised {type(exc).__name__}"
         return structure(sample), _digest_of(sample)
 
-    values = values_compared(dataset)
-    canaries = []
-    for index in indices:
-        if in_trainer:
-            with kept_generators():
-                (shape, first), (_, second) = load(index), load(index)
-        else:
-            (shape, first), (_, second) = load(index), load(index)
-        canaries.append(Canary(index, shape, first if values and first == second else None))
-    return canaries
+    indices = list(indices)
+    if not indices:
+        return []
+    with kept_generators() if in_trainer else contextlib.nullcontext():
+        start = time.monotonic()
+        loaded = [load(indices[0])]
+        if time.monotonic() - start > CANARY_BUDGET_S:  # slow samples: one load is all the start may wait for
+            return [Canary(indices[0], loaded[0][0], None)]
+        loaded += [load(index) for index in indices[1:]]
+        values = values_compared(dataset) and load(indices[0])[1] == loaded[0][1]
+    return [Canary(index, shape, digest if values else None) for index, (shape, digest) in zip(indices, loaded)]
+
+
+def checked(dataset: Any) -> bool:
+    """Whether a map-style dataset's canaries are loaded at all: not for Ferry's own built-in datasets (their
+    fingerprint covers their files and options), but for a user's, or a producer transform around a built-in; not
+    for one that says ``canary = False``."""
+    from ferry.common.datasets import Transformed
+
+    inner = dataset
+    while isinstance(inner, Transformed):
+        inner = inner.dataset
+    if getattr(inner, "canary", True) is False:
+        return False
+    return isinstance(dataset, Transformed) or not type(dataset).__module__.startswith("ferry.")
 
 
 def values_compared(dataset: Any) -> bool:

@@ -228,3 +228,22 @@ MAX_SEED = 2**64 - 1
 MAX_PORT = 65535
 #: Largest batch size bound a loader accepts (an int64 byte count).
 MAX_BATCH_BYTES_LIMIT = 2**63 - 1
+
+# --- the relay (ferry relay, consumer/relay/; docs/relay-protocol.md) ---
+#: The relay's protocol version: its hello says it, and a relay refuses a client of another version, saying both.
+RELAY_PROTOCOL_VERSION = 1
+#: Largest header a relay message may have (its 4-byte length says more: the peer is not speaking this protocol).
+#: [Unit: byte]
+RELAY_MAX_HEADER_BYTES = 1 << 20
+#: Largest text part (an error's traceback, a state): a state of an iterable dataset's streams stays far below.
+#: [Unit: byte]
+RELAY_MAX_TEXT_BYTES = 16 << 20
+#: Items (batches, errors, an epoch's end) a relay sends ahead of what its client consumed, unless the client's hello
+#: asks for another window (at most the loader's buffer_batches): one to read while the next one travels.
+RELAY_DEFAULT_WINDOW = 2
+#: A relay says `ping` to its client when it sent nothing for this long, so that a client waiting for a slow batch
+#: can tell a live relay from a dead one (R's socket reads time out). [Unit: second]
+RELAY_HEARTBEAT_S = 5.0
+#: A send to the relay's client that makes no progress for this long ends that connection (the client is stuck or
+#: gone; a reconnect resends what it had not consumed). [Unit: second]
+RELAY_SEND_TIMEOUT_S = 60.0

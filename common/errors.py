@@ -15,6 +15,7 @@ __all__ = [
     "MissingExtraError",
     "ProtocolError",
     "VersionMismatch",
+    "RelayError",
     "NoProducersError",
     "BatchTimeoutError",
     "RemoteSampleError",
@@ -65,6 +66,11 @@ class VersionMismatch(ProtocolError):
     def __init__(self, theirs: object, ours: int, msg_type: object) -> None:
         self.theirs, self.ours, self.msg_type = theirs, ours, msg_type
         super().__init__(f"protocol version {theirs!r} is not supported (this side speaks {ours})")
+
+
+class RelayError(FerryError):
+    """A relay (``ferry relay``) refused its client (another protocol version, a wrong token, busy with another
+    client), the connection to it broke, or it sent what the protocol does not allow. The message says which."""
 
 
 class NoProducersError(FerryError, TimeoutError):

@@ -95,8 +95,10 @@ def own_canaries(opts: LoaderOptions, dataset: Any, length: int | None) -> tuple
     if (dataset is None or isinstance(dataset, str) or not opts.endpoints or opts.local is not None or not length
             or is_sharded(dataset) or is_iterable(dataset)):
         return None
-    from ferry.common.canary import canary_indices, probe
+    from ferry.common.canary import canary_indices, checked, probe
 
+    if not checked(dataset):
+        return None
     return tuple(c for c in probe(dataset, canary_indices(length), in_trainer=True)
                  if not c.structure.startswith("raised "))
 

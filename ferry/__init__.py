@@ -39,6 +39,7 @@ from ferry.common.errors import (
     ProducerStartupError,
     PoisonTaskError,
     ProtocolError,
+    RelayError,
     RemoteSampleError,
     SampleIndexError,
     SampleLoadError,
@@ -79,6 +80,7 @@ __all__ = [
     "BatchTypeError",
     "CollateError",
     "VersionMismatch",
+    "RelayError",
 ]
 
 

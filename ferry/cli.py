@@ -19,6 +19,7 @@ subcommand examples:
   ferry pack /data/train /data/train-packed     # fixed-size records: one read per sample
   ferry pack --format tar /data/train /data/train-tar   # WebDataset .tar shards (--dataset tar-shards)
   ferry top http://producer-1:9100 http://producer-2:9100   # a pool's jobs: share, demand, stall
+  ferry relay --connection-file /tmp/relay.conn --dataset synthetic --local-producers 2   # batches for R & co
 
 In a training script:
   from ferry import RemoteLoader
@@ -96,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          epilog="example:\n  ferry top http://producer-1:9100 http://producer-2:9100 --interval 5")
     top_arguments(top)
+    from ferry.relaying import EPILOG as RELAY_EPILOG, add_arguments as relay_arguments
+
+    relay = sub.add_parser("relay", help="run a loader in a process of its own and hand its batches to one local "
+                                         "client of any language (R: clients/r) over docs/relay-protocol.md",
+                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RELAY_EPILOG)
+    relay_arguments(relay)
     return parser
 
 
@@ -133,6 +140,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from ferry.top import run as top
 
         return top(args)
+    if args.command == "relay":
+        from ferry.relaying import run as relay
+
+        return relay(args)
     parser.print_help()
     return 2
 

@@ -16,6 +16,7 @@ class SlowPairs(PairDataset):
     ``until``: a file whose appearance ends the delay."""
 
     fingerprint = "engine-slow-pairs"
+    canary = False  # a sample may take a minute: a stand-in for a load that hangs, never loaded at start
 
     def __init__(self, length: int = 50, delay: float = 0.0, loading: str = "", shift: float = 0.0,
                  until: str = "") -> None:

@@ -32,8 +32,13 @@ class _Varies:
 
 
 # --- the rule ------------------------------------------------------------------------------------------------
-def test_canaries_are_the_first_middle_and_last_samples():
-    assert canary_indices(100) == [0, 50, 99] and canary_indices(2) == [0, 1] and canary_indices(0) == []
+def test_canaries_are_the_first_and_last_samples_and_not_for_the_built_ins():
+    from ferry.common.canary import checked
+    from ferry.common.datasets import SyntheticDataset, Transformed
+
+    assert canary_indices(100) == [0, 99] and canary_indices(1) == [0] and canary_indices(0) == []
+    assert checked(Tiles(4)) and not checked(SyntheticDataset(length=4))
+    assert checked(Transformed(SyntheticDataset(length=4), lambda sample: sample))
 
 
 def test_a_transform_drawn_from_the_seeded_generators_gives_the_same_canaries_twice():
@@ -151,3 +156,22 @@ def test_a_producer_running_other_code_for_the_spec_is_warned_about(tmp_path):
     assert "producer h:7 runs other code for dataset 'stale_data:Make' than this trainer's copy" in admission.warning
     same = dict(hello, producer="q", nonce="m", pid=8, dataset=dict(hello["dataset"], code=mine))
     assert peers.admit(b"b", same, 1.0).warning == ""
+
+
+def test_a_slow_first_sample_ends_the_probe_and_a_dataset_may_opt_out(monkeypatch):
+    import ferry.common.canary as canary
+
+    class Slow(Tiles):
+        def __getitem__(self, index):
+            loads.append(index)
+            return super().__getitem__(index)
+
+    loads: list[int] = []
+    monkeypatch.setattr(canary, "CANARY_BUDGET_S", -1.0)  # every load is "slow"
+    assert probe(Slow(8), canary_indices(8)) == [Canary(0, "tuple[Tensor float32 (3, 8, 8), int, ]", None)]
+    assert loads == [0], "one load at most when samples are slow"
+
+    class Waits(Tiles):
+        canary = False
+
+    assert not canary.checked(Waits(4))

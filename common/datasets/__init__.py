@@ -1,11 +1,11 @@
 """Dataset specs and the built-in datasets (one module each: :mod:`.synthetic`, :mod:`.npy`, :mod:`.images`,
-:mod:`.packed`; what they share is in :mod:`.base`).
+:mod:`.packed`, :mod:`.rds`; what they share is in :mod:`.folders`).
 
 A *spec* names a map-style dataset (``__len__`` + ``__getitem__``), a sharded one (``shards()`` +
 ``iter_shard(name)``, see :mod:`ferry.common.shardplan`) or an iterable one (a torch ``IterableDataset``, see
 :mod:`ferry.common.streamplan`), that a producer builds for itself:
 
-* a built-in name: ``synthetic``, ``npy-folder``, ``image-folder``, ``packed`` or ``tar-shards`` (see
+* a built-in name: ``synthetic``, ``npy-folder``, ``image-folder``, ``rds-folder``, ``packed`` or ``tar-shards`` (see
   :data:`BUILTINS`);
 * ``package.module:callable``: a class or factory, called with the spec's keyword arguments.
 
@@ -35,6 +35,7 @@ from ferry.common.datasets.folders import files_digest, folder_samples, scan_cla
 from ferry.common.datasets.images import ImageFolderDataset
 from ferry.common.datasets.npy import NpyFolderDataset, read_npy_header, read_npy_into
 from ferry.common.datasets.packed import PackedDataset
+from ferry.common.datasets.rds import RdsFolderDataset
 from ferry.common.datasets.synthetic import SyntheticDataset
 from ferry.common.datasets.tarshards import TarShardsDataset
 from ferry.common.errors import ConfigError, DatasetSpecError, MissingExtraError, SampleLoadError
@@ -50,6 +51,7 @@ __all__ = [
     "SampleLoadError",
     "ImageFolderDataset",
     "PackedDataset",
+    "RdsFolderDataset",
     "TarShardsDataset",
     "MissingExtraError",
     "Transformed",
@@ -70,6 +72,7 @@ BUILTINS: dict[str, Callable[..., Any]] = {
     "npy-folder": NpyFolderDataset,
     "packed": PackedDataset,
     "image-folder": ImageFolderDataset,
+    "rds-folder": RdsFolderDataset,  # R's saveRDS files, as an R torch user keeps them
     "tar-shards": TarShardsDataset,  # a sharded (streaming) source: WebDataset .tar files
 }
 
@@ -81,6 +84,8 @@ ABOUT = {
     "packed": "the fixed-size records ferry pack writes: one read per sample, the fastest",
     "image-folder": "PNG, JPEG and TIFF in class folders as (C, H, W) arrays; ordinary photos need mode=RGB and "
                     "resize/crop (or a --transform) to batch (pip install 'ferry[images]')",
+    "rds-folder": "R's saveRDS files (numeric vectors or arrays, any extension) in class folders, filled into shape "
+                  "as R's array(x, dim = shape); dtype float32 by default (pip install 'ferry[rds]')",
     "tar-shards": "WebDataset .tar shards (a glob or a folder), streamed shard by shard; shuffle_buffer shuffles "
                   "within each shard; mode/resize/crop decode images as image-folder does",
 }

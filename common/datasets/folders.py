@@ -10,17 +10,24 @@ from typing import Any, Sequence
 __all__ = ["scan_class_folders", "files_digest", "folder_samples"]
 
 
-def scan_class_folders(root: str, extensions: tuple[str, ...], kind: str,
+def scan_class_folders(root: str, extensions: tuple[str, ...] | None, kind: str,
                        fold_case: bool = True) -> tuple[list[str], list[tuple[str, int]], str]:
     """ImageFolder's layout: ``root/<class>/<file>``, classes sorted, a label its class's position, files sorted
     within a class. Returns the classes, the ``(path, label)`` samples and a fingerprint of names and sizes.
-    ``fold_case``: match extensions case-insensitively."""
+    ``fold_case``: match extensions case-insensitively. ``extensions`` None: every file of a class folder whose
+    name does not start with a dot, whatever its extension."""
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
     samples: list[tuple[str, int]] = []
+
+    def wanted(entry: os.DirEntry) -> bool:
+        if extensions is None:
+            return not entry.name.startswith(".") and entry.is_file()
+        ext = os.path.splitext(entry.name)[1]
+        return (ext.lower() if fold_case else ext) in extensions
+
     for label, name in enumerate(classes):
         folder = os.path.join(root, name)
-        files = sorted(f for f in os.listdir(folder)
-                       if (os.path.splitext(f)[1].lower() if fold_case else os.path.splitext(f)[1]) in extensions)
+        files = sorted(e.name for e in os.scandir(folder) if wanted(e))
         samples.extend((os.path.join(folder, f), label) for f in files)
     return classes, samples, f"{kind}:{len(samples)}:{files_digest(root, samples)}"
 

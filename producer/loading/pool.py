@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ferry.common.canary import as_wire, canary_indices, code_digest, probe
+from ferry.common.canary import as_wire, canary_indices, checked, code_digest, probe
 from ferry.common.constants import DEFAULT_THREADS, MAX_DATASET_LEN, MAX_NAMED_DATASETS
 from ferry.common.datasets import BUILTINS, dataset_fingerprint, resolve_dataset
 from ferry.common.pool import dataset_key
@@ -70,7 +70,7 @@ def announcement(dataset: Any, label: str, args: dict[str, Any] | None = None, *
     sharded, iterable = is_sharded(dataset), is_iterable(dataset)
     length = (len(shard_names(dataset)) if sharded else (iterable_len(dataset) or 0) if iterable else len(dataset))
     shard_lengths = announced_shard_lengths(dataset) if sharded else None
-    probed = canaries and not (sharded or iterable)
+    probed = canaries and not (sharded or iterable) and checked(dataset)
     announce = {"spec": label, "len": length, "fingerprint": dataset_fingerprint(dataset),
                 **({"sharded": True} if sharded else {}),
                 **({"shard_lens": shard_lengths} if shard_lengths is not None else {}),
