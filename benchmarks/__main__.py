@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="a short run (about 3 minutes on 2 cores)")
     mode.add_argument("--tiny", action="store_true", help="tiny sizes, for the test suite (seconds)")
-    parser.add_argument("--only", default="1,2,3,4,5,6", help="comma-separated scenario numbers (default all)")
+    parser.add_argument("--only", default="1,2,3,4,5,6", help="comma-separated scenario numbers (default 1-6; 7: "
+                        "compression, needs root and tc; 8: Ray Data as a peer, needs ferry[ray])")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"),
                         help="folder for the JSON results (default benchmarks/results)")
     args = parser.parse_args(argv)
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     timed(5, lambda: stall(report, sizes))
     timed(6, lambda: first_batch(report, sizes))
     timed(7, lambda: __import__("benchmarks.compression", fromlist=["*"]).compression_scenario(report, sizes))
+    timed(8, lambda: __import__("benchmarks.ray_data", fromlist=["*"]).ray_data_scenario(report, sizes))
     path = report.save(args.out)
     print(f"\n{report.markdown()}\n")
     for note in report.notes:

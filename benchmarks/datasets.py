@@ -71,3 +71,17 @@ class UserTorchTransform(UserNpyFolder):
         if torch.rand(()) < 0.5:
             x = x.flip(-1)
         return x, label
+
+
+class SeedTiles(UserTorchTransform):
+    """The seed workload of the Ray Data rows (scenario 8): :class:`UserTorchTransform`'s tiles, each returned with its
+    index as well, ``(tensor, label, index)``, so that the order each system yields can be checked against the plan.
+    ``row`` is the same sample as a Ray Data row (``{"x", "label", "index"}``, the tensor as numpy)."""
+
+    def __getitem__(self, index: int):
+        x, label = super().__getitem__(index)
+        return x, label, index
+
+    def row(self, row: dict) -> dict:
+        x, label, index = self[int(row["index"])]
+        return {"x": x.numpy(), "label": label, "index": index}

@@ -45,13 +45,14 @@ class Sizes:
     stall_steps: int
     step_s: float
     turn_s: float = 6.0  # each loader's turn in scenario 7's turn-taking row (whole epochs) [Unit: second]
+    ray_samples: int = 384  # tiles of scenario 8's seed workload (Ray Data as a peer)
 
 
 SIZES = {
     "full": Sizes(5, 256, (13, 299, 299), 2048, (1, 2, 4, 8, 16), 100, (0.25, 1, 4, 16), 4096, (1, 4, 8, 12, 16, 20, 22, 24),
                   200, 0.010),
     "quick": Sizes(3, 128, (13, 299, 299), 384, (1, 2, 4, 8, 16), 40, (0.25, 1, 4, 16), 1024, (1, 16, 22, 24), 60, 0.010),
-    "tiny": Sizes(2, 64, (3, 16, 16), 64, (1, 2), 10, (1,), 16, (1, 2), 10, 0.005, 0.5),  # seconds: the harness runs
+    "tiny": Sizes(2, 64, (3, 16, 16), 64, (1, 2), 10, (1,), 16, (1, 2), 10, 0.005, 0.5, 64),  # seconds: the harness runs
 }
 
 

@@ -166,6 +166,23 @@ class ProducerDiedError(FerryError, RuntimeError):
     """
 
 
+class ProducerExitError(FerryError, RuntimeError):
+    """A producer stopped serving with a failure that a restart would repeat: exit status 2 (its configuration) or 3
+    (every consumer rejected it permanently), where an engine restarts failed producers (``ferry.ray`` raises it
+    from an actor's ``serve()`` and ends that actor for good). ``status`` is the exit status
+    (:mod:`ferry.producer.exits`); the message says why."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message, status)  # both in args: it pickles (Ray sends it to the caller)
+        self.status = status
+
+    def __str__(self) -> str:
+        return f"{self.args[0]} (exit status {self.status})"
+
+
+__all__.append("ProducerExitError")
+
+
 class SampleIndexError(FerryError, IndexError):
     """A planned sample index lies outside the dataset (a user sampler's ``99`` for 20 samples).
 

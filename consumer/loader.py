@@ -85,6 +85,7 @@ class RemoteLoader:
     batch_size, shuffle, seed, drop_last = Option(), Option(), Option(), Option()
     sampler, batch_sampler, rank, world_size = Option(), Option(), Option(), Option()  # None: not given
     dataset, generator = Option(), Option()  # as given: an object or a spec string; the user's torch.Generator
+    dataset_args = Option()  # a spec's keyword arguments, as given (None: none)
     collate_fn = Option(lambda loader: loader._options.local.collate if loader._options.local else None)
     buffer_batches, in_order, no_producer_timeout = Option(), Option(), Option()  # math.inf: wait forever
     timeout = Option()  # DataLoader's: seconds for each batch; 0: no limit
@@ -268,6 +269,25 @@ class RemoteLoader:
         """What bounds the current (or last) epoch: the producers, the window, or the consumer, and about how
         many producers would remove the stall. See :mod:`ferry.consumer.figures.diagnosis`."""
         return self._observer.diagnosis(self._active)
+
+    # --- producers ----------------------------------------------------------------------------------
+    def producer_gone(self, name: str, why: str = "its supervisor reported it gone") -> None:
+        """Tell the loader that the producer process ``name`` has died, so that the tasks it held are issued again
+        at once instead of after the liveness window (``heartbeat × liveness``, 5 s by default). For whatever
+        supervises producers and learns of a death first: an engine (``ferry.ray`` calls it when a producer's actor
+        dies), a script that killed one. The same event as a local producer's death: its tasks go back to the
+        front of the queue, charged an attempt (a crash may be a sample's fault), and what it still sends is
+        dropped. Safe from any thread; a name no live producer has changes nothing.
+
+        Args:
+            name: the producer's ``host:pid``, as it says in its HELLO and as ``stats()["per_producer"]`` keys it.
+            why: said in the loader's log line about the loss.
+
+        Only a call in the training process can do this: the loader takes no such news from the network, where
+        a peer without credentials could use it to make it drop every producer.
+        """
+        self._check_open()
+        self._io.producer_gone(check.text("name", name), str(why))
 
     # --- figures, state -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

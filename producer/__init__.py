@@ -26,9 +26,11 @@ from typing import Any
 from ferry.common.heap import keep_freed_memory
 from ferry.producer.cli import command_line
 from ferry.producer.config import PRODUCER_ENV, ProducerConfig
+from ferry.producer.handle import ServeHandle
 from ferry.producer.torch_threads import limit_torch_threads
 
-__all__ = ["serve", "serve_process", "preload", "ProducerConfig", "keep_freed_memory", "command_line", "PRODUCER_ENV"]
+__all__ = ["serve", "serve_process", "preload", "ProducerConfig", "ServeHandle", "keep_freed_memory", "command_line",
+           "PRODUCER_ENV"]
 
 _PR_SET_PDEATHSIG = 1
 # keep_freed_memory (and its constants) lives in ferry.common.heap: the consumer sets it too
@@ -44,10 +46,14 @@ def preload() -> None:
         importlib.import_module(name)
 
 
-def serve(config: ProducerConfig, dataset: Any = None) -> int:
+def serve(config: ProducerConfig, dataset: Any = None, *, stop: ServeHandle | None = None) -> int:
     """Serve ``dataset`` (or the one ``config.dataset`` names; neither: only the datasets consumers name, from the
-    built-ins and ``config.allow_dataset``) until SIGTERM/SIGINT. Returns an exit code
-    (:mod:`ferry.producer.exits`).
+    built-ins and ``config.allow_dataset``) until ``stop`` is set, or SIGTERM/SIGINT where it runs on the main
+    thread (they set the same handle). Returns an exit code (:mod:`ferry.producer.exits`): 0 when stopped so.
+
+    ``stop``: a :class:`ServeHandle` that another thread (an engine's actor method, a supervisor) sets to stop this
+    call the way SIGTERM does: BYE to every consumer, a drain of at most ``config.drain_timeout`` seconds, then
+    return 0. Its ``figures()`` read the producer while it serves. None: a handle of its own (signals only).
 
     ``dataset`` may be a :class:`ferry.common.deferred_pickle.DeferredPickle` (local mode): it is unpickled here,
     once stderr goes where ``config.stderr_path`` says; a :class:`~ferry.common.deferred_pickle.WithHooks` in it
@@ -90,9 +96,14 @@ def serve(config: ProducerConfig, dataset: Any = None) -> int:
     try:
         status.write(STARTING, time.monotonic())
         producer = _opened(config, dataset)
+        handle = stop if stop is not None else ServeHandle()
         if threading.current_thread() is threading.main_thread():
-            install_signal_handlers(producer, sigint=not config.exit_with_parent)
-        return producer.run()
+            install_signal_handlers(handle, sigint=not config.exit_with_parent)
+        handle._attach(producer)
+        try:
+            return producer.run()
+        finally:
+            handle._detach()
     finally:
         status.remove()  # the producer's own is gone already; this one where it did not start
 
@@ -154,12 +165,12 @@ def _is_configuration(cause: BaseException | None) -> bool:
     return cause is None or isinstance(cause, (ConfigError, ImportError, TypeError))
 
 
-def install_signal_handlers(producer: Any, sigint: bool = True) -> None:
-    """SIGTERM and SIGINT (``sigint``; a local producer ignores it) stop the producer cleanly (BYE, exit 0). Main
-    thread only."""
+def install_signal_handlers(handle: ServeHandle, sigint: bool = True) -> None:
+    """SIGTERM and SIGINT (``sigint``; a local producer ignores it) set ``handle``: the producer stops cleanly (BYE,
+    exit 0). Main thread only."""
 
     def handler(signum: int, frame: Any) -> None:
-        producer.stop()
+        handle.set()
 
     signal.signal(signal.SIGTERM, handler)
     if sigint:

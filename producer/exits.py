@@ -33,7 +33,7 @@ import threading
 from ferry.common.errors import DatasetOpenError, FerryError
 
 __all__ = ["EXIT_OK", "EXIT_CRASH", "EXIT_CONFIG", "EXIT_REJECTED", "EXIT_DATASET", "EXIT_STUCK", "EXIT_STATUSES",
-           "failure_status", "describe_statuses", "exit_past_lingering_threads"]
+           "REPEATS_ON_RESTART", "failure_status", "describe_statuses", "exit_past_lingering_threads"]
 
 EXIT_OK = 0
 EXIT_CRASH = 1
@@ -54,6 +54,11 @@ EXIT_STATUSES: tuple[tuple[int, str], ...] = (
     (EXIT_STUCK, "loads its consumers gave up on held all its loading threads for --exit-when-stuck seconds (a "
                  "__getitem__ that never returns); restart it"),
 )
+
+#: The failures a restart repeats (the configuration; every consumer's permanent rejection): an engine's restart
+#: policy leaves a producer that exited with one of them stopped (ferry.ray ends its actor for good, naming why);
+#: it restarts one that exited 1, 4 or 5.
+REPEATS_ON_RESTART = frozenset({EXIT_CONFIG, EXIT_REJECTED})
 
 
 def failure_status(exc: BaseException) -> int:

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -32,3 +33,29 @@ def test_gpu_check_cpu_fallback_runs():
                          env=producer_env(), cwd=REPO, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| H2D 1 MiB | staging" in out.stdout and "| step time | fed by Ferry" in out.stdout
+
+
+@pytest.mark.slow  # scenario 8 on tiny sizes, 1.5-2.5 minutes: Ray Data's local cluster starts in every run
+@pytest.mark.timeout(900)
+def test_ray_data_peer_runs_on_tiny_sizes(tmp_path):
+    from . import needs
+
+    needs.module("ray", "ray")
+    token = Path.home() / ".ray" / "auth_token"
+    had_token = token.exists()
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "--tiny", "--only", "8", "--out", str(tmp_path)],
+                         capture_output=True, text=True, env=producer_env(), cwd=REPO, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(next(tmp_path.glob("*-tiny.json")).read_text())
+    rows = {row["case"].split(":")[0]: row for row in report["rows"]}
+    assert set(rows) == {"epoch 0 from construction", "warm epoch", "time to first batch", "peak PSS of the process tree",
+                         "CPU seconds of the process tree", "planned order kept, epochs"}
+    for row in rows.values():
+        assert set(row["raw"]) == {"dataloader", "ferry", "raydata"}
+        assert all(len(values) >= 2 for values in row["raw"].values()), row
+    # DataLoader and Ferry keep the plan they were given, every epoch; every tree was seen using memory and CPU
+    order = rows["planned order kept, epochs"]["raw"]
+    assert all(order["dataloader"]) and all(order["ferry"]), order
+    assert all(v > 0 for s in ("peak PSS of the process tree", "CPU seconds of the process tree")
+               for values in rows[s]["raw"].values() for v in values)
+    assert token.exists() == had_token, "a run left a Ray token in ~/.ray (it must use one of its own)"

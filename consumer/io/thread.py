@@ -117,7 +117,11 @@ class IoThread:
 
     def producer_died(self, pid: int, why: str) -> None:
         """From any thread: the producer process ``pid`` on this host has died (a local producer)."""
-        name = f"{socket.gethostname()}:{pid}"
+        self.producer_gone(f"{socket.gethostname()}:{pid}", why)
+
+    def producer_gone(self, name: str, why: str) -> None:
+        """From any thread: the producer process ``name`` (``host:pid``, on any host) has died, as its supervisor
+        knows (an engine, local mode): the core loses it now, not after the liveness window."""
         self._command(lambda now: self._core.producer_died(name, why, now))
 
     def producer_leaving(self, pid: int, timeout: float) -> bool:
