@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+from contextlib import contextmanager
 import subprocess
 import sys
 import threading
@@ -431,3 +432,27 @@ def consumer_threads_alive(loader: Any) -> bool:
     in a process with this one loader."""
     names = [t.name for t in threading.enumerate()]
     return not loader.closed and names.count("ferry-io") == 1 and names.count("ferry-staging") == 1
+
+
+@contextmanager
+def kept_process_state():
+    """For a test that runs ``serve`` on a thread of the test process (as an engine's actor does): put back what a
+    producer sets for its whole process, so that the tests after it in this process do not inherit it: torch's
+    DataLoader worker info (with it, torch's ``default_collate`` makes every batch in shared memory), the generators'
+    states, torch's CPU thread count."""
+    import random
+
+    import numpy as np
+    import torch
+    from torch.utils.data._utils import worker
+
+    info, threads = worker._worker_info, torch.get_num_threads()
+    states = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
+    try:
+        yield
+    finally:
+        worker._worker_info = info
+        torch.set_num_threads(threads)
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])

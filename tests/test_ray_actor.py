@@ -23,7 +23,15 @@ from ferry.ray import ProducerActor
 from ferry.ray.handover import loader_keys, reachable_endpoint
 
 from .datasets import PairDataset
-from .helpers import REPO, LeakCheck, assert_epoch_matches, producer_env, warm_zero_copy
+from .helpers import kept_process_state, REPO, LeakCheck, assert_epoch_matches, producer_env, warm_zero_copy
+
+
+
+@pytest.fixture(autouse=True)
+def _process_state():
+    """serve() runs on threads of this process here: what it sets for its process is put back after each test."""
+    with kept_process_state():
+        yield
 
 
 class Exits(ProducerActor):

@@ -13,12 +13,21 @@ import signal
 import threading
 import time
 
+import pytest
 
 from ferry import RemoteLoader
 from ferry.producer import ProducerConfig, ServeHandle, serve
 
 from .datasets import PairDataset
-from .helpers import LeakCheck, assert_epoch_matches, wait_for, warm_zero_copy
+from .helpers import kept_process_state, LeakCheck, assert_epoch_matches, wait_for, warm_zero_copy
+
+
+@pytest.fixture(autouse=True)
+def _process_state():
+    """serve() runs on threads of this process here: what it sets for its process is put back after each test."""
+    with kept_process_state():
+        yield
+
 
 SEED = 5
 
