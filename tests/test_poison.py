@@ -129,7 +129,7 @@ def test_a_producer_whose_one_loading_thread_hangs_stays_out_and_the_error_names
     producer = spawn(endpoint, "tests.datasets:PairDataset", {"length": 20, "delay": 30}, threads=1, slots=1)
     with RemoteLoader(endpoint=endpoint, batch_size=2, heartbeat=0.2, task_timeout=0.5, max_attempts=30,
                       no_producer_timeout=4) as loader:
-        wait_for(lambda: loader.stats()["producers"] == 1, 20, "the producer")
+        wait_for(lambda: loader.stats()["producers"] == 1, 60, "the producer")  # after its canary load: 30 s
         began = time.monotonic()
         with pytest.raises(NoProducersError, match="no producer alive") as caught:
             next(iter(loader))

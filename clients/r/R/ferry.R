@@ -250,6 +250,10 @@ ferry_start_relay <- function(args, connection = tempfile("ferry-relay-", fileex
   unlink(c(connection, status))
   line <- paste(c(shQuote(command), "relay", "--connection-file", shQuote(connection), vapply(args, shQuote, "")),
                 collapse = " ")
+  ld <- .ferry_library_path_without_r()
+  if (!identical(ld, Sys.getenv("LD_LIBRARY_PATH"))) {  # Python, not R, must find its own libraries
+    line <- paste0(if (nzchar(ld)) paste0("LD_LIBRARY_PATH=", shQuote(ld), " ") else "unset LD_LIBRARY_PATH; ", line)
+  }
   system2("sh", c("-c", shQuote(sprintf("%s >%s 2>&1; echo $? >%s", line, shQuote(log), shQuote(status)))),
           wait = FALSE)
   deadline <- Sys.time() + timeout
@@ -262,6 +266,20 @@ ferry_start_relay <- function(args, connection = tempfile("ferry-relay-", fileex
     Sys.sleep(0.1)
   }
   connection
+}
+
+# R's launcher (R_HOME/etc/ldpaths) puts its own library folders in front of LD_LIBRARY_PATH: R_HOME/lib, the system's
+# library folder and Java's. A Python started from R with them first can load another libpython than its own (a
+# pyenv or conda Python beside a Debian libpython3.x) and then finds none of its packages: "No module named
+# 'ferry.common'". This is the LD_LIBRARY_PATH the user had before R started, for the relay's process.
+.ferry_library_path_without_r <- function(value = Sys.getenv("LD_LIBRARY_PATH")) {
+  parts <- strsplit(value, ":", fixed = TRUE)[[1]]
+  same <- function(a, b) identical(normalizePath(a, mustWork = FALSE), normalizePath(b, mustWork = FALSE))
+  if (length(parts) == 0 || !same(parts[1], R.home("lib"))) return(value)  # not R's launcher's doing
+  parts <- parts[-1]
+  if (length(parts) > 0 && grepl("^/usr/lib(64|/[^/]*-linux-gnu[^/]*)?/?$", parts[1])) parts <- parts[-1]
+  if (length(parts) > 0 && grepl("/lib/server/?$", parts[1])) parts <- parts[-1]  # R_JAVA_LD_LIBRARY_PATH
+  paste(parts, collapse = ":")
 }
 
 # --- the protocol ---------------------------------------------------------------------------------------------

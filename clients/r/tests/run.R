@@ -92,5 +92,15 @@ info <- .ferry_read_connection_file(path)
 check("connection file", info$port == "5000" && info$token == "abc" && info$payload == "/dev/shm/x")
 unlink(path)
 
+# the relay's process gets the LD_LIBRARY_PATH the user had before R's launcher put R's folders first (a Python
+# started with them can load another libpython and find none of its packages)
+r_lib <- R.home("lib")
+check("R's folders dropped", .ferry_library_path_without_r(paste(r_lib, "/usr/lib/x86_64-linux-gnu",
+                                                                 "/usr/lib/jvm/default-java/lib/server",
+                                                                 "/opt/cuda/lib64", sep = ":")) == "/opt/cuda/lib64")
+check("only R's", .ferry_library_path_without_r(paste(r_lib, "/usr/lib/x86_64-linux-gnu", sep = ":")) == "")
+check("a path R did not make is kept", .ferry_library_path_without_r("/opt/a:/usr/lib/x86_64-linux-gnu") ==
+        "/opt/a:/usr/lib/x86_64-linux-gnu")
+
 cat(sprintf("%d passed, %d failed\n", passed, failed))
 quit(status = if (failed == 0L) 0L else 1L)
